@@ -1,0 +1,636 @@
+"""The RPC agent: one per process, owning the sockets and dispatching requests.
+
+Threads and sockets
+    One I/O thread owns every socket: a ROUTER bound on this process's endpoint
+    (requests in, replies out) and one DEALER per peer (requests out, replies in).
+    Other threads never touch a socket: they append ready-made frames to an
+    outbox deque and wake the I/O thread through a pipe. Requests run on a
+    growing pool of handler threads (see ``pool.py``), so nested calls and slow
+    handlers never block other requests. Heartbeats (PING/PONG) are answered by
+    the I/O thread, so a busy worker still looks alive.
+
+Message interceptor (the extension point of distributed autograd)
+    ``set_message_interceptor(obj)`` installs a process-wide object with:
+
+    ``on_send(kind, dst_name, payload) -> (payload, extra_or_None)``
+        called for every outgoing ``"request"`` (payload = ``(args, kwargs)``) and
+        ``"response"`` (payload = the return value) before encoding; ``extra`` is a
+        small msgpack-able value carried in the message header.
+    ``on_receive(kind, src_name, extra, payload) -> payload``
+        called for every incoming request (payload = ``(args, kwargs)``) and
+        response (payload = the decoded value) with the sender's header ``extra``.
+    ``request_scope(src_name, extra) -> context manager``
+        the handler of an incoming request runs inside it, so nested RPCs made by
+        the handler can belong to the same (autograd) context.
+
+    Error replies do not pass through the interceptor. ``set_message_interceptor(None)``
+    removes it. Responses are decoded on the I/O thread: ``on_receive`` must not block.
+"""
+import collections
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+
+import zmq
+
+from . import wire
+from .errors import (ProtocolError, RefusedCallError, RpcError, RpcTimeoutError,
+                     WorkerUnreachableError, describe_exception, rebuild_exception)
+from .futures import Future
+from .options import DEFAULT_ALLOWED_MODULES, RpcBackendOptions
+from .pool import HandlerPool
+from .rendezvous import RendezvousServer, join, resolve_address
+from .resolve import ref_of, resolve
+from .rref import OwnerTable, RRef
+from .worker_info import WorkerInfo
+
+__all__ = ["Agent", "current_agent", "set_message_interceptor", "get_message_interceptor"]
+
+log = logging.getLogger("distgrad.rpc")
+Kind = wire.Kind
+
+_agent = None
+_interceptor = None
+_ALLOWED_DUNDER_METHODS = {"__call__", "__getitem__", "__len__", "__contains__"}
+
+
+def current_agent():
+    return _agent
+
+
+def set_message_interceptor(obj):
+    """Install (or with None remove) the process-wide message interceptor; see module doc."""
+    global _interceptor
+    for m in ("on_send", "on_receive", "request_scope") if obj is not None else ():
+        if not callable(getattr(obj, m, None)):
+            raise TypeError(f"message interceptor lacks a callable {m}()")
+    _interceptor = obj
+
+
+def get_message_interceptor():
+    return _interceptor
+
+
+class _Pending:
+    __slots__ = ("fut", "dst", "deadline", "what", "timeout")
+
+    def __init__(self, fut, dst, deadline, what, timeout):
+        self.fut, self.dst, self.deadline, self.what, self.timeout = fut, dst, deadline, what, timeout
+
+
+def _curve_of(options):
+    if options.curve_public_key is None:
+        return None
+    return (options.curve_public_key, options.curve_secret_key)
+
+
+class Agent:
+    def __init__(self, name, rank, world_size, options=None):
+        if not isinstance(name, str) or not name:
+            raise ValueError("worker name must be a non-empty string")
+        if not (0 <= rank < world_size):
+            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+        self.name, self.rank, self.world_size = name, rank, world_size
+        self.options = options = options or RpcBackendOptions()
+        self.allowed = tuple(DEFAULT_ALLOWED_MODULES) + tuple(options.allowed_modules)
+        self.rrefs = OwnerTable()
+        self.stats = collections.Counter()
+        self.running = False
+        self._ids = itertools.count(1)
+        self._pending = {}
+        self._outbox = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._woken = False
+        self._stop = False
+        self._closing_linger = 0
+        self._next_deadline = float("inf")
+        self._dead = {}
+        self._barrier = threading.Condition()
+        self._arrived = {}
+        self._ipc_dir = None
+        self.ctx = zmq.Context()
+        self._auth = None
+        self._internal = {"@rref.fetch": self._op_fetch, "@rref.call": self._op_rref_call,
+                          "@rref.add": self._op_fork_add, "@rref.del": self._op_fork_del,
+                          "@barrier": self._op_barrier}
+
+    # ------------------------------------------------------------------ startup
+    def start(self, rendezvous_server=None):
+        opts = self.options
+        curve = _curve_of(opts)
+        try:
+            if curve is not None:
+                self._start_auth(curve[0])
+            self._router = self._socket(zmq.ROUTER, server=True)
+            self._router.router_mandatory = 1
+            if opts.transport == "ipc":
+                self._ipc_dir = opts.ipc_dir or tempfile.mkdtemp(prefix="dg-rpc-")
+                ep = f"ipc://{self._ipc_dir}/{uuid.uuid4().hex[:12]}.sock"
+            else:
+                ep = f"tcp://{opts.bind_addr}:0"
+            self._router.bind(ep)
+            self.endpoint = self._router.last_endpoint.decode()
+            server = rendezvous_server
+            if server is None and self.rank == 0:
+                server = RendezvousServer(self.ctx, resolve_address(opts.init_method), curve)
+            if server is not None:
+                server.start(self.world_size, opts.rendezvous_timeout)
+                address = server.address
+            else:
+                address = resolve_address(opts.init_method)
+            table = join(self.ctx, address, self.name, self.rank, self.world_size, self.endpoint,
+                         opts.rendezvous_timeout, curve)
+            if server is not None:
+                server.join_thread(5.0)
+            self.workers = [WorkerInfo(n, r) for n, r, _ in table]
+            self._by_name = {w.name: w for w in self.workers}
+            self._dealers = []
+            for _, r, peer_ep in table:
+                d = self._socket(zmq.DEALER, server=False)
+                d.identity = b"%d" % self.rank
+                d.connect(peer_ep)
+                self._dealers.append(d)
+            now = time.monotonic()
+            self._last_seen = [now] * self.world_size
+            self._pool = HandlerPool(opts.num_worker_threads, name=f"rpc-{self.name}")
+            self.running = True
+            self._io = threading.Thread(target=self._io_loop, name=f"rpc-io-{self.name}",
+                                        daemon=True)
+            self._io.start()
+        except BaseException:
+            self._close_sockets()
+            raise
+
+    def _start_auth(self, world_public):
+        from zmq.auth.thread import ThreadAuthenticator
+
+        class _OnlyWorldKey:
+            def callback(self, domain, key):
+                return key == zmq.utils.z85.decode(world_public) or key == world_public
+        self._auth = ThreadAuthenticator(self.ctx)
+        self._auth.start()
+        self._auth.configure_curve_callback(domain="*", credentials_provider=_OnlyWorldKey())
+
+    def _socket(self, kind, server):
+        s = self.ctx.socket(kind)
+        s.linger = 0
+        s.sndhwm = 0  # the I/O thread must never block on a full queue
+        s.rcvhwm = 0
+        curve = _curve_of(self.options)
+        if curve is not None:
+            public, secret = curve
+            s.curve_publickey, s.curve_secretkey = public, secret
+            if server:
+                s.curve_server = True
+            else:
+                s.curve_serverkey = public
+        return s
+
+    # ------------------------------------------------------------------ public helpers
+    def new_id(self):
+        return (self.rank, next(self._ids))
+
+    def worker_info(self, to=None):
+        if to is None:
+            return self.workers[self.rank]
+        if isinstance(to, WorkerInfo):
+            to = to.id
+        if isinstance(to, str):
+            w = self._by_name.get(to)
+            if w is None:
+                raise ValueError(f"unknown worker {to!r}; known: {sorted(self._by_name)}")
+            return w
+        if isinstance(to, int) and 0 <= to < self.world_size:
+            return self.workers[to]
+        raise ValueError(f"unknown worker {to!r}")
+
+    def _describe(self, rank):
+        return f"worker {self.workers[rank].name!r} (rank {rank})"
+
+    # ------------------------------------------------------------------ sending
+    def _post(self, target, frames):
+        self._outbox.append((target, frames))
+        if not self._woken:
+            self._woken = True
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:
+                pass
+
+    def _timeout_of(self, timeout):
+        if timeout is None or timeout < 0:
+            timeout = self.options.rpc_timeout
+        return timeout if timeout and timeout > 0 else None
+
+    def call(self, to, target, args=(), kwargs=None, timeout=-1, remote_ref=None):
+        """Send a request; return a Future of its reply. ``target`` is a callable,
+        a ``module:qualname`` string or an internal ``@op``."""
+        if not self.running:
+            raise RuntimeError("RPC agent is not running (init_rpc not called or shut down)")
+        dst = self.worker_info(to).id
+        if not (isinstance(target, str) and target.startswith("@")):
+            target = ref_of(target)
+        fut = Future()
+        dead = self._dead.get(dst)
+        if dead:
+            fut.set_exception(WorkerUnreachableError(f"{self._describe(dst)} is unreachable: {dead}"))
+            return fut
+        extra = None
+        ic = _interceptor
+        if ic is not None:
+            (args, kwargs), extra = ic.on_send("request", self.workers[dst].name, (args, kwargs))
+        body, bufs = wire.encode([target, list(args), kwargs or {}, remote_ref],
+                                 lambda r, _d=dst: self._encode_rref(r, _d))
+        mid = next(self._ids)
+        timeout = self._timeout_of(timeout)
+        deadline = time.monotonic() + timeout if timeout else float("inf")
+        self._pending[mid] = _Pending(fut, dst, deadline, target, timeout)
+        if deadline < self._next_deadline:
+            self._next_deadline = deadline
+        self._post(dst, [wire.pack_header(Kind.CALL, mid, self.rank, extra), body, *bufs])
+        return fut
+
+    def remote(self, to, target, args=(), kwargs=None, timeout=-1):
+        dst = self.worker_info(to).id
+        rid, fid = self.new_id(), self.new_id()
+        created = self.call(dst, target, args, kwargs, timeout, remote_ref=[rid, fid])
+        return RRef._make(self, dst, rid, fid, created)
+
+    # ------------------------------------------------------------------ RRef plumbing
+    def _encode_rref(self, rref, dst):
+        if rref._rid is None:  # RRef(value) made before init_rpc: adopt it now
+            rref._bind(self, self.rank, self.new_id(), self.new_id())
+            self.rrefs.set_value(rref._rid, rref._value)
+            self.rrefs.add_fork(rref._rid, rref._fid, 1)
+        fid = self.new_id()
+        if rref._owner == self.rank:
+            self.rrefs.add_fork(rref._rid, fid, 1)
+        else:
+            fut = self.call(rref._owner, "@rref.add", (rref._rid, fid), None, 0)
+            fut.add_done_callback(lambda f, _keep=rref: None)  # parent fork lives until acked
+        return [rref._owner, list(rref._rid), list(fid)]
+
+    def _decode_rref(self, meta):
+        owner, rid, fid = meta
+        if not (isinstance(owner, int) and 0 <= owner < self.world_size):
+            raise ProtocolError(f"RRef owner {owner!r} out of range")
+        return RRef._make(self, owner, tuple(rid), tuple(fid))
+
+    def release_fork(self, owner, rid, fid):
+        if not self.running:
+            return
+        if owner == self.rank:
+            self.rrefs.add_fork(rid, fid, -1)
+        else:
+            self.call(owner, "@rref.del", (rid, fid), None, 0)
+
+    def _op_fork_add(self, rid, fid):
+        self.rrefs.add_fork(tuple(rid), tuple(fid), 1)
+
+    def _op_fork_del(self, rid, fid):
+        self.rrefs.add_fork(tuple(rid), tuple(fid), -1)
+
+    def _op_fetch(self, rid):
+        return self.rrefs.get(tuple(rid), self._timeout_of(-1))
+
+    def _op_rref_call(self, rid, method, args, kwargs):
+        if not isinstance(method, str) or (method.startswith("__")
+                                           and method not in _ALLOWED_DUNDER_METHODS):
+            raise RefusedCallError(f"method {method!r} may not be called through an RRef")
+        obj = self.rrefs.get(tuple(rid), self._timeout_of(-1))
+        return getattr(obj, method)(*args, **(kwargs or {}))
+
+    # ------------------------------------------------------------------ serving
+    def _serve(self, ident, mid, src, extra, frames):
+        src_name = self.workers[src].name if 0 <= src < self.world_size else f"rank {src}"
+        remote_ref = None
+        try:
+            if len(frames[0]) > self.options.max_message_size:
+                raise ProtocolError(f"request body exceeds {self.options.max_message_size} bytes")
+            msg = wire.decode(frames[0].buffer, frames[1:], self._decode_rref)
+            if not (isinstance(msg, list) and len(msg) == 4 and isinstance(msg[1], list)
+                    and isinstance(msg[2], dict)):
+                raise ProtocolError("malformed request body")
+            target, args, kwargs, remote_ref = msg
+            if remote_ref is not None:
+                remote_ref = (tuple(remote_ref[0]), tuple(remote_ref[1]))
+                self.rrefs.add_fork(remote_ref[0], remote_ref[1], 1)
+            ic = _interceptor
+            scope = contextlib.nullcontext()
+            if ic is not None:
+                args, kwargs = ic.on_receive("request", src_name, extra, (tuple(args), kwargs))
+                scope = ic.request_scope(src_name, extra)
+            if isinstance(target, str) and target.startswith("@"):
+                fn = self._internal.get(target)
+                if fn is None:
+                    raise RefusedCallError(f"unknown internal operation {target!r}")
+            else:
+                fn = resolve(target, self.allowed)
+            with scope:
+                result = fn(*args, **kwargs)
+            if isinstance(result, Future) and (getattr(fn, "_distgrad_async_execution", False)
+                                               or target.startswith("@")):
+                result.add_done_callback(
+                    lambda f: self._finish(ident, mid, src_name, remote_ref, f))
+                return
+        except BaseException as e:  # noqa: BLE001 - every error goes back to the caller
+            self._reply_error(ident, mid, e, remote_ref)
+            return
+        self._reply(ident, mid, src_name, result, remote_ref)
+
+    def _finish(self, ident, mid, src_name, remote_ref, fut):
+        try:
+            result = fut.value()
+        except BaseException as e:  # noqa: BLE001
+            self._reply_error(ident, mid, e, remote_ref)
+            return
+        self._reply(ident, mid, src_name, result, remote_ref)
+
+    def _reply(self, ident, mid, src_name, result, remote_ref):
+        try:
+            if remote_ref is not None:
+                self.rrefs.set_value(remote_ref[0], result)
+                result = None
+            extra = None
+            ic = _interceptor
+            if ic is not None:
+                result, extra = ic.on_send("response", src_name, result)
+            src = self._by_name[src_name].id if src_name in self._by_name else None
+            body, bufs = wire.encode(result, lambda r: self._encode_rref(r, src))
+        except BaseException as e:  # noqa: BLE001
+            self._reply_error(ident, mid, e, None)
+            return
+        self._post(None, [ident, wire.pack_header(Kind.REPLY, mid, self.rank, extra), body, *bufs])
+
+    def _reply_error(self, ident, mid, exc, remote_ref):
+        if remote_ref is not None:
+            self.rrefs.set_value(remote_ref[0], None, exc)
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        body, _ = wire.encode(describe_exception(exc, tb))
+        self._post(None, [ident, wire.pack_header(Kind.ERROR, mid, self.rank), body])
+
+    # ------------------------------------------------------------------ I/O thread
+    def _io_loop(self):
+        poller = zmq.Poller()
+        router = self._router
+        poller.register(router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        dealer_rank = {}
+        for r, d in enumerate(self._dealers):
+            poller.register(d, zmq.POLLIN)
+            dealer_rank[d] = r
+        hb_every = self.options.heartbeat_interval
+        next_hb = time.monotonic()
+        try:
+            while not self._stop:
+                now = time.monotonic()
+                if now >= next_hb:
+                    self._heartbeat(now)
+                    next_hb = now + hb_every
+                if now >= self._next_deadline:
+                    self._expire(now)
+                wait = min(next_hb, self._next_deadline) - now
+                for sock, _ in poller.poll(max(0, int(wait * 1000) + 1)):
+                    if sock is router:
+                        self._on_router()
+                    elif sock == self._wake_r:
+                        self._woken = False
+                        try:
+                            os.read(self._wake_r, 65536)
+                        except BlockingIOError:
+                            pass
+                    else:
+                        self._on_dealer(sock, dealer_rank[sock])
+                self._flush()
+            self._flush()
+        except Exception:
+            log.exception("RPC I/O thread of %s crashed", self.name)
+            self._fail_all(RpcError(f"RPC I/O thread of {self.name!r} crashed"))
+        finally:
+            self._close_sockets()
+
+    def _flush(self):
+        out = self._outbox
+        while out:
+            target, frames = out.popleft()
+            try:
+                if target is None:
+                    self._router.send_multipart(frames, copy=False)
+                else:
+                    self._dealers[target].send_multipart(frames, copy=False)
+            except zmq.ZMQError as e:
+                self.stats["send_failed"] += 1
+                if e.errno != errno.EHOSTUNREACH:
+                    log.warning("%s: send failed: %s", self.name, e)
+
+    def _drop(self, why):
+        self.stats["dropped"] += 1
+        log.warning("%s: dropped a message: %s", self.name, why)
+
+    def _on_router(self):
+        for _ in range(64):
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(frames) < 3:
+                self._drop(f"{len(frames)} frames")
+                continue
+            try:
+                kind, mid, src, extra = wire.unpack_header(frames[1].bytes)
+            except ProtocolError as e:
+                self._drop(str(e))
+                continue
+            if 0 <= src < self.world_size:
+                self._last_seen[src] = time.monotonic()
+            if kind == Kind.CALL:
+                self._pool.submit(self._serve, frames[0], mid, src, extra, frames[2:])
+            elif kind == Kind.PING:
+                self._post(None, [frames[0], wire.pack_header(Kind.PONG, mid, self.rank), b""])
+            else:
+                self._drop(f"unexpected kind {kind} on the request socket")
+
+    def _on_dealer(self, sock, rank):
+        for _ in range(64):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._last_seen[rank] = time.monotonic()
+            if self._dead.pop(rank, None):
+                log.warning("%s: %s answers again", self.name, self._describe(rank))
+            if len(frames) < 2:
+                self._drop(f"{len(frames)} frames")
+                continue
+            try:
+                kind, mid, _, extra = wire.unpack_header(frames[0].bytes)
+            except ProtocolError as e:
+                self._drop(str(e))
+                continue
+            if kind == Kind.PONG:
+                continue
+            p = self._pending.pop(mid, None)
+            if p is None:
+                self.stats["late_replies"] += 1
+                continue
+            self._complete(p, kind, extra, frames, rank)
+
+    def _complete(self, p, kind, extra, frames, rank):
+        try:
+            if kind == Kind.REPLY:
+                value = wire.decode(frames[1].buffer, frames[2:], self._decode_rref)
+                ic = _interceptor
+                if ic is not None:
+                    value = ic.on_receive("response", self.workers[rank].name, extra, value)
+                exc = None
+            elif kind == Kind.ERROR:
+                t, m, msg, tb = wire.decode(frames[1].buffer, ())
+                value, exc = None, rebuild_exception(t, m, msg, tb, self.workers[rank].name)
+            else:
+                raise ProtocolError(f"unexpected kind {kind} on a reply socket")
+        except Exception as e:  # noqa: BLE001
+            value, exc = None, e if isinstance(e, RpcError) else ProtocolError(str(e))
+        if p.fut._callbacks:  # user callbacks may block: run them off the I/O thread
+            self._pool.submit(p.fut._complete, value, exc)
+        else:
+            p.fut._complete(value, exc)
+
+    def _heartbeat(self, now):
+        limit = self.options.heartbeat_timeout
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            try:
+                self._dealers[r].send_multipart([wire.pack_header(Kind.PING, 0, self.rank), b""])
+            except zmq.ZMQError:
+                pass
+            silent = now - self._last_seen[r]
+            if silent > limit and r not in self._dead:
+                why = f"no heartbeat for {silent:.1f} s"
+                self._dead[r] = why
+                log.warning("%s: %s is unreachable: %s", self.name, self._describe(r), why)
+                self._fail_where(lambda p: p.dst == r, lambda p: WorkerUnreachableError(
+                    f"{self._describe(r)} is unreachable: {why} (while calling {p.what})"))
+
+    def _expire(self, now):
+        self._fail_where(lambda p: p.deadline <= now, lambda p: RpcTimeoutError(
+            f"RPC ran for more than set timeout ({p.timeout} s) calling {p.what} on "
+            f"{self._describe(p.dst)}"))
+        self._next_deadline = min((p.deadline for p in list(self._pending.values())),
+                                  default=float("inf"))
+
+    def _fail_where(self, pred, make_exc):
+        for mid, p in list(self._pending.items()):
+            if pred(p) and self._pending.pop(mid, None) is not None:
+                if p.fut._callbacks:
+                    self._pool.submit(p.fut._try_set_exception, make_exc(p))
+                else:
+                    p.fut._try_set_exception(make_exc(p))
+
+    def _fail_all(self, exc):
+        self._fail_where(lambda p: True, lambda p: exc)
+
+    # ------------------------------------------------------------------ shutdown
+    def _op_barrier(self, rank):
+        """Runs on rank 0: a Future completed once every rank has arrived.
+
+        The last arrival completes every Future, rank 0's own last, so the replies to
+        the others are queued before rank 0 can proceed to close its sockets.
+        """
+        with self._barrier:
+            fut = self._arrived.setdefault(rank, Future())
+            ready = len(self._arrived) == self.world_size
+        if ready:
+            for r in sorted(self._arrived, reverse=True):
+                self._arrived[r]._complete(None, None)
+        return fut
+
+    def _wait_barrier_rank0(self, deadline):
+        fut = self._op_barrier(0)
+        while not fut._wait_done(0.2):
+            missing = [r for r in range(self.world_size) if r not in self._arrived and r in self._dead]
+            if missing:
+                raise WorkerUnreachableError(
+                    f"shutdown barrier: {self._describe(missing[0])} died before arriving")
+            if time.monotonic() > deadline:
+                raise RpcTimeoutError("shutdown barrier timed out")
+
+    def wait_pending(self, deadline):
+        while self._pending:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def shutdown(self, graceful=True, timeout=None):
+        """Stop serving. Graceful: finish this process's outstanding calls, then meet
+        every other process in a barrier (like PyTorch's ``rpc.shutdown``)."""
+        global _agent
+        if not self.running:
+            return
+        error = None
+        if graceful:
+            import gc
+            gc.collect()  # RRefs held only by cycles release their forks now
+            deadline = time.monotonic() + (timeout if timeout else 3600 * 24 * 365)
+            try:
+                self.wait_pending(deadline)
+                if self.rank == 0:
+                    self._wait_barrier_rank0(deadline)
+                else:
+                    fut = self.call(0, "@barrier", (self.rank,), None, 0)
+                    while not fut._wait_done(0.5):
+                        if time.monotonic() > deadline:
+                            raise RpcTimeoutError("shutdown barrier timed out")
+                    fut.value()
+                self.wait_pending(time.monotonic() + 5.0)
+            except Exception as e:  # noqa: BLE001 - shut down anyway, then report
+                error = e
+            self._closing_linger = 1000
+        self.running = False
+        self._stop = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        self._io.join(10.0)
+        self._fail_all(RpcError(f"RPC agent {self.name!r} shut down"))
+        self._pool.shutdown()
+        if self._auth is not None:
+            self._auth.stop()
+        self.ctx.destroy(linger=0)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self._ipc_dir and not self.options.ipc_dir:
+            import shutil
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        self.rrefs.clear()
+        if _agent is self:
+            _agent = None
+        if error is not None:
+            raise error
+
+    def _close_sockets(self):
+        linger = self._closing_linger
+        for s in [getattr(self, "_router", None), *getattr(self, "_dealers", ())]:
+            if s is not None and not s.closed:
+                s.close(linger=linger)
+
+
+def install(agent):
+    global _agent
+    if _agent is not None and _agent.running:
+        raise RuntimeError("init_rpc was already called in this process (call shutdown first)")
+    _agent = agent

@@ -1,0 +1,81 @@
+"""The process-level RPC API (``torch.distributed.rpc``'s functions)."""
+import enum
+import os
+
+from . import agent as _agent_mod
+from .agent import Agent, current_agent
+from .options import RpcBackendOptions
+
+__all__ = ["init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
+           "BackendType", "is_available"]
+
+
+class BackendType(enum.Enum):
+    TENSORPIPE = "TENSORPIPE"
+    ZMQ = "TENSORPIPE"
+
+
+def is_available():
+    return True
+
+
+def _env_int(name):
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options=None,
+             _rendezvous_server=None):
+    """Join the RPC world as ``name``; every process of the world calls it.
+
+    ``rank``/``world_size`` default to the ``RANK``/``WORLD_SIZE`` environment
+    variables; the rendezvous address comes from ``rpc_backend_options.init_method``
+    or ``MASTER_ADDR``/``MASTER_PORT`` (or ``DISTGRAD_COORDINATOR``).
+    """
+    if isinstance(backend, int) and not isinstance(backend, bool) and world_size is None:
+        backend, rank, world_size = None, backend, rank  # init_rpc(name, rank, world_size)
+    if rank is None or rank < 0:
+        rank = _env_int("RANK")
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE")
+    if rank is None or world_size is None:
+        raise ValueError("init_rpc needs rank and world_size (arguments or RANK/WORLD_SIZE)")
+    if current_agent() is not None and current_agent().running:
+        raise RuntimeError("init_rpc was already called in this process (call shutdown first)")
+    agent = Agent(name, rank, world_size, rpc_backend_options or RpcBackendOptions())
+    agent.start(_rendezvous_server)
+    _agent_mod.install(agent)
+
+
+def _need():
+    a = current_agent()
+    if a is None or not a.running:
+        raise RuntimeError("RPC has not been initialized. Call distgrad.distributed.rpc.init_rpc first.")
+    return a
+
+
+def shutdown(graceful=True, timeout=0):
+    """Leave the world; graceful waits for every worker's outstanding work (a barrier)."""
+    a = current_agent()
+    if a is None:
+        return
+    a.shutdown(graceful=graceful, timeout=timeout or None)
+
+
+def get_worker_info(worker_name=None):
+    return _need().worker_info(worker_name)
+
+
+def rpc_async(to, func, args=None, kwargs=None, timeout=-1):
+    """Run ``func(*args, **kwargs)`` on worker ``to``; return a Future of the result."""
+    return _need().call(to, func, args or (), kwargs, timeout)
+
+
+def rpc_sync(to, func, args=None, kwargs=None, timeout=-1):
+    """Run ``func(*args, **kwargs)`` on worker ``to`` and return its result."""
+    return _need().call(to, func, args or (), kwargs, timeout).wait()
+
+
+def remote(to, func, args=None, kwargs=None, timeout=-1):
+    """Run ``func`` on ``to`` and keep the result there; return an RRef to it."""
+    return _need().remote(to, func, args or (), kwargs, timeout)

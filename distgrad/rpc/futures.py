@@ -1,0 +1,132 @@
+"""A small thread-safe Future with ``torch.futures.Future``'s API.
+
+Waiting uses a pre-acquired lock that completion releases: the cheapest
+cross-thread wake-up CPython offers, which keeps the RPC round trip lean.
+"""
+import threading
+
+__all__ = ["Future", "collect_all", "wait_all"]
+
+_PENDING = object()
+
+
+class Future:
+    """Result of an asynchronous call.
+
+    >>> f = Future(); f.set_result(3); f.then(lambda fut: fut.value() + 1).wait()
+    4
+    """
+    __slots__ = ("_lock", "_result", "_exc", "_callbacks", "_cb_lock")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._result = _PENDING
+        self._exc = None
+        self._callbacks = None
+        self._cb_lock = threading.Lock()
+
+    def done(self):
+        return self._result is not _PENDING
+
+    def _complete(self, result, exc):
+        with self._cb_lock:
+            if self._result is not _PENDING:
+                return False
+            self._exc = exc
+            self._result = result
+            callbacks, self._callbacks = self._callbacks, None
+        self._lock.release()
+        for cb in callbacks or ():
+            _run_callback(cb, self)
+        return True
+
+    def set_result(self, result):
+        if not self._complete(result, None):
+            raise RuntimeError("Future already completed")
+
+    def set_exception(self, exc):
+        if not self._complete(None, exc):
+            raise RuntimeError("Future already completed")
+
+    def _try_set_exception(self, exc):
+        return self._complete(None, exc)
+
+    def _wait_done(self, timeout=None):
+        if self._result is _PENDING:
+            if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+                return False
+            self._lock.release()
+        return True
+
+    def wait(self, timeout=None):
+        """Block until done (or ``timeout`` seconds); return the value or raise its error."""
+        if not self._wait_done(timeout):
+            from .errors import RpcTimeoutError
+            raise RpcTimeoutError(f"Future not completed within {timeout} s")
+        return self.value()
+
+    def value(self):
+        if self._result is _PENDING:
+            raise RuntimeError("Future is not completed yet")
+        if self._exc is not None:
+            raise self._exc
+        return self._result
+
+    def exception(self):
+        return self._exc if self.done() else None
+
+    def add_done_callback(self, callback):
+        """Call ``callback(self)`` once done (immediately if already done)."""
+        with self._cb_lock:
+            if self._result is _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback, self)
+
+    def then(self, callback):
+        """Return a Future completed with ``callback(self)`` (or its exception)."""
+        nxt = Future()
+
+        def chain(fut):
+            try:
+                nxt.set_result(callback(fut))
+            except BaseException as e:  # noqa: BLE001 - the error belongs to the chained Future
+                nxt.set_exception(e)
+        self.add_done_callback(chain)
+        return nxt
+
+
+def _run_callback(cb, fut):
+    try:
+        cb(fut)
+    except Exception:  # a broken callback must not break the I/O thread
+        import logging
+        logging.getLogger("distgrad.rpc").exception("Future callback failed")
+
+
+def collect_all(futures):
+    """A Future completed with the list of ``futures`` once all are done."""
+    out = Future()
+    futures = list(futures)
+    if not futures:
+        out.set_result([])
+        return out
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one(_):
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            out.set_result(futures)
+    for f in futures:
+        f.add_done_callback(one)
+    return out
+
+
+def wait_all(futures, timeout=None):
+    return [f.wait(timeout) for f in futures]

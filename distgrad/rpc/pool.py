@@ -1,0 +1,76 @@
+"""Handler threads: a pool that grows instead of queueing behind busy threads.
+
+A handler that makes a nested RPC blocks its own thread while it waits; if every
+thread could be blocked that way, the replies it waits for would starve. So a
+request never waits for a busy thread: when none is idle, a new one starts (up to
+a large cap). Idle threads beyond ``min_threads`` retire after a while.
+"""
+import logging
+import queue
+import threading
+
+log = logging.getLogger("distgrad.rpc")
+
+
+class HandlerPool:
+    def __init__(self, min_threads=4, max_threads=1024, name="rpc-handler", idle_exit=30.0):
+        self._q = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads = 0
+        self._min = max(1, min_threads)
+        self._max = max_threads
+        self._name = name
+        self._idle_exit = idle_exit
+        self._stopped = False
+        for _ in range(self._min):
+            self._spawn(reserved=False)
+
+    def _spawn(self, reserved):
+        self._threads += 1
+        if not reserved:
+            self._idle += 1
+        t = threading.Thread(target=self._run, name=f"{self._name}-{self._threads}", daemon=True)
+        t.start()
+
+    def submit(self, fn, *args):
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("handler pool is shut down")
+            if self._idle > 0:
+                self._idle -= 1
+            elif self._threads < self._max:
+                self._spawn(reserved=True)
+        self._q.put((fn, args))
+
+    def _run(self):
+        idle_for = 0.0
+        while True:
+            try:
+                item = self._q.get(timeout=1.0)
+            except queue.Empty:
+                idle_for += 1.0
+                with self._lock:
+                    if self._stopped or (idle_for >= self._idle_exit and self._threads > self._min
+                                         and self._idle > 0):
+                        self._idle -= 1
+                        self._threads -= 1
+                        return
+                continue
+            idle_for = 0.0
+            fn, args = item
+            if fn is None:
+                return
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - a handler must never kill its thread
+                log.exception("RPC handler failed")
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self):
+        with self._lock:
+            self._stopped = True
+            n = self._threads
+        for _ in range(n):
+            self._q.put((None, ()))

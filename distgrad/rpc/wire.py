@@ -1,0 +1,233 @@
+"""Wire codec: msgpack header and body, array bytes as separate zero-copy frames.
+
+A message is ``[header, body, buf0, buf1, ...]`` (see PROTOCOL.md). The header is
+``[version, kind, msg_id, src_rank, extra]``. The body is msgpack with extension
+types for what msgpack lacks; an array in the body is ``[dtype, shape, index]``
+and its bytes are frame ``2 + index``, sent with ``copy=False`` and received as a
+read-only ``np.frombuffer`` view over the frame, so no payload is copied in Python.
+Never pickle: unknown types raise TypeError on the sender, unknown extension codes
+raise ProtocolError on the receiver.
+"""
+import msgpack
+import numpy as np
+
+from .errors import ProtocolError
+
+__all__ = ["VERSION", "Kind", "encode", "decode", "pack_header", "unpack_header"]
+
+VERSION = 1
+MAX_HEADER = 64 * 1024
+
+
+class Kind:
+    CALL = 1      # request: body = [target, args, kwargs, remote_ref or None]
+    REPLY = 2     # response: body = value
+    ERROR = 3     # response: body = [type name, module, message, traceback]
+    PING = 4      # heartbeat probe; answered with PONG
+    PONG = 5
+    ALL = frozenset((1, 2, 3, 4, 5))
+
+
+EXT_ARRAY, EXT_TUPLE, EXT_COMPLEX, EXT_NPSCALAR, EXT_DTYPE, EXT_TENSOR, EXT_RREF, \
+    EXT_WORKERINFO, EXT_EXC, EXT_BIGINT, EXT_SET = range(1, 12)
+
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+_ExtType = msgpack.ExtType
+
+_tensor_cls = None
+
+
+def _tensor_type():
+    """distgrad's Tensor class, imported lazily (the RPC layer works without it)."""
+    global _tensor_cls
+    if _tensor_cls is None:
+        try:
+            from distgrad.autograd.tensor import Tensor
+        except ImportError:
+            return None
+        _tensor_cls = Tensor
+    return _tensor_cls
+
+
+def pack_header(kind, msg_id, src_rank, extra=None):
+    return _packb([VERSION, kind, msg_id, src_rank, extra])
+
+
+def unpack_header(data):
+    """Validate and return (kind, msg_id, src_rank, extra); ProtocolError if malformed."""
+    if len(data) > MAX_HEADER:
+        raise ProtocolError(f"header of {len(data)} bytes exceeds {MAX_HEADER}")
+    try:
+        h = _unpackb(data, raw=False, strict_map_key=False,
+                     ext_hook=_no_ext)
+    except ProtocolError:
+        raise
+    except Exception as e:
+        raise ProtocolError(f"malformed header: {e}") from None
+    if not isinstance(h, list) or len(h) != 5:
+        raise ProtocolError("malformed header: expected a list of 5 items")
+    version, kind, msg_id, src, extra = h
+    if version != VERSION:
+        raise ProtocolError(f"unknown protocol version {version!r} (this side speaks {VERSION})")
+    if kind not in Kind.ALL:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    if type(msg_id) is not int or type(src) is not int:
+        raise ProtocolError("malformed header: msg_id and src must be integers")
+    return kind, msg_id, src, extra
+
+
+def _no_ext(code, data):
+    raise ProtocolError(f"extension type {code} not allowed here")
+
+
+def _array_payload(a, buffers):
+    if a.dtype.hasobject or a.dtype.fields is not None or a.dtype.subdtype is not None:
+        raise TypeError(f"arrays of dtype {a.dtype} cannot travel over RPC")
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)  # the only copy: non-contiguous input
+    buffers.append(a.reshape(-1).view(np.uint8))
+    return [a.dtype.str, list(a.shape), len(buffers) - 1]
+
+
+def encode(obj, rref_encoder=None):
+    """Return (body bytes, list of buffers) for ``obj``.
+
+    ``rref_encoder(rref) -> list`` serialises RRefs (it registers forks with the
+    owner); without it RRefs are refused.
+    """
+    buffers = []
+
+    def default(o):
+        if isinstance(o, np.ndarray):
+            return _ExtType(EXT_ARRAY, _packb(_array_payload(o, buffers)))
+        if isinstance(o, tuple):
+            return _ExtType(EXT_TUPLE, _packb(list(o), default=default, strict_types=True))
+        T = _tensor_type()
+        if T is not None and isinstance(o, T):
+            return _ExtType(EXT_TENSOR, _packb(_array_payload(np.asarray(o._data), buffers)
+                                               + [bool(o.requires_grad)]))
+        if isinstance(o, np.generic):
+            if o.dtype.hasobject:
+                raise TypeError(f"numpy scalar of dtype {o.dtype} cannot travel over RPC")
+            return _ExtType(EXT_NPSCALAR, _packb([o.dtype.str, o.tobytes()]))
+        if isinstance(o, complex):
+            return _ExtType(EXT_COMPLEX, _packb([o.real, o.imag]))
+        if isinstance(o, np.dtype):
+            if o.hasobject:
+                raise TypeError("object dtype cannot travel over RPC")
+            return _ExtType(EXT_DTYPE, _packb(o.str))
+        if isinstance(o, bool):
+            return bool(o)
+        if isinstance(o, int):
+            if type(o) is int:  # beyond 64 bits
+                return _ExtType(EXT_BIGINT, str(o).encode())
+            return int(o)
+        if isinstance(o, float):
+            return float(o)
+        if isinstance(o, str):
+            return str(o)
+        if isinstance(o, (bytearray, memoryview)):
+            return bytes(o)
+        if isinstance(o, dict):
+            return dict(o)
+        if isinstance(o, list):
+            return list(o)
+        if isinstance(o, (set, frozenset)):
+            return _ExtType(EXT_SET, _packb(list(o), default=default, strict_types=True))
+        from .rref import RRef
+        if isinstance(o, RRef):
+            if rref_encoder is None:
+                raise TypeError("RRef arguments need a running RPC agent")
+            return _ExtType(EXT_RREF, _packb(rref_encoder(o)))
+        from .worker_info import WorkerInfo
+        if isinstance(o, WorkerInfo):
+            return _ExtType(EXT_WORKERINFO, _packb([o.name, o.id]))
+        if isinstance(o, BaseException):
+            from .errors import describe_exception
+            return _ExtType(EXT_EXC, _packb(describe_exception(o, "")))
+        raise TypeError(f"object of type {type(o).__module__}.{type(o).__qualname__} "
+                        "cannot be sent over RPC (no pickling; send arrays, tensors, "
+                        "numbers, strings, containers, RRefs)")
+
+    try:
+        body = _packb(obj, default=default, strict_types=True)
+    except OverflowError as e:
+        raise TypeError(f"value cannot be sent over RPC: {e}") from None
+    return body, buffers
+
+
+def _array_from(meta, frames):
+    dtype, shape, idx = meta[0], meta[1], meta[2]
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise ProtocolError("object arrays are not accepted")
+    buf = frames[idx]
+    buf = buf.buffer if hasattr(buf, "buffer") else buf
+    n = 1
+    for s in shape:
+        n *= s
+    if len(buf) != n * dt.itemsize:
+        raise ProtocolError(f"array frame {idx} has {len(buf)} bytes, expected {n * dt.itemsize}")
+    a = np.frombuffer(buf, dtype=dt).reshape(shape)
+    a.flags.writeable = False
+    return a
+
+
+def decode(body, frames, rref_decoder=None, max_size=4 << 30):
+    """Inverse of :func:`encode`; ``frames`` are the received buffer frames.
+
+    Any malformation raises :class:`ProtocolError`.
+    """
+    def ext_hook(code, data):
+        if code == EXT_ARRAY:
+            return _array_from(_unpackb(data), frames)
+        if code == EXT_TUPLE:
+            return tuple(_unpackb(data, ext_hook=ext_hook, raw=False, strict_map_key=False))
+        if code == EXT_TENSOR:
+            meta = _unpackb(data)
+            T = _tensor_type()
+            arr = _array_from(meta, frames)
+            if T is None:
+                return arr
+            return T._wrap(arr, requires_grad=bool(meta[3]))
+        if code == EXT_NPSCALAR:
+            dt, raw = _unpackb(data)
+            dt = np.dtype(dt)
+            if dt.hasobject:
+                raise ProtocolError("object scalars are not accepted")
+            return np.frombuffer(raw, dtype=dt)[0]
+        if code == EXT_COMPLEX:
+            re, im = _unpackb(data)
+            return complex(re, im)
+        if code == EXT_DTYPE:
+            dt = np.dtype(_unpackb(data, raw=False))
+            if dt.hasobject:
+                raise ProtocolError("object dtype is not accepted")
+            return dt
+        if code == EXT_BIGINT:
+            return int(data.decode())
+        if code == EXT_SET:
+            return set(_unpackb(data, ext_hook=ext_hook, raw=False, strict_map_key=False))
+        if code == EXT_RREF:
+            if rref_decoder is None:
+                raise ProtocolError("RRef received outside an RPC agent")
+            return rref_decoder(_unpackb(data, raw=False))
+        if code == EXT_WORKERINFO:
+            from .worker_info import WorkerInfo
+            name, wid = _unpackb(data, raw=False)
+            return WorkerInfo(name, wid)
+        if code == EXT_EXC:
+            from .errors import rebuild_exception
+            t, m, msg, tb = _unpackb(data, raw=False)
+            return rebuild_exception(t, m, msg, tb, "?")
+        raise ProtocolError(f"unknown extension type {code}")
+
+    if len(body) > max_size:
+        raise ProtocolError(f"body of {len(body)} bytes exceeds the limit {max_size}")
+    try:
+        return _unpackb(body, ext_hook=ext_hook, raw=False, strict_map_key=False)
+    except ProtocolError:
+        raise
+    except Exception as e:
+        raise ProtocolError(f"malformed body: {type(e).__name__}: {e}") from None

@@ -1,0 +1,1 @@
+"""Entry points of distgrad's processes."""
