@@ -105,6 +105,8 @@ class Agent:
         self.running = False
         self._ids = itertools.count(1)
         self._pending = {}
+        self._sync_inflight = {}
+        self._tls = threading.local()
         self._outbox = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -154,6 +156,7 @@ class Agent:
             self.workers = [WorkerInfo(n, r) for n, r, _ in table]
             self._by_name = {w.name: w for w in self.workers}
             self._dealers = []
+            self._endpoints = [ep for _, _, ep in table]
             for _, r, peer_ep in table:
                 d = self._socket(zmq.DEALER, server=False)
                 d.identity = b"%d" % self.rank
@@ -223,7 +226,7 @@ class Agent:
             self._woken = True
             try:
                 os.write(self._wake_w, b"x")
-            except BlockingIOError:
+            except OSError:  # pipe full (already woken) or closed (shut down)
                 pass
 
     def _timeout_of(self, timeout):
@@ -231,19 +234,15 @@ class Agent:
             timeout = self.options.rpc_timeout
         return timeout if timeout and timeout > 0 else None
 
-    def call(self, to, target, args=(), kwargs=None, timeout=-1, remote_ref=None):
-        """Send a request; return a Future of its reply. ``target`` is a callable,
-        a ``module:qualname`` string or an internal ``@op``."""
+    def _prepare(self, to, target, args, kwargs, remote_ref):
         if not self.running:
             raise RuntimeError("RPC agent is not running (init_rpc not called or shut down)")
         dst = self.worker_info(to).id
         if not (isinstance(target, str) and target.startswith("@")):
             target = ref_of(target)
-        fut = Future()
         dead = self._dead.get(dst)
         if dead:
-            fut.set_exception(WorkerUnreachableError(f"{self._describe(dst)} is unreachable: {dead}"))
-            return fut
+            raise WorkerUnreachableError(f"{self._describe(dst)} is unreachable: {dead}")
         extra = None
         ic = _interceptor
         if ic is not None:
@@ -251,13 +250,76 @@ class Agent:
         body, bufs = wire.encode([target, list(args), kwargs or {}, remote_ref],
                                  lambda r, _d=dst: self._encode_rref(r, _d))
         mid = next(self._ids)
+        return dst, target, mid, [wire.pack_header(Kind.CALL, mid, self.rank, extra), body, *bufs]
+
+    def call(self, to, target, args=(), kwargs=None, timeout=-1, remote_ref=None):
+        """Send a request; return a Future of its reply. ``target`` is a callable,
+        a ``module:qualname`` string or an internal ``@op``."""
+        fut = Future()
+        try:
+            dst, target, mid, frames = self._prepare(to, target, args, kwargs, remote_ref)
+        except WorkerUnreachableError as e:
+            fut.set_exception(e)
+            return fut
         timeout = self._timeout_of(timeout)
         deadline = time.monotonic() + timeout if timeout else float("inf")
         self._pending[mid] = _Pending(fut, dst, deadline, target, timeout)
         if deadline < self._next_deadline:
             self._next_deadline = deadline
-        self._post(dst, [wire.pack_header(Kind.CALL, mid, self.rank, extra), body, *bufs])
+        self._post(dst, frames)
         return fut
+
+    def call_sync(self, to, target, args=(), kwargs=None, timeout=-1):
+        """Blocking call on the caller's own socket: no thread hop on the hot path.
+
+        Each thread has its own DEALER per peer (a socket belongs to one thread);
+        the reply comes back to it, and the wait is sliced so that a dead peer or
+        a shut-down agent ends it.
+        """
+        dst, target, mid, frames = self._prepare(to, target, args, kwargs, None)
+        sock = self._thread_socket(dst)
+        timeout = self._timeout_of(timeout)
+        deadline = time.monotonic() + timeout if timeout else float("inf")
+        self._sync_inflight[mid] = dst
+        try:
+            sock.send_multipart(frames, copy=False)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RpcTimeoutError(f"RPC ran for more than set timeout ({timeout} s) "
+                                          f"calling {target} on {self._describe(dst)}")
+                if sock.poll(int(min(left, 0.1) * 1000) + 1):
+                    reply = sock.recv_multipart(copy=False)
+                    try:
+                        kind, rmid, _, extra = wire.unpack_header(reply[0].bytes)
+                    except ProtocolError as e:
+                        self._drop(str(e))
+                        continue
+                    if rmid != mid:  # the late reply of an earlier, timed-out call
+                        self.stats["late_replies"] += 1
+                        continue
+                    value, exc = self._decode_reply(kind, extra, reply, dst)
+                    if exc is not None:
+                        raise exc
+                    return value
+                dead = self._dead.get(dst)
+                if dead:
+                    raise WorkerUnreachableError(
+                        f"{self._describe(dst)} is unreachable: {dead} (while calling {target})")
+                if not self.running:
+                    raise RpcError(f"RPC agent {self.name!r} shut down during a call to {target}")
+        finally:
+            self._sync_inflight.pop(mid, None)
+
+    def _thread_socket(self, dst):
+        socks = getattr(self._tls, "socks", None)
+        if socks is None:
+            socks = self._tls.socks = {}
+        s = socks.get(dst)
+        if s is None:
+            s = socks[dst] = self._socket(zmq.DEALER, server=False)
+            s.connect(self._endpoints[dst])
+        return s
 
     def remote(self, to, target, args=(), kwargs=None, timeout=-1):
         dst = self.worker_info(to).id
@@ -269,8 +331,8 @@ class Agent:
     def _encode_rref(self, rref, dst):
         if rref._rid is None:  # RRef(value) made before init_rpc: adopt it now
             rref._bind(self, self.rank, self.new_id(), self.new_id())
-            self.rrefs.set_value(rref._rid, rref._value)
             self.rrefs.add_fork(rref._rid, rref._fid, 1)
+            self.rrefs.set_value(rref._rid, rref._value)
         fid = self.new_id()
         if rref._owner == self.rank:
             self.rrefs.add_fork(rref._rid, fid, 1)
@@ -484,21 +546,24 @@ class Agent:
                 continue
             self._complete(p, kind, extra, frames, rank)
 
-    def _complete(self, p, kind, extra, frames, rank):
+    def _decode_reply(self, kind, extra, frames, rank):
+        """(value, exception) of a REPLY or ERROR message from ``rank``."""
         try:
             if kind == Kind.REPLY:
                 value = wire.decode(frames[1].buffer, frames[2:], self._decode_rref)
                 ic = _interceptor
                 if ic is not None:
                     value = ic.on_receive("response", self.workers[rank].name, extra, value)
-                exc = None
-            elif kind == Kind.ERROR:
+                return value, None
+            if kind == Kind.ERROR:
                 t, m, msg, tb = wire.decode(frames[1].buffer, ())
-                value, exc = None, rebuild_exception(t, m, msg, tb, self.workers[rank].name)
-            else:
-                raise ProtocolError(f"unexpected kind {kind} on a reply socket")
+                return None, rebuild_exception(t, m, msg, tb, self.workers[rank].name)
+            raise ProtocolError(f"unexpected kind {kind} on a reply socket")
         except Exception as e:  # noqa: BLE001
-            value, exc = None, e if isinstance(e, RpcError) else ProtocolError(str(e))
+            return None, e if isinstance(e, RpcError) else ProtocolError(str(e))
+
+    def _complete(self, p, kind, extra, frames, rank):
+        value, exc = self._decode_reply(kind, extra, frames, rank)
         if p.fut._callbacks:  # user callbacks may block: run them off the I/O thread
             self._pool.submit(p.fut._complete, value, exc)
         else:
@@ -565,7 +630,7 @@ class Agent:
                 raise RpcTimeoutError("shutdown barrier timed out")
 
     def wait_pending(self, deadline):
-        while self._pending:
+        while self._pending or self._sync_inflight:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.005)

@@ -73,7 +73,7 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=-1):
 
 def rpc_sync(to, func, args=None, kwargs=None, timeout=-1):
     """Run ``func(*args, **kwargs)`` on worker ``to`` and return its result."""
-    return _need().call(to, func, args or (), kwargs, timeout).wait()
+    return _need().call_sync(to, func, args or (), kwargs, timeout)
 
 
 def remote(to, func, args=None, kwargs=None, timeout=-1):

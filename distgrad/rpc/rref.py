@@ -95,8 +95,9 @@ class _Proxy:
             payload = (rref._rid, method, args, kwargs)
             if mode == "remote":
                 return agent.remote(rref._owner, "@rref.call", payload, None, timeout)
-            fut = agent.call(rref._owner, "@rref.call", payload, None, timeout)
-            return fut.wait() if mode == "sync" else fut
+            if mode == "sync":
+                return agent.call_sync(rref._owner, "@rref.call", payload, None, timeout)
+            return agent.call(rref._owner, "@rref.call", payload, None, timeout)
         return call
 
 
@@ -119,8 +120,8 @@ class RRef:
         agent = current_agent()
         if agent is not None:
             self._bind(agent, agent.rank, agent.new_id(), agent.new_id())
-            agent.rrefs.set_value(self._rid, value)
             agent.rrefs.add_fork(self._rid, self._fid, 1)
+            agent.rrefs.set_value(self._rid, value)
 
     @classmethod
     def _make(cls, agent, owner, rid, fid, created=None):
@@ -177,7 +178,7 @@ class RRef:
         if self.is_owner():
             return self.local_value()
         agent = self._need_agent()
-        return agent.call(self._owner, "@rref.fetch", (self._rid,), None, timeout).wait()
+        return agent.call_sync(self._owner, "@rref.fetch", (self._rid,), None, timeout)
 
     def rpc_sync(self, timeout=-1):
         return _Proxy(self, "sync", timeout)

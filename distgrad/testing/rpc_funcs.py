@@ -181,3 +181,7 @@ def toy_events():
 
 def scope_tag():
     return getattr(_toy.in_scope, "value", None) if _toy else None
+
+
+def thread_count():
+    return threading.active_count()
