@@ -50,7 +50,9 @@ def resolve(ref, allowed):
             f"{ref!r} refused: module {module!r} is not on this worker's allowlist "
             f"{sorted(allowed)}; name it in init_rpc's rpc_backend_options.allowed_modules")
     try:
-        obj = sys.modules.get(module) or importlib.import_module(module)
+        obj = sys.modules.get(module)
+        if obj is None or getattr(getattr(obj, "__spec__", None), "_initializing", False):
+            obj = importlib.import_module(module)  # waits for another thread's import
         for p in parts:
             obj = getattr(obj, p)
     except (ImportError, AttributeError) as e:
