@@ -1,0 +1,60 @@
+"""distgrad: a reverse-mode autograd engine on NumPy whose graph can span processes.
+
+The API is PyTorch's: ``import distgrad as torch`` and a program written against
+``torch.autograd``, ``torch.nn`` and ``torch.distributed.rpc`` runs.
+
+>>> import distgrad
+>>> x = distgrad.tensor([1.0, 2.0], requires_grad=True)
+>>> (x * x).sum().backward()
+>>> x.grad
+tensor([2., 4.])
+"""
+from .autograd.dtype import (bool, complex64, complex128, dtype, float16, float32, float64,  # noqa: A004
+                             get_default_dtype, int8, int16, int32, int64, set_default_dtype, uint8)
+from .autograd.grad_mode import (enable_grad, inference_mode, is_grad_enabled,
+                                 is_inference_mode_enabled, no_grad, set_grad_enabled)
+from .autograd.tensor import Size, Tensor, is_tensor
+from . import ops as _ops  # installs Tensor methods
+from .ops.arithmetic import *  # noqa: F401,F403
+from .ops.complex import *  # noqa: F401,F403
+from .ops.conversion import *  # noqa: F401,F403
+from .ops.creation import *  # noqa: F401,F403
+from .ops.indexing import *  # noqa: F401,F403
+from .ops.linalg import matmul, mm, bmm, dot, mv, outer  # noqa: F401
+from .ops.reduction import *  # noqa: F401,F403
+from .ops.shape import *  # noqa: F401,F403
+from .ops.softmax import *  # noqa: F401,F403
+from .ops.unary import *  # noqa: F401,F403
+from .ops.unary import gelu as _gelu
+from . import autograd
+from . import nn
+from . import utils
+
+float = float32  # noqa: A001 - PyTorch's aliases
+double = float64
+half = float16
+long = int64
+int = int32  # noqa: A001
+cfloat = complex64
+cdouble = complex128
+
+__version__ = "0.1.0"
+
+
+def is_floating_point(input):
+    return input.is_floating_point()
+
+
+def numel(input):
+    return input.numel()
+
+
+def __getattr__(name):
+    # optim and distributed load on first use, as `torch.distributed` does, so that
+    # `import distgrad` stays cheap and the RPC layer's dependencies are optional here.
+    import importlib
+    if name in ("optim", "distributed", "testing"):
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'distgrad' has no attribute {name!r}")

@@ -1,0 +1,14 @@
+"""``distgrad.autograd``: the local engine, with ``torch.autograd``'s API."""
+from .engine import backward, grad
+from .function import Function, FunctionCtx, once_differentiable
+from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled,
+                        no_grad, set_grad_enabled)
+from .gradcheck import GradcheckError, gradcheck, gradgradcheck
+from .tensor import Tensor
+from . import graph
+
+Variable = Tensor  # the legacy name, kept for programs that still use it
+
+__all__ = ["backward", "grad", "Function", "FunctionCtx", "once_differentiable", "enable_grad",
+           "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "no_grad",
+           "set_grad_enabled", "gradcheck", "gradgradcheck", "GradcheckError", "graph", "Variable"]

@@ -1,0 +1,424 @@
+"""The local backward engine: iterative, dependency-counted, with PyTorch's hook order.
+
+Gradients travel as NumPy arrays unless ``create_graph=True``, when they are
+Tensors and every VJP records its own graph. Nodes run in decreasing sequence
+number among those that are ready (PyTorch's CPU ready-queue order); leaves run as
+soon as they are ready.
+"""
+import heapq
+from itertools import count
+
+import numpy as np
+
+from .broadcast import reduction_axes, sum_to_shape
+from .grad_mode import _state
+from .node import AccumulateGrad
+from .tensor import Tensor, _make
+
+__all__ = ["backward", "grad", "run_backward", "GraphTask"]
+
+
+def _as_tuple(x):
+    if x is None:
+        return ()
+    if isinstance(x, Tensor):
+        return (x,)
+    return tuple(x)
+
+
+def _make_root_grads(outputs, grad_outputs, create_graph):
+    grads = []
+    for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
+        if not isinstance(out, Tensor):
+            raise TypeError(f"element {i} of outputs is a {type(out).__name__}, not a Tensor")
+        if g is None:
+            if not out._requires_grad:
+                grads.append(None)
+                continue
+            if out._data.size != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            if out._data.dtype.kind == "c":
+                raise RuntimeError("grad can be implicitly created only for real scalar outputs "
+                                   f"but got {out.dtype!r}")
+            arr = np.ones(out._data.shape, dtype=out._data.dtype)
+            grads.append(_make(arr) if create_graph else arr)
+            continue
+        if not isinstance(g, Tensor):
+            if isinstance(g, (int, float, complex, np.ndarray)):
+                g = _make(np.asarray(g, dtype=out._data.dtype))
+            else:
+                raise TypeError(f"gradients can be either Tensors or None, but got "
+                                f"{type(g).__name__}")
+        if g._data.shape != out._data.shape:
+            raise RuntimeError(
+                f"Mismatch in shape: grad_output[{i}] has a shape of {_size(g)} and output[{i}] "
+                f"has a shape of {_size(out)}.")
+        if (g._data.dtype.kind == "c") != (out._data.dtype.kind == "c"):
+            raise RuntimeError("For complex Tensors, both grad_output and output are required to "
+                               f"have the same dtype. Mismatch in dtype: grad_output[{i}] has a "
+                               f"dtype of {g.dtype!r} and output[{i}] has a dtype of {out.dtype!r}.")
+        grads.append(g if create_graph else g._data)
+    return grads
+
+
+def _size(t):
+    return f"distgrad.Size({list(t._data.shape)})"
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
+             grad_variables=None, inputs=None):
+    """Compute the sum of gradients of ``tensors`` w.r.t. graph leaves, into their ``.grad``."""
+    if grad_variables is not None:
+        grad_tensors = grad_variables
+    tensors = _as_tuple(tensors)
+    if inputs is not None:
+        inputs = _as_tuple(inputs)
+        if len(inputs) == 0:
+            raise RuntimeError("'inputs' argument to backward() cannot be empty.")
+    grad_tensors = _as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(tensors)
+    if len(grad_tensors) != len(tensors):
+        raise RuntimeError(f"got {len(grad_tensors)} tensors and {len(tensors)} gradients")
+    if retain_graph is None:
+        retain_graph = create_graph
+    grads = _make_root_grads(tensors, grad_tensors, create_graph)
+    run_backward(tensors, grads, retain_graph, create_graph, inputs or (), allow_unused=True,
+                 accumulate_grad=True)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
+         only_inputs=True, allow_unused=None, is_grads_batched=False, materialize_grads=False):
+    """Return the gradients of ``outputs`` w.r.t. ``inputs`` without touching ``.grad``.
+
+    >>> import distgrad
+    >>> x = distgrad.tensor(3.0, requires_grad=True)
+    >>> (dx,) = distgrad.autograd.grad(x ** 2, x, create_graph=True)
+    >>> distgrad.autograd.grad(dx, x)[0].item()
+    2.0
+    """
+    if is_grads_batched:
+        raise NotImplementedError("is_grads_batched=True is not supported by distgrad")
+    if materialize_grads and allow_unused is False:
+        raise ValueError("Expected allow_unused to be True or not passed when materialize_grads=True, "
+                         "but got: allow_unused=False.")
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    single_input = isinstance(inputs, Tensor)
+    outputs = _as_tuple(outputs)
+    inputs = _as_tuple(inputs)
+    grad_outputs = _as_tuple(grad_outputs) if grad_outputs is not None else (None,) * len(outputs)
+    if len(grad_outputs) != len(outputs):
+        raise RuntimeError(f"grad requires one grad_output per output: got {len(grad_outputs)} "
+                           f"grad_outputs and {len(outputs)} outputs")
+    if retain_graph is None:
+        retain_graph = create_graph
+    grads = _make_root_grads(outputs, grad_outputs, create_graph)
+    result = run_backward(outputs, grads, retain_graph, create_graph, inputs,
+                          allow_unused=allow_unused, accumulate_grad=False)
+    if materialize_grads:
+        from .. import zeros_like
+        result = tuple(r if r is not None else zeros_like(i) for r, i in zip(result, inputs))
+    return result
+
+
+class GraphTask:
+    """The state of one backward pass: dependencies, input buffers and what to capture.
+
+    The distributed engine drives a GraphTask from several entry points (the
+    coordinator's roots, and gradients that arrive for send nodes), so buffers and
+    dependency counts are kept here rather than in locals of one function.
+    """
+
+    def __init__(self, retain_graph, create_graph, accumulate=None):
+        self.retain_graph = retain_graph
+        self.create_graph = create_graph
+        self.dependencies = {}
+        self.buffers = {}
+        self.exec_needed = None      # None: run everything; else the set of nodes to run
+        self.captures = None         # node -> [(input_nr, result_index)]
+        self.captured = None
+        # How a leaf's gradient is stored; distributed contexts substitute their own.
+        self.accumulate = accumulate
+        self._heap = []
+        self._tiebreak = count()
+
+    # -- graph discovery --
+    def compute_dependencies(self, root_nodes):
+        deps = self.dependencies
+        seen = set(root_nodes)
+        stack = list(seen)
+        while stack:
+            node = stack.pop()
+            for nxt, _ in node._next:
+                if nxt is None:
+                    continue
+                deps[nxt] = deps.get(nxt, 0) + 1
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return seen
+
+    def init_to_execute(self, nodes, targets, accumulate_grad):
+        """Mark which nodes must run so that gradients reach ``targets`` (PyTorch's exec_info)."""
+        target_nodes = {node for node, _ in targets}
+        # Children before parents: reverse of a Kahn topological order over `nodes`.
+        deps = {n: 0 for n in nodes}
+        for n in nodes:
+            for nxt, _ in n._next:
+                if nxt is not None and nxt in deps:
+                    deps[nxt] += 1
+        order = [n for n in nodes if deps[n] == 0]
+        i = 0
+        while i < len(order):
+            for nxt, _ in order[i]._next:
+                if nxt is not None:
+                    deps[nxt] -= 1
+                    if deps[nxt] == 0:
+                        order.append(nxt)
+            i += 1
+        needed = set()
+        for n in reversed(order):
+            if accumulate_grad and n in target_nodes:
+                needed.add(n)
+                continue
+            for nxt, _ in n._next:
+                if nxt is not None and (nxt in needed or nxt in target_nodes):
+                    needed.add(n)
+                    break
+        self.exec_needed = needed
+        if not accumulate_grad:
+            self.captures = {}
+            for index, (node, input_nr) in enumerate(targets):
+                self.captures.setdefault(node, []).append((input_nr, index))
+            self.captured = [None] * len(targets)
+
+    # -- feeding gradients --
+    def add_gradient(self, node, input_nr, g):
+        """Add one incoming gradient for ``node`` at ``input_nr``; no dependency bookkeeping."""
+        buf = self.buffers.get(node)
+        if buf is None:
+            buf = self.buffers[node] = [None] * len(node._out_meta or (None,))
+        if g is None:
+            return
+        old = buf[input_nr]
+        buf[input_nr] = g if old is None else old + g
+
+    def mark_ready(self, node):
+        heapq.heappush(self._heap, (-node._seq, next(self._tiebreak), node))
+
+    def release_dependency(self, node):
+        deps = self.dependencies
+        remaining = deps.get(node, 0) - 1
+        deps[node] = remaining
+        if remaining <= 0:
+            self.mark_ready(node)
+
+    # -- execution --
+    def execute(self):
+        prev = _state.grad_enabled
+        _state.grad_enabled = self.create_graph
+        try:
+            heap = self._heap
+            while heap:
+                node = heapq.heappop(heap)[2]
+                grads = self.buffers.pop(node, None)
+                if grads is None:
+                    grads = [None] * len(node._out_meta or (None,))
+                self.evaluate(node, grads)
+        finally:
+            _state.grad_enabled = prev
+
+    def evaluate(self, node, grads):
+        needed = self.exec_needed
+        if needed is not None:
+            is_needed = node in needed
+            hooked = grads if is_needed else _call_tensor_pre_hooks(node, grads)
+            caps = self.captures.get(node) if self.captures is not None else None
+            if caps:
+                for input_nr, index in caps:
+                    self.captured[index] = hooked[input_nr]
+            if not is_needed:
+                return
+        outputs = self.call_function(node, grads)
+        self.route(node, outputs)
+
+    def call_function(self, node, grads):
+        if node._has_any_pre_hooks():
+            grads = _call_tensor_pre_hooks(node, grads)
+            if node._pre_hooks:
+                grads = _call_node_pre_hooks(node, grads)
+        if isinstance(node, AccumulateGrad):
+            outputs = self._accumulate(node, grads)
+        elif any(g is not None for g in grads) or getattr(node, "_materialize_grads", False):
+            outputs = node.apply(grads)
+            if len(outputs) != len(node._next):
+                raise RuntimeError(f"function {node.name()} returned an incorrect number of "
+                                   f"gradients (expected {len(node._next)}, got {len(outputs)})")
+        else:
+            outputs = (None,) * len(node._next)
+        if not self.retain_graph:
+            node._release()
+        if node._post_hooks:
+            outputs = _call_node_post_hooks(node, outputs, grads)
+        return outputs
+
+    def _accumulate(self, node, grads):
+        if self.accumulate is not None:
+            if grads[0] is not None:
+                self.accumulate(node.variable, grads[0])
+            return ()
+        return node.apply(grads)
+
+    def route(self, node, outputs):
+        """Validate each input gradient and hand it to the next node (PyTorch validate_outputs)."""
+        create_graph = self.create_graph
+        for (nxt, input_nr), g in zip(node._next, outputs):
+            if nxt is None:
+                continue
+            if g is not None:
+                g = _validate(node, nxt, input_nr, g, create_graph)
+                self.add_gradient(nxt, input_nr, g)
+            else:
+                self.buffers.setdefault(nxt, [None] * len(nxt._out_meta or (None,)))
+            self.release_dependency(nxt)
+
+
+def _validate(node, nxt, input_nr, g, create_graph):
+    shape, dtype = nxt._out_meta[input_nr]
+    if isinstance(g, Tensor):
+        if not create_graph:
+            g = g._data
+        else:
+            if g._data.shape != shape:
+                if reduction_axes(g._data.shape, shape) is None:
+                    _invalid_shape(node, g._data.shape, shape)
+                g = g.sum_to_size(shape)
+            if g._data.dtype != dtype:
+                if g._data.dtype.kind == "c" and dtype.kind != "c":
+                    g = g.real
+                g = g.to(dtype)
+            return g
+    elif create_graph:
+        g = _make(np.asarray(g))
+        return _validate(node, nxt, input_nr, g, create_graph)
+    if g.shape != shape:
+        if reduction_axes(g.shape, shape) is None:
+            _invalid_shape(node, g.shape, shape)
+        g = sum_to_shape(g, shape)
+    if g.dtype != dtype:
+        if g.dtype.kind == "c" and dtype.kind != "c":
+            g = g.real
+        g = g.astype(dtype)
+    return g
+
+
+def _invalid_shape(node, got, expected):
+    raise RuntimeError(f"Function {node.name()} returned an invalid gradient - got "
+                       f"{list(got)} but expected shape compatible with {list(expected)}")
+
+
+def _to_user(g):
+    return g if (g is None or isinstance(g, Tensor)) else _make(g)
+
+
+def _from_user(value, like):
+    if value is None or _state.grad_enabled:
+        return value
+    if isinstance(value, Tensor):
+        return value._data
+    return value
+
+
+def _call_tensor_pre_hooks(node, grads):
+    grads = list(grads)
+    for nr in range(len(grads)):
+        hooks = node._tensor_hooks_for(nr)
+        if hooks and grads[nr] is not None:
+            g = grads[nr]
+            for hook in hooks:
+                result = hook(_to_user(g))
+                if result is not None:
+                    if not isinstance(result, Tensor):
+                        raise TypeError(f"hook returned a {type(result).__name__}, "
+                                        "expected a Tensor or None")
+                    g = _from_user(result, g)
+            grads[nr] = g
+    retains = node._retains_grad_hooks
+    if retains:
+        for nr, hook in list(retains.items()):
+            if nr < len(grads) and grads[nr] is not None:
+                hook(_to_user(grads[nr]) if _state.grad_enabled else grads[nr])
+    return grads
+
+
+def _call_node_pre_hooks(node, grads):
+    for hook in tuple(node._pre_hooks.values()):
+        result = hook(tuple(_to_user(g) for g in grads))
+        if result is not None:
+            result = tuple(result)
+            if len(result) != len(grads):
+                raise RuntimeError(f"hook returned {len(result)} gradients for {node.name()}, "
+                                   f"expected {len(grads)}")
+            grads = [_from_user(r, g) for r, g in zip(result, grads)]
+    return grads
+
+
+def _call_node_post_hooks(node, outputs, grads):
+    user_outputs = tuple(_to_user(g) for g in grads)
+    for hook in tuple(node._post_hooks.values()):
+        result = hook(tuple(_to_user(o) for o in outputs), user_outputs)
+        if result is not None:
+            result = tuple(result)
+            if len(result) != len(outputs):
+                raise RuntimeError(f"hook returned {len(result)} gradients for {node.name()}, "
+                                   f"expected {len(outputs)}")
+            outputs = tuple(_from_user(r, o) for r, o in zip(result, outputs))
+    return outputs
+
+
+def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_unused,
+                 accumulate_grad, accumulate=None):
+    """Run one backward pass; returns the captured gradients when ``accumulate_grad`` is False."""
+    task = GraphTask(retain_graph, create_graph, accumulate)
+    root_edges = []
+    for i, (t, g) in enumerate(zip(roots, root_grads)):
+        if not t._requires_grad:
+            raise RuntimeError(f"element {i} of tensors does not require grad and does not have "
+                               "a grad_fn")
+        root_edges.append((t._grad_edge(), g))
+    targets = []
+    for i, t in enumerate(inputs):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"element {i} of inputs is a {type(t).__name__}, not a Tensor")
+        if not t._requires_grad:
+            raise RuntimeError("One of the differentiated Tensors does not require grad")
+        if accumulate_grad and t._grad_fn is not None:
+            t.retain_grad()
+        targets.append(t._grad_edge())
+    root_nodes = [edge[0] for edge, _ in root_edges]
+    nodes = task.compute_dependencies(root_nodes)
+    if targets:
+        task.init_to_execute(nodes, targets, accumulate_grad)
+    for (node, nr), g in root_edges:
+        if g is not None and isinstance(node, AccumulateGrad) and node._out_meta[0][1] != \
+                (g._data.dtype if isinstance(g, Tensor) else g.dtype):
+            g = g.to(node.variable.dtype) if isinstance(g, Tensor) else g.astype(node._out_meta[0][1])
+        task.add_gradient(node, nr, g)
+    for node in dict.fromkeys(root_nodes):
+        if task.dependencies.get(node, 0) == 0:
+            task.mark_ready(node)
+    task.execute()
+    if accumulate_grad:
+        return None
+    results = []
+    for i, (t, g) in enumerate(zip(inputs, task.captured)):
+        if g is None:
+            if not allow_unused:
+                raise RuntimeError("One of the differentiated Tensors appears to not have been "
+                                   "used in the graph. Set allow_unused=True if this is the "
+                                   "desired behavior.")
+            results.append(None)
+        elif isinstance(g, Tensor):
+            results.append(g)
+        else:
+            results.append(_make(g))
+    return tuple(results)

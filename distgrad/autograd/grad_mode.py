@@ -1,0 +1,142 @@
+"""Thread-local grad modes: no_grad, enable_grad, set_grad_enabled, inference_mode.
+
+Each is a context manager and a decorator, as in ``torch.autograd.grad_mode``.
+"""
+import functools
+import inspect
+import threading
+
+__all__ = ["no_grad", "enable_grad", "set_grad_enabled", "inference_mode",
+           "is_grad_enabled", "is_inference_mode_enabled"]
+
+
+class _ModeState(threading.local):
+    def __init__(self):
+        self.grad_enabled = True
+        self.inference = False
+
+
+_state = _ModeState()
+
+
+def is_grad_enabled():
+    return _state.grad_enabled
+
+
+def is_inference_mode_enabled():
+    return _state.inference
+
+
+def _set_grad_enabled(mode):
+    _state.grad_enabled = bool(mode)
+
+
+class _DecoratorContextManager:
+    """Base that turns a context manager into a decorator (generators included)."""
+
+    def __call__(self, func):
+        if inspect.isclass(func):
+            raise TypeError(f"{type(self).__name__} can't decorate a class")
+        if inspect.isgeneratorfunction(func):
+            @functools.wraps(func)
+            def generator_wrapper(*args, **kwargs):
+                gen = func(*args, **kwargs)
+                with self.clone():
+                    response = gen.send(None)
+                while True:
+                    try:
+                        request = yield response
+                    except GeneratorExit:
+                        with self.clone():
+                            gen.close()
+                        raise
+                    except BaseException as exc:  # forward throw() into the generator
+                        with self.clone():
+                            response = gen.throw(exc)
+                    else:
+                        with self.clone():
+                            response = gen.send(request)
+            return generator_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with self.clone():
+                return func(*args, **kwargs)
+        return wrapper
+
+    def clone(self):
+        return type(self)()
+
+
+class no_grad(_DecoratorContextManager):
+    """Disable gradient recording in this thread.
+
+    >>> import distgrad
+    >>> x = distgrad.ones(2, requires_grad=True)
+    >>> with distgrad.no_grad():
+    ...     y = x * 2
+    >>> y.requires_grad
+    False
+    """
+
+    def __init__(self, orig_func=None):
+        self.prev = False
+        if orig_func is not None:  # @no_grad without parentheses
+            self._wrapped = self.__call__(orig_func)
+
+    def __enter__(self):
+        self.prev = _state.grad_enabled
+        _state.grad_enabled = False
+
+    def __exit__(self, *exc):
+        _state.grad_enabled = self.prev
+
+
+class enable_grad(_DecoratorContextManager):
+    """Enable gradient recording in this thread (inside a ``no_grad`` block, say)."""
+
+    def __enter__(self):
+        self.prev = _state.grad_enabled
+        _state.grad_enabled = True
+
+    def __exit__(self, *exc):
+        _state.grad_enabled = self.prev
+
+
+class set_grad_enabled(_DecoratorContextManager):
+    """Set grad mode; takes effect at once, and restores the previous mode when used with ``with``."""
+
+    def __init__(self, mode):
+        self.prev = _state.grad_enabled
+        self.mode = bool(mode)
+        _state.grad_enabled = self.mode
+
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        _state.grad_enabled = self.prev
+
+    def clone(self):
+        return type(self)(self.mode)
+
+
+class inference_mode(_DecoratorContextManager):
+    """Like ``no_grad``, and tensors made inside are inference tensors that autograd refuses later."""
+
+    def __init__(self, mode=True):
+        self.mode = bool(mode)
+
+    def __enter__(self):
+        self.prev = (_state.grad_enabled, _state.inference)
+        if self.mode:
+            _state.grad_enabled = False
+            _state.inference = True
+        else:
+            _state.inference = False
+
+    def __exit__(self, *exc):
+        _state.grad_enabled, _state.inference = self.prev
+
+    def clone(self):
+        return type(self)(self.mode)

@@ -1,0 +1,186 @@
+"""Graph nodes: the ``grad_fn`` objects of the backward graph.
+
+A node knows the edges to the nodes that produced its forward inputs
+(``next_functions``), the shape and dtype of each of its forward outputs (so the
+engine can reduce a broadcast gradient and cast it in one place for every op),
+and its hooks. ``AccumulateGrad`` is the node of a leaf tensor.
+"""
+import itertools
+import threading
+import weakref
+from collections import OrderedDict
+
+from ..utils.hooks import RemovableHandle
+
+__all__ = ["Node", "AccumulateGrad", "next_sequence_nr"]
+
+_sequence = itertools.count()
+next_sequence_nr = _sequence.__next__
+# Leaves run as soon as they are ready, as in PyTorch (UINT64_MAX sequence number).
+ACCUMULATE_SEQUENCE_NR = 1 << 62
+
+
+class Node:
+    """Base of every ``grad_fn``; ``apply(grads)`` maps output gradients to input gradients."""
+
+    __slots__ = ("_next", "_seq", "_out_meta", "_pre_hooks", "_post_hooks",
+                 "_tensor_pre_hooks", "_retains_grad_hooks", "_metadata", "__weakref__")
+
+    def __init__(self):
+        self._next = ()
+        self._seq = next_sequence_nr()
+        self._out_meta = ()
+        self._pre_hooks = None
+        self._post_hooks = None
+        self._tensor_pre_hooks = None
+        self._retains_grad_hooks = None
+        self._metadata = None
+
+    # -- introspection, as torch.autograd.graph.Node --
+    def name(self):
+        return type(self).__name__
+
+    @property
+    def next_functions(self):
+        return tuple((n, nr) if n is not None else (None, 0) for n, nr in self._next)
+
+    @property
+    def metadata(self):
+        if self._metadata is None:
+            self._metadata = {}
+        return self._metadata
+
+    def _sequence_nr(self):
+        return self._seq
+
+    def __repr__(self):
+        return f"<{type(self).__name__} object at {id(self):#x}>"
+
+    def __call__(self, *grads):
+        """Call the node on gradients directly, as PyTorch allows (``y.grad_fn(g)``)."""
+        from .tensor import Tensor, _make
+        from .grad_mode import is_grad_enabled
+        raw = [g if (g is None or is_grad_enabled()) else g._data for g in grads]
+        out = self.apply(raw)
+        wrapped = tuple(o if (o is None or isinstance(o, Tensor)) else _make(o) for o in out)
+        return wrapped[0] if len(wrapped) == 1 else wrapped
+
+    def apply(self, grads):
+        raise NotImplementedError
+
+    def _release(self):
+        """Free saved tensors after a backward without ``retain_graph``."""
+
+    # -- hooks --
+    def register_prehook(self, fn):
+        """``fn(grad_outputs) -> tuple | None``; runs before the node, may replace ``grad_outputs``."""
+        if self._pre_hooks is None:
+            self._pre_hooks = OrderedDict()
+        handle = RemovableHandle(self._pre_hooks)
+        self._pre_hooks[handle.id] = fn
+        return handle
+
+    def register_hook(self, fn):
+        """``fn(grad_inputs, grad_outputs) -> tuple | None``; runs after the node, may replace ``grad_inputs``."""
+        if self._post_hooks is None:
+            self._post_hooks = OrderedDict()
+        handle = RemovableHandle(self._post_hooks)
+        self._post_hooks[handle.id] = fn
+        return handle
+
+    def _register_tensor_pre_hook(self, output_nr, fn):
+        if self._tensor_pre_hooks is None:
+            self._tensor_pre_hooks = {}
+        hooks = self._tensor_pre_hooks.get(output_nr)
+        if hooks is None:
+            hooks = self._tensor_pre_hooks[output_nr] = OrderedDict()
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = fn
+        return handle
+
+    def _set_retains_grad_hook(self, output_nr, fn):
+        if self._retains_grad_hooks is None:
+            self._retains_grad_hooks = {}
+        self._retains_grad_hooks[output_nr] = fn
+
+    def _tensor_hooks_for(self, output_nr):
+        if self._tensor_pre_hooks is None:
+            return ()
+        hooks = self._tensor_pre_hooks.get(output_nr)
+        return tuple(hooks.values()) if hooks else ()
+
+    def _has_any_pre_hooks(self):
+        return bool(self._tensor_pre_hooks or self._retains_grad_hooks or self._pre_hooks)
+
+
+# Concurrent backward passes may accumulate into the same leaf; PyTorch locks too.
+_accumulate_lock = threading.Lock()
+
+
+class AccumulateGrad(Node):
+    """The node of a leaf: adds incoming gradients into ``variable.grad``."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable):
+        Node.__init__(self)
+        self._seq = ACCUMULATE_SEQUENCE_NR
+        self.variable = variable
+        self._out_meta = ((variable._data.shape, variable._data.dtype),)
+        variable._grad_accumulator = weakref.ref(self)
+
+    def _tensor_hooks_for(self, output_nr):
+        # Hooks on a leaf live on the tensor (so they survive the accumulator).
+        hooks = self.variable._hooks
+        return tuple(hooks.values()) if hooks else ()
+
+    def _has_any_pre_hooks(self):
+        return bool(self.variable._hooks or self._pre_hooks)
+
+    def apply(self, grads):
+        g = grads[0]
+        if g is not None:
+            accumulate_into_grad(self.variable, g)
+            hooks = self.variable._post_acc_hooks
+            if hooks:
+                for hook in tuple(hooks.values()):
+                    hook(self.variable)
+        return ()
+
+
+def accumulate_into_grad(variable, g):
+    """``variable.grad += g`` with PyTorch's rules: steal fresh buffers, never alias the caller's."""
+    from .tensor import Tensor, _make
+    from .grad_mode import is_grad_enabled
+    with _accumulate_lock:
+        old = variable._grad
+        if isinstance(g, Tensor):  # create_graph: keep the graph of the gradient
+            if old is None:
+                variable._grad = g if not is_grad_enabled() or g.requires_grad else g.detach()
+            else:
+                variable._grad = old + g
+            return
+        if old is None:
+            # A gradient array may be shared with the caller (the `gradient=` they
+            # passed) or with another edge; only a fresh, owned buffer is stolen.
+            if g.base is not None or not g.flags.writeable or not g.flags.c_contiguous or _shared(g):
+                g = g.copy()
+            variable._grad = _make(g)
+        elif old.requires_grad:
+            variable._grad = old + _make(g)
+        else:
+            data = old._data
+            if data.flags.writeable and data.shape == g.shape:
+                data += g
+                old._vc[0] += 1
+            else:
+                old._data = data + g
+
+
+def _shared(array):
+    import sys
+    # The engine, accumulate_into_grad and getrefcount's argument each hold one.
+    return sys.getrefcount(array) > _OWNED_REFCOUNT
+
+
+_OWNED_REFCOUNT = 4

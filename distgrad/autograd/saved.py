@@ -1,0 +1,135 @@
+"""Saved tensors: what a node keeps for its backward, with version checks and pack/unpack hooks.
+
+Mirrors PyTorch's ``SavedVariable``: an input is kept by reference (so
+``grad_fn._saved_self is x``); the node's own output is kept as its buffer and
+version counter only, because a reference to the output tensor would make a
+cycle (output -> grad_fn -> output) that keeps activations alive.
+"""
+import threading
+
+__all__ = ["SavedTensor", "SavedTensorHooksState", "hooks_state"]
+
+RELEASED_MESSAGE = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed). Saved intermediate values of the graph are freed "
+    "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
+    "backward through the graph a second time or if you need to access saved tensors after "
+    "calling backward.")
+
+
+class SavedTensorHooksState(threading.local):
+    """Thread-local stack of default (pack, unpack) pairs; the innermost wins."""
+
+    def __init__(self):
+        self.stack = []
+        self.disabled_message = None
+
+
+hooks_state = SavedTensorHooksState()
+
+
+class SavedTensor:
+    __slots__ = ("_tensor", "_data", "_vc", "_version", "_is_output", "_output_nr",
+                 "_requires_grad", "_packed", "_unpack_hook", "_released", "_has_hooks")
+
+    def __init__(self, tensor, is_output, output_nr=0):
+        if tensor._is_inference:
+            raise RuntimeError(
+                "Inference tensors cannot be saved for backward. To work around you can make a "
+                "clone to get a normal tensor and use it in autograd.")
+        self._is_output = is_output
+        self._output_nr = output_nr
+        self._released = False
+        self._requires_grad = tensor._requires_grad
+        self._version = tensor._vc[0]
+        self._vc = tensor._vc
+        stack = hooks_state.stack
+        if stack:
+            pack, unpack = stack[-1]
+            self._tensor = None
+            self._data = None
+            self._has_hooks = True
+            self._unpack_hook = unpack
+            self._packed = pack(tensor)
+        else:
+            self._has_hooks = False
+            self._packed = None
+            self._unpack_hook = None
+            if is_output:
+                self._tensor = None
+                self._data = tensor._data
+            else:
+                self._tensor = tensor
+                self._data = None
+
+    def _check_version(self, node):
+        if self._vc[0] != self._version:
+            from .tensor import _describe
+            owner = f"output {self._output_nr} of {type(node).__name__}" if self._is_output else \
+                "an input of " + type(node).__name__
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{_describe(self._data if self._tensor is None else self._tensor._data)}], "
+                f"which is {owner}, is at version {self._vc[0]}; expected version {self._version} "
+                "instead. Hint: the saved tensor was modified in place after it was saved for "
+                "backward; use an out-of-place op or .clone() before modifying it.")
+
+    def data(self, node):
+        """The saved array, for the engine's NumPy fast path."""
+        if self._released:
+            raise RuntimeError(RELEASED_MESSAGE)
+        if self._has_hooks:
+            return self._unpacked(node)._data
+        self._check_version(node)
+        return self._data if self._tensor is None else self._tensor._data
+
+    def unpack(self, node):
+        """The saved tensor as a Tensor: the input object itself, or a fresh output tensor."""
+        if self._released:
+            raise RuntimeError(RELEASED_MESSAGE)
+        if self._has_hooks:
+            return self._unpacked(node)
+        self._check_version(node)
+        if self._tensor is not None:
+            return self._tensor
+        from .tensor import _make
+        return _make(self._data, grad_fn=node if self._requires_grad else None,
+                     output_nr=self._output_nr, requires_grad=self._requires_grad, vc=self._vc)
+
+    def _unpacked(self, node):
+        from .tensor import Tensor, _make
+        value = self._unpack_hook(self._packed)
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                "Output of saved tensor unpack_hook expected to be a Tensor but got result of "
+                f"type {type(value).__name__}")
+        if self._is_output and value.grad_fn is None and self._requires_grad:
+            value = _make(value._data, grad_fn=node, output_nr=self._output_nr,
+                          requires_grad=True, vc=value._vc)
+        return value
+
+    def register_hooks(self, pack_hook, unpack_hook):
+        """Pack now, unpack at each access (``grad_fn._raw_saved_x.register_hooks``)."""
+        if self._released:
+            raise RuntimeError(RELEASED_MESSAGE)
+        if self._has_hooks:
+            raise RuntimeError("SavedTensor hooks have already been set on this SavedTensor; "
+                               "they can be set only once.")
+        if not callable(pack_hook) or not callable(unpack_hook):
+            raise TypeError("register_hooks expects two callables (pack_hook, unpack_hook)")
+        from .tensor import _make
+        if self._tensor is not None:
+            tensor = self._tensor
+        else:
+            tensor = _make(self._data, requires_grad=False, vc=self._vc)
+        self._packed = pack_hook(tensor)
+        self._unpack_hook = unpack_hook
+        self._has_hooks = True
+        self._tensor = None
+        self._data = None
+
+    def release(self):
+        self._released = True
+        self._tensor = None
+        self._data = None
+        self._packed = None

@@ -1,0 +1,475 @@
+"""The Tensor: a NumPy array plus the autograd state PyTorch keeps beside it.
+
+Operators and math methods (``x + y``, ``x.exp()``, ...) are installed by
+``distgrad.ops``, which sits above this layer; what lives here is what autograd
+itself needs: leaves and non-leaves, ``.grad``, hooks, version counters, views.
+"""
+import warnings
+import weakref
+from collections import OrderedDict
+
+import numpy as np
+
+from . import dtype as _dt
+from .grad_mode import _state
+from ..utils.hooks import RemovableHandle
+
+__all__ = ["Tensor", "is_tensor"]
+
+
+class Tensor:
+    __slots__ = ("_data", "_requires_grad", "_grad_fn", "_output_nr", "_grad", "_vc", "_base",
+                 "_view_fn", "_retains_grad", "_hooks", "_post_acc_hooks", "_grad_accumulator",
+                 "_is_inference", "__weakref__", "__dict__")
+
+    # Tensors are hashed by identity, as in PyTorch (``==`` is elementwise).
+    __hash__ = object.__hash__
+    # NumPy must defer to our reflected operators (``ndarray * Tensor``).
+    __array_priority__ = 1000
+
+    def __init__(self, data=None, dtype=None, requires_grad=False):
+        # Tensor(data) copies like distgrad.tensor; the fast path is _make.
+        if data is None:
+            data = np.empty((0,), dtype=_dt.get_default_dtype().numpy)
+        if isinstance(data, Tensor):
+            data = data._data
+        arr = _as_array(data, dtype)
+        _init(self, arr, None, 0, False, None)
+        if requires_grad:
+            self.requires_grad_(True)
+
+    @staticmethod
+    def _wrap(array, requires_grad=False):
+        """Wrap an ndarray without copying (used by the wire codec and tests)."""
+        t = _make(np.asarray(array))
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    # ------------------------------------------------------------ properties
+    @property
+    def data(self):
+        """A tensor sharing this one's storage, detached, with a separate version counter."""
+        return _make(self._data)
+
+    @data.setter
+    def data(self, value):
+        self._data = value._data if isinstance(value, Tensor) else np.asarray(value)
+
+    @property
+    def shape(self):
+        return Size(self._data.shape)
+
+    def size(self, dim=None):
+        if dim is None:
+            return Size(self._data.shape)
+        return self._data.shape[_wrap_dim(dim, self._data.ndim)]
+
+    @property
+    def dtype(self):
+        return _dt.from_numpy_dtype(self._data.dtype)
+
+    @property
+    def ndim(self):
+        return self._data.ndim
+
+    def dim(self):
+        return self._data.ndim
+
+    def numel(self):
+        return int(self._data.size)
+
+    nelement = numel
+
+    @property
+    def device(self):
+        return "cpu"
+
+    @property
+    def is_cuda(self):
+        return False
+
+    def element_size(self):
+        return self._data.itemsize
+
+    def stride(self, dim=None):
+        strides = tuple(s // self._data.itemsize for s in self._data.strides)
+        return strides if dim is None else strides[_wrap_dim(dim, self._data.ndim)]
+
+    def is_contiguous(self):
+        return bool(self._data.flags.c_contiguous)
+
+    def is_floating_point(self):
+        return self._data.dtype.kind == "f"
+
+    def is_complex(self):
+        return self._data.dtype.kind == "c"
+
+    def is_inference(self):
+        return self._is_inference
+
+    @property
+    def _version(self):
+        return self._vc[0]
+
+    @property
+    def is_leaf(self):
+        return self._grad_fn is None
+
+    @property
+    def grad_fn(self):
+        return self._grad_fn
+
+    @property
+    def output_nr(self):
+        return self._output_nr
+
+    @property
+    def _base_tensor(self):
+        return self._base
+
+    def _is_view(self):
+        return self._base is not None
+
+    @property
+    def requires_grad(self):
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value):
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad=True):
+        requires_grad = bool(requires_grad)
+        if self._grad_fn is not None:
+            if not requires_grad:
+                raise RuntimeError(
+                    "you can only change requires_grad flags of leaf variables. If you want to "
+                    "use a computed variable in a subgraph that doesn't require differentiation "
+                    "use var_no_grad = var.detach().")
+            return self
+        kind = self._data.dtype.kind
+        if requires_grad and kind not in "fc":
+            raise RuntimeError("only Tensors of floating point and complex dtype can require "
+                               f"gradients (got {self.dtype!r})")
+        if requires_grad and self._is_inference:
+            raise RuntimeError("Setting requires_grad=True on inference tensor outside "
+                               "InferenceMode is not allowed.")
+        self._requires_grad = requires_grad
+        return self
+
+    @property
+    def grad(self):
+        if self._grad_fn is not None and not self._retains_grad and self._grad is None:
+            warnings.warn(
+                "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its "
+                ".grad attribute won't be populated during autograd.backward(). If you indeed "
+                "want the .grad field to be populated for a non-leaf Tensor, use .retain_grad() "
+                "on the non-leaf Tensor.", UserWarning, stacklevel=2)
+        return self._grad
+
+    @grad.setter
+    def grad(self, value):
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"assigned grad expected to be a Tensor or None but got grad "
+                                f"of type {type(value).__name__}")
+            if value._data.shape != self._data.shape:
+                raise RuntimeError(
+                    f"assigned grad has data of a different size: grad is {tuple(value.shape)}, "
+                    f"tensor is {tuple(self.shape)}")
+            if value._data.dtype != self._data.dtype:
+                raise RuntimeError(f"assigned grad has data of a different type: grad is "
+                                   f"{value.dtype!r}, tensor is {self.dtype!r}")
+        self._grad = value
+
+    @grad.deleter
+    def grad(self):
+        self._grad = None
+
+    @property
+    def retains_grad(self):
+        return self._retains_grad
+
+    def retain_grad(self):
+        """Populate ``.grad`` of this non-leaf during backward (a no-op on leaves)."""
+        if self._grad_fn is None:
+            if not self._requires_grad:
+                raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+            return
+        if self._retains_grad:
+            return
+        ref = weakref.ref(self)
+
+        def retain_grad_hook(grad):
+            from .node import accumulate_into_grad
+            tensor = ref()
+            if tensor is not None and grad is not None:
+                if isinstance(grad, Tensor) and not _state.grad_enabled:
+                    grad = grad._data
+                if isinstance(grad, Tensor):
+                    tensor._grad = grad if tensor._grad is None else tensor._grad + grad
+                elif tensor._grad is None:
+                    tensor._grad = _make(np.array(grad, copy=True))
+                else:
+                    accumulate_into_grad(tensor, grad)
+            return grad
+
+        self._grad_fn._set_retains_grad_hook(self._output_nr, retain_grad_hook)
+        self._retains_grad = True
+
+    # ------------------------------------------------------------ hooks
+    def register_hook(self, hook):
+        """``hook(grad) -> Tensor | None`` runs when this tensor's gradient is computed.
+
+        On a leaf it runs before accumulation and ``.grad`` gets its result; on a
+        non-leaf the result flows on. Hooks run in registration order.
+
+        >>> import distgrad
+        >>> x = distgrad.ones(3, requires_grad=True)
+        >>> h = x.register_hook(lambda g: g * 2)
+        >>> x.sum().backward(); x.grad.tolist()
+        [2.0, 2.0, 2.0]
+        """
+        if not self._requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if self._grad_fn is not None:
+            return self._grad_fn._register_tensor_pre_hook(self._output_nr, hook)
+        if self._hooks is None:
+            self._hooks = OrderedDict()
+        handle = RemovableHandle(self._hooks)
+        self._hooks[handle.id] = hook
+        return handle
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """``hook(tensor)`` runs after ``.grad`` of this leaf was updated."""
+        if self._grad_fn is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        if not self._requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if self._post_acc_hooks is None:
+            self._post_acc_hooks = OrderedDict()
+        handle = RemovableHandle(self._post_acc_hooks)
+        self._post_acc_hooks[handle.id] = hook
+        return handle
+
+    # ------------------------------------------------------------ autograd
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """Accumulate the gradient of this tensor w.r.t. the graph leaves into their ``.grad``."""
+        from .engine import backward
+        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+    def detach(self):
+        """A new tensor on the same storage (and version counter), cut from the graph."""
+        t = _make(self._data, vc=self._vc)
+        return t
+
+    def detach_(self):
+        if self._base is not None:
+            raise RuntimeError("Can't detach views in-place. Use detach() instead.")
+        self._grad_fn = None
+        self._output_nr = 0
+        self._requires_grad = False
+        return self
+
+    def _grad_edge(self):
+        """The (node, input_nr) edge a consumer of this tensor points to."""
+        fn = self._grad_fn
+        if fn is not None:
+            return (fn, self._output_nr)
+        acc = self._grad_accumulator
+        acc = acc() if acc is not None else None
+        if acc is None:
+            from .node import AccumulateGrad
+            acc = AccumulateGrad(self)
+        return (acc, 0)
+
+    # ------------------------------------------------------------ conversion
+    def numpy(self, *, force=False):
+        if self._requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
+                               "Use tensor.detach().numpy() instead.")
+        return self._data
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def item(self):
+        if self._data.size != 1:
+            raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be converted "
+                               "to Scalar")
+        return self._data.reshape(()).item()
+
+    def tolist(self):
+        return self._data.tolist()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __complex__(self):
+        return complex(self.item())
+
+    def __index__(self):
+        if self._data.dtype.kind not in "iub" or self._data.size != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def __bool__(self):
+        if self._data.size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with more than one value is ambiguous")
+        return bool(self._data.reshape(()).item())
+
+    def __len__(self):
+        if self._data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        if self._data.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __repr__(self):
+        body = np.array2string(self._data, separator=", ", precision=4, prefix="tensor(",
+                               threshold=1000, edgeitems=3)
+        extras = []
+        if self._data.dtype != _dt.get_default_dtype().numpy and self._data.dtype.kind != "i" \
+                and self._data.dtype.kind != "b" or self._data.dtype in (np.int32, np.int16, np.int8, np.uint8):
+            extras.append(f"dtype={self.dtype!r}")
+        if self._grad_fn is not None:
+            extras.append(f"grad_fn=<{type(self._grad_fn).__name__}>")
+        elif self._requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    def __reduce_ex__(self, protocol):
+        # Local pickling (copy.deepcopy, state_dict saved with pickle) is allowed;
+        # the RPC wire never uses it (see distgrad/rpc).
+        return (_rebuild, (self._data.copy(), self._requires_grad))
+
+    def __deepcopy__(self, memo):
+        if self._grad_fn is not None:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) "
+                               "support the deepcopy protocol at the moment.")
+        new = type(self).__new__(type(self))
+        _init(new, self._data.copy(), None, 0, self._requires_grad, None)
+        if self.__dict__:
+            import copy
+            new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        if self._grad is not None:
+            new._grad = self._grad.__deepcopy__(memo)
+        memo[id(self)] = new
+        return new
+
+
+def _rebuild(data, requires_grad):
+    t = _make(data)
+    t._requires_grad = requires_grad
+    return t
+
+
+class Size(tuple):
+    """``tensor.shape``: a tuple that prints as ``distgrad.Size([2, 3])``."""
+
+    def __repr__(self):
+        return f"distgrad.Size({list(self)})"
+
+    def numel(self):
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+
+def _init(t, data, grad_fn, output_nr, requires_grad, vc):
+    t._data = data
+    t._grad_fn = grad_fn
+    t._output_nr = output_nr
+    t._requires_grad = requires_grad
+    t._grad = None
+    t._vc = vc if vc is not None else [0]
+    t._base = None
+    t._view_fn = None
+    t._retains_grad = False
+    t._hooks = None
+    t._post_acc_hooks = None
+    t._grad_accumulator = None
+    t._is_inference = _state.inference
+
+
+def _make(data, grad_fn=None, output_nr=0, requires_grad=False, vc=None, cls=Tensor):
+    """Wrap an ndarray as a Tensor without copying: the hot path of every op."""
+    t = object.__new__(cls)
+    t._data = data
+    t._grad_fn = grad_fn
+    t._output_nr = output_nr
+    t._requires_grad = requires_grad
+    t._grad = None
+    t._vc = vc if vc is not None else [0]
+    t._base = None
+    t._view_fn = None
+    t._retains_grad = False
+    t._hooks = None
+    t._post_acc_hooks = None
+    t._grad_accumulator = None
+    t._is_inference = _state.inference
+    return t
+
+
+def _as_array(data, dtype=None):
+    """Convert Python data to an ndarray with PyTorch's dtype inference."""
+    np_dtype = _dt.to_numpy_dtype(dtype) if dtype is not None else None
+    if isinstance(data, np.ndarray):
+        return np.array(data, dtype=np_dtype, copy=True)
+    if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flatten(data)):
+        data = _tensors_to_lists(data)
+    arr = np.array(data, dtype=np_dtype)
+    if np_dtype is None:
+        kind = arr.dtype.kind
+        if kind == "f":
+            arr = arr.astype(_dt.get_default_dtype().numpy, copy=False)
+        elif kind == "c":
+            arr = arr.astype(_dt.get_default_dtype().to_complex().numpy, copy=False)
+        elif kind in "iu" and arr.dtype != np.uint8:
+            arr = arr.astype(np.int64, copy=False)
+        elif kind not in "b":
+            raise TypeError(f"Could not infer dtype of {type(data).__name__}")
+    return arr
+
+
+def _flatten(data):
+    for x in data:
+        if isinstance(x, (list, tuple)):
+            yield from _flatten(x)
+        else:
+            yield x
+
+
+def _tensors_to_lists(data):
+    if isinstance(data, Tensor):
+        return data._data.tolist()
+    if isinstance(data, (list, tuple)):
+        return [_tensors_to_lists(x) for x in data]
+    return data
+
+
+def _wrap_dim(dim, ndim):
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
+                         f"but got {dim})")
+    return dim % n
+
+
+def _describe(array):
+    names = {"float32": "FloatTensor", "float64": "DoubleTensor", "complex64": "ComplexFloatTensor",
+             "complex128": "ComplexDoubleTensor", "int64": "LongTensor", "bool": "BoolTensor"}
+    return f"distgrad.{names.get(array.dtype.name, array.dtype.name)} {list(array.shape)}"
+
+
+def is_tensor(obj):
+    return isinstance(obj, Tensor)

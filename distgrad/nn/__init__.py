@@ -1,0 +1,2 @@
+"""``distgrad.nn``: modules, layers, losses, as ``torch.nn``."""
+from . import functional

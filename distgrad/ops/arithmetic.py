@@ -1,0 +1,267 @@
+"""Arithmetic: add, sub, mul, div, pow, neg and comparisons, forward and VJP side by side.
+
+Complex gradients follow PyTorch's convention (conjugate Wirtinger): for a
+holomorphic f the rule is ``g * conj(f'(z))``.
+"""
+import numpy as np
+
+from ..autograd import dtype as _dt
+from ..autograd.tensor import Tensor, _make
+from .promotion import operands
+from .registry import defop, record
+
+__all__ = ["add", "sub", "subtract", "rsub", "mul", "multiply", "div", "divide", "true_divide",
+           "floor_divide", "remainder", "fmod", "pow", "neg", "negative", "reciprocal", "square",
+           "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or",
+           "equal", "allclose", "isclose", "isnan", "isinf", "isfinite"]
+
+AddBackward0 = defop("AddBackward0", vjps=(
+    lambda xp, g, m: g,
+    lambda xp, g, m: g if m is None else g * m["alpha"]))
+AddBackward1 = defop("AddBackward1", vjps=(lambda xp, g, m: g,))
+SubBackward0 = defop("SubBackward0", vjps=(
+    lambda xp, g, m: g,
+    lambda xp, g, m: -g if m is None else g * -m["alpha"]))
+SubBackward1 = defop("SubBackward1", vjps=(lambda xp, g, m: g,))
+RsubBackward1 = defop("RsubBackward1", vjps=(lambda xp, g, m: g * -m["alpha"],))
+MulBackward0 = defop("MulBackward0", saved=("self", "other"), vjps=(
+    lambda xp, g, m, x, y: g * xp.conj(y),
+    lambda xp, g, m, x, y: g * xp.conj(x)))
+MulBackward1 = defop("MulBackward1", vjps=(lambda xp, g, m: g * np.conj(m["other"]),))
+DivBackward0 = defop("DivBackward0", saved=("self", "other"), vjps=(
+    lambda xp, g, m, x, y: g / xp.conj(y),
+    lambda xp, g, m, x, y: -g * xp.conj(x / y / y)))
+DivBackward1 = defop("DivBackward1", vjps=(lambda xp, g, m: g / np.conj(m["other"]),))
+# scalar / tensor: PyTorch records reciprocal then mul; one node does both here.
+RdivBackward0 = defop("RdivBackward0", saved=("other", "result"), vjps=(
+    lambda xp, g, m, y, r: -g * xp.conj(r / y),))
+NegBackward0 = defop("NegBackward0", vjps=(lambda xp, g, m: -g,))
+ReciprocalBackward0 = defop("ReciprocalBackward0", saved=("result",), vjps=(
+    lambda xp, g, m, r: -g * xp.conj(r * r),))
+
+
+def _pow_scalar_vjp(xp, g, m, x):
+    e = m["exponent"]
+    if e == 0:
+        return g * 0
+    return g * xp.conj(e * x ** (e - 1))
+
+
+def _pow_exponent_vjp(xp, g, m, x, y, r):
+    # d/dy x**y = x**y log x, and 0 where x == 0 and y >= 0 (PyTorch's convention).
+    zero_base = (_raw(x) == 0) & (_raw(y).real >= 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        val = g * xp.conj(r * xp.log(x))
+    return xp.mask(val, ~zero_base) if zero_base.any() else val
+
+
+def _pow_base_vjp(xp, g, m, x, y, r):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return g * xp.conj(y * x ** (y - 1))
+
+
+PowBackward0 = defop("PowBackward0", saved=("self",), vjps=(_pow_scalar_vjp,))
+PowBackward1 = defop("PowBackward1", saved=("self", "exponent", "result"),
+                     vjps=(_pow_base_vjp, _pow_exponent_vjp))
+
+
+def _rpow_vjp(xp, g, m, y, r):
+    base = m["self"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        val = g * xp.conj(r * np.log(base))
+        if base == 0:
+            return xp.mask(val, _raw(y).real < 0)
+    return val
+
+
+PowBackward2 = defop("PowBackward2", saved=("exponent", "result"), vjps=(_rpow_vjp,))
+
+
+def _raw(x):
+    return x._data if isinstance(x, Tensor) else x
+
+
+def add(input, other, *, alpha=1, out=None):
+    a, b, ad, bd, dt = operands(input, other)
+    if alpha != 1:
+        bd = bd * alpha
+    res = np.add(ad, bd)
+    if a is None:
+        return record(AddBackward1, res, (b,))
+    if b is None:
+        return record(AddBackward1, res, (a,))
+    return record(AddBackward0, res, (a, b), (), None if alpha == 1 else {"alpha": alpha})
+
+
+def sub(input, other, *, alpha=1):
+    a, b, ad, bd, dt = operands(input, other)
+    if dt.kind == "b":
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                           "supported. Use the `^` or `logical_xor()` operator instead.")
+    res = np.subtract(ad, bd * alpha if alpha != 1 else bd)
+    if a is None:
+        return record(RsubBackward1, res, (b,), (), {"alpha": alpha})
+    if b is None:
+        return record(SubBackward1, res, (a,))
+    return record(SubBackward0, res, (a, b), (), None if alpha == 1 else {"alpha": alpha})
+
+
+subtract = sub
+
+
+def rsub(input, other, *, alpha=1):
+    """``other - alpha * input``."""
+    return sub(other, input * alpha if alpha != 1 else input)
+
+
+def mul(input, other):
+    a, b, ad, bd, dt = operands(input, other)
+    res = np.multiply(ad, bd)
+    if a is None:
+        return record(MulBackward1, res, (b,), (), {"other": ad})
+    if b is None:
+        return record(MulBackward1, res, (a,), (), {"other": bd})
+    return record(MulBackward0, res, (a, b), (a, b))
+
+
+multiply = mul
+
+
+def div(input, other, *, rounding_mode=None):
+    if rounding_mode is not None:
+        if rounding_mode == "floor":
+            return floor_divide(input, other)
+        if rounding_mode == "trunc":
+            a, b, ad, bd, dt = operands(input, other)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                res = np.trunc(np.true_divide(ad, bd))
+            return _make(res.astype(dt, copy=False))
+        raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' "
+                           f"but found '{rounding_mode}'")
+    a, b, ad, bd, dt = operands(input, other)
+    if dt.kind in "biu":
+        dt = _dt.get_default_dtype().numpy
+        ad = ad.astype(dt) if isinstance(ad, np.ndarray) else ad
+        bd = bd.astype(dt) if isinstance(bd, np.ndarray) else bd
+    with np.errstate(divide="ignore", invalid="ignore"):
+        res = np.true_divide(ad, bd)
+    if a is None:
+        t = b if b._data.dtype == dt else _make(bd)
+        return record(RdivBackward0, res, (b,), (t,), {"self": ad})
+    if b is None:
+        return record(DivBackward1, res, (a,), (), {"other": bd})
+    return record(DivBackward0, res, (a, b), (a, b))
+
+
+divide = div
+true_divide = div
+
+
+def floor_divide(input, other):
+    a, b, ad, bd, dt = operands(input, other)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _make(np.floor_divide(ad, bd).astype(dt, copy=False))
+
+
+def remainder(input, other):
+    a, b, ad, bd, dt = operands(input, other)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        res = np.remainder(ad, bd)
+    # d/dx remainder(x, y) = 1 almost everywhere.
+    return record(AddBackward1, res.astype(dt, copy=False), (a,)) if b is None and a is not None \
+        else _make(res.astype(dt, copy=False))
+
+
+def fmod(input, other):
+    a, b, ad, bd, dt = operands(input, other)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _make(np.fmod(ad, bd).astype(dt, copy=False))
+
+
+def pow(input, exponent):  # noqa: A001
+    if isinstance(input, Tensor) and not isinstance(exponent, (Tensor, np.ndarray)):
+        a, _, ad, e, dt = operands(input, exponent)
+        if dt.kind in "iu" and isinstance(e, int) and e < 0:
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            res = np.power(ad, e) if e != 2 else np.multiply(ad, ad)
+        return record(PowBackward0, res, (a,), (a,), {"exponent": e})
+    if not isinstance(input, (Tensor, np.ndarray)):
+        _, b, base, bd, dt = operands(input, exponent)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            res = np.power(base, bd)
+        return record(PowBackward2, res, (b,), (b,), {"self": base})
+    a, b, ad, bd, dt = operands(input, exponent)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        res = np.power(ad, bd)
+    return record(PowBackward1, res, (a, b), (a, b))
+
+
+def neg(input):
+    if input._data.dtype.kind == "b":
+        raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If you "
+                           "are trying to invert a mask, use the `~` or `logical_not()` operator "
+                           "instead.")
+    return record(NegBackward0, np.negative(input._data), (input,))
+
+
+negative = neg
+
+
+def reciprocal(input):
+    d = input._data
+    if d.dtype.kind in "biu":
+        d = d.astype(_dt.get_default_dtype().numpy)
+    with np.errstate(divide="ignore"):
+        return record(ReciprocalBackward0, np.reciprocal(d), (input,))
+
+
+def square(input):
+    return pow(input, 2)
+
+
+def _compare(ufunc):
+    def compare(input, other):
+        a, b, ad, bd, dt = operands(input, other)
+        return _make(ufunc(ad, bd))
+    compare.__name__ = ufunc.__name__
+    return compare
+
+
+eq = _compare(np.equal)
+ne = _compare(np.not_equal)
+lt = _compare(np.less)
+le = _compare(np.less_equal)
+gt = _compare(np.greater)
+ge = _compare(np.greater_equal)
+logical_and = _compare(np.logical_and)
+logical_or = _compare(np.logical_or)
+
+
+def logical_not(input):
+    return _make(np.logical_not(input._data))
+
+
+def isnan(input):
+    return _make(np.isnan(input._data))
+
+
+def isinf(input):
+    return _make(np.isinf(input._data))
+
+
+def isfinite(input):
+    return _make(np.isfinite(input._data))
+
+
+def equal(input, other):
+    """True if both have the same shape and elements."""
+    return input._data.shape == other._data.shape and bool(np.array_equal(input._data, other._data))
+
+
+def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    return bool(np.allclose(input._data, _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    return _make(np.isclose(input._data, _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))

@@ -1,0 +1,221 @@
+"""Indexing and selection: ``x[key]``, ``x[key] = v``, index_select, gather, where,
+maximum/minimum, masked_fill.
+
+Basic indexing (ints, slices, None, Ellipsis) returns a view; advanced indexing
+copies, and its gradient accumulates over repeated indices.
+"""
+import numpy as np
+
+from ..autograd.tensor import Tensor, _make, _wrap_dim
+from .promotion import operands, as_tensor_operand
+from .registry import defop, record, record_view
+
+__all__ = ["getitem", "index_put", "index_select", "gather", "where", "maximum", "minimum",
+           "masked_fill", "masked_select", "take_along_dim", "scatter_add", "fmax", "fmin"]
+
+
+def convert_key(key):
+    """Turn Tensors inside an index into ndarrays; say whether the index is basic."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    out = []
+    basic = True
+    for k in key:
+        if isinstance(k, Tensor):
+            k = k._data
+            if k.dtype.kind not in "biu":
+                raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        if isinstance(k, (bool, np.bool_)):
+            k = np.asarray(k)
+        if isinstance(k, (np.ndarray, list)):
+            basic = False
+            arr = np.asarray(k)
+            if arr.dtype.kind not in "biu" and arr.size:
+                raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+            k = arr if arr.size else arr.astype(np.int64)
+        elif not (k is None or k is Ellipsis or isinstance(k, (int, np.integer, slice))):
+            raise IndexError(f"only integers, slices (`:`), ellipsis (`...`), None and long or "
+                             f"byte Variables are valid indices (got {type(k).__name__})")
+        out.append(k)
+    return tuple(out), basic
+
+
+def _index_grad(xp, g, m):
+    return xp.index_add(m["shape"], m["key"], g, m["accumulate"])
+
+
+SliceBackward0 = defop("SliceBackward0", vjps=(_index_grad,))
+SelectBackward0 = defop("SelectBackward0", vjps=(_index_grad,))
+IndexBackward0 = defop("IndexBackward0", vjps=(_index_grad,))
+
+
+def getitem(input, key):
+    d = input._data
+    key, basic = convert_key(key)
+    try:
+        out = d[key]
+    except IndexError as exc:
+        raise IndexError(f"{exc} (indexing a tensor of shape {list(d.shape)})") from None
+    meta = {"shape": d.shape, "key": key, "accumulate": not basic}
+    if basic:
+        node = SelectBackward0 if all(isinstance(k, (int, np.integer)) for k in key) else SliceBackward0
+        return record_view(node, out, input, meta, lambda a, k=key: a[k])
+    return record(IndexBackward0, np.ascontiguousarray(out), (input,), (), meta)
+
+
+def _put_self_vjp(xp, g, m):
+    return xp.index_put_zero(g, m["key"])
+
+
+def _put_values_vjp(xp, g, m):
+    return xp.take(g, m["key"])
+
+
+IndexPutBackward0 = defop("IndexPutBackward0", vjps=(_put_self_vjp, _put_values_vjp))
+
+
+def index_put(input, key, values):
+    """Out-of-place ``input[key] = values`` (the recorded half of ``__setitem__``)."""
+    d = input._data
+    if isinstance(key, tuple) or not isinstance(key, (list,)):
+        key, _ = convert_key(key)
+    v = as_tensor_operand(values, input)
+    out = d.copy()
+    try:
+        out[key] = v._data
+    except ValueError as exc:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(v._data.shape)} cannot "
+                           f"be broadcast to indexing result of shape "
+                           f"{list(d[key].shape)}") from exc
+    return record(IndexPutBackward0, out, (input, v), (), {"key": key})
+
+
+def index_select(input, dim, index):
+    d = input._data
+    dim = _wrap_dim(dim, d.ndim)
+    idx = index._data if isinstance(index, Tensor) else np.asarray(index)
+    if idx.ndim > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+    key = (slice(None),) * dim + (idx.reshape(-1),)
+    out = d[key]
+    return record(IndexSelectBackward0, np.ascontiguousarray(out),
+                  (input,), (), {"shape": d.shape, "key": key, "accumulate": True, "dim": dim})
+
+
+IndexSelectBackward0 = defop("IndexSelectBackward0", vjps=(_index_grad,))
+
+
+def _gather_vjp(xp, g, m):
+    return xp.scatter_add_along(m["shape"], m["index"], g, m["dim"])
+
+
+GatherBackward0 = defop("GatherBackward0", vjps=(_gather_vjp,))
+
+
+def gather(input, dim, index, *, sparse_grad=False):
+    d = input._data
+    dim = _wrap_dim(dim, d.ndim)
+    idx = index._data if isinstance(index, Tensor) else np.asarray(index)
+    if idx.ndim != d.ndim:
+        raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
+    out = np.take_along_axis(d[tuple(slice(0, s) if i != dim else slice(None)
+                                     for i, s in enumerate(idx.shape))], idx, axis=dim)
+    return record(GatherBackward0, out, (input,), (), {"shape": d.shape, "index": idx, "dim": dim})
+
+
+def take_along_dim(input, indices, dim=None):
+    if dim is None:
+        return gather(input.reshape(-1), 0, indices.reshape(-1))
+    return gather(input, dim, indices)
+
+
+ScatterAddBackward0 = defop("ScatterAddBackward0", vjps=(
+    lambda xp, g, m: g,
+    lambda xp, g, m: xp.take_along_axis(g, m["index"], m["dim"])))
+
+
+def scatter_add(input, dim, index, src):
+    d = input._data
+    dim = _wrap_dim(dim, d.ndim)
+    idx = index._data if isinstance(index, Tensor) else np.asarray(index)
+    out = d.copy()
+    grid = list(np.ogrid[tuple(slice(0, s) for s in idx.shape)])
+    grid[dim] = idx
+    np.add.at(out, tuple(grid), src._data[tuple(slice(0, s) for s in idx.shape)])
+    return record(ScatterAddBackward0, out, (input, src), (), {"index": idx, "dim": dim})
+
+
+WhereBackward0 = defop("WhereBackward0", vjps=(
+    lambda xp, g, m: xp.mask(g, m["condition"]),
+    lambda xp, g, m: xp.mask(g, ~m["condition"])))
+
+
+def where(condition, input=None, other=None):
+    c = condition._data if isinstance(condition, Tensor) else np.asarray(condition)
+    if input is None and other is None:
+        return tuple(_make(i.astype(np.int64)) for i in np.nonzero(c))
+    if c.dtype != np.bool_:
+        raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor "
+                           f"with dtype {c.dtype}")
+    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+        input = as_tensor_operand(input)
+    a, b, ad, bd, dt = operands(input, other)
+    out = np.where(c, ad, bd)
+    if out.dtype != dt:
+        out = out.astype(dt)
+    return record(WhereBackward0, out, (a, b), (), {"condition": np.broadcast_to(c, out.shape)})
+
+
+def _tie_vjp(xp, g, m, x, y, which):
+    """maximum/minimum: the winner gets the gradient; a tie splits it evenly (PyTorch)."""
+    xr = x._data if isinstance(x, Tensor) else x
+    yr = y._data if isinstance(y, Tensor) else y
+    first_wins = (xr > yr) if m["is_max"] else (xr < yr)
+    tie = xr == yr
+    wins = first_wins if which == 0 else ~(first_wins | tie)
+    weight = np.where(tie, 0.5, np.where(wins, 1.0, 0.0)).astype(np.result_type(xr, yr))
+    return g * weight
+
+
+MaximumBackward0 = defop("MaximumBackward0", saved=("self", "other"), vjps=(
+    lambda xp, g, m, x, y: _tie_vjp(xp, g, m, x, y, 0),
+    lambda xp, g, m, x, y: _tie_vjp(xp, g, m, x, y, 1)))
+MinimumBackward0 = defop("MinimumBackward0", saved=("self", "other"), vjps=MaximumBackward0._vjps)
+
+
+def maximum(input, other):
+    a, b, ad, bd, dt = operands(input, as_tensor_operand(other, input))
+    return record(MaximumBackward0, np.maximum(ad, bd), (a, b), (a, b), {"is_max": True})
+
+
+def minimum(input, other):
+    a, b, ad, bd, dt = operands(input, as_tensor_operand(other, input))
+    return record(MinimumBackward0, np.minimum(ad, bd), (a, b), (a, b), {"is_max": False})
+
+
+def fmax(input, other):
+    return maximum(input, other)
+
+
+def fmin(input, other):
+    return minimum(input, other)
+
+
+def masked_fill(input, mask, value):
+    m = mask._data if isinstance(mask, Tensor) else np.asarray(mask)
+    if m.dtype != np.bool_:
+        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype "
+                           f"{m.dtype}")
+    if isinstance(value, Tensor):
+        if value._data.ndim != 0:
+            raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got "
+                               f"tensor with {value._data.ndim} dimension(s).")
+        return where(mask if isinstance(mask, Tensor) else _make(m), value.to(input.dtype), input)
+    out = np.where(m, np.asarray(value, dtype=input._data.dtype), input._data)
+    return record(WhereBackward0, out, (None, input), (), {"condition": np.broadcast_to(m, out.shape)})
+
+
+def masked_select(input, mask):
+    m = mask._data if isinstance(mask, Tensor) else np.asarray(mask)
+    shape = np.broadcast_shapes(input._data.shape, m.shape)
+    return getitem(input.expand(shape), np.broadcast_to(m, shape))

@@ -1,0 +1,157 @@
+"""The array namespace VJP rules see in an ordinary backward: NumPy, with PyTorch's argument names.
+
+``tensor_backend`` exposes the same functions over differentiable tensor ops, for
+``create_graph=True``. Keep the two in step: a rule may use only what both define.
+"""
+import numpy as np
+
+from ..autograd.broadcast import sum_to_shape
+
+exp = np.exp
+log = np.log
+sin = np.sin
+cos = np.cos
+sqrt = np.sqrt
+abs = np.abs  # noqa: A001
+where = np.where
+maximum = np.maximum
+matmul = np.matmul
+real = np.real
+imag = np.imag
+sign = np.sign
+tanh = np.tanh
+
+
+def conj(a):
+    # np.conj copies a real array; a real array is its own conjugate.
+    return a.conj() if a.dtype.kind == "c" else a
+
+
+def sgn(a):
+    """x/|x| for complex, sign for real (PyTorch's ``sgn``)."""
+    if a.dtype.kind != "c":
+        return np.sign(a)
+    mag = np.abs(a)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = a / mag
+    out[mag == 0] = 0
+    return out
+
+
+def sum(a, axis=None, keepdims=False):  # noqa: A001
+    return a.sum(axis=axis, keepdims=keepdims)
+
+
+def reshape(a, shape):
+    return a.reshape(shape)
+
+
+def broadcast_to(a, shape):
+    return np.broadcast_to(a, shape)
+
+
+def expand_dims(a, axis):
+    return np.expand_dims(a, axis)
+
+
+def swapaxes(a, i, j):
+    return np.swapaxes(a, i, j)
+
+
+def transpose(a, axes):
+    return np.transpose(a, axes)
+
+
+def zeros(shape, like):
+    return np.zeros(shape, dtype=like.dtype)
+
+
+def cast(a, like):
+    return a.astype(like.dtype, copy=False)
+
+
+def index_add(base_shape, key, g, accumulate):
+    """Zeros of ``base_shape`` with ``g`` put at ``key``; repeated indices accumulate."""
+    out = np.zeros(base_shape, dtype=g.dtype)
+    if not accumulate:
+        out[key] = g
+        return out
+    # Flat positions make np.add.at work for any key (None, Ellipsis, masks, mixes).
+    positions = np.arange(out.size).reshape(base_shape)[key]
+    np.add.at(out.reshape(-1), positions, g)
+    return out
+
+
+def index_put_zero(g, key):
+    """``g`` with the entries at ``key`` set to zero."""
+    out = g.copy()
+    out[key] = 0
+    return out
+
+
+def take(a, key):
+    return a[key]
+
+
+def concatenate(arrays, axis):
+    return np.concatenate(arrays, axis=axis)
+
+
+def split_at(a, sections, axis):
+    return np.split(a, sections, axis=axis)
+
+
+def take_along_axis(a, idx, axis):
+    return np.take_along_axis(a, idx, axis=axis)
+
+
+def scatter_add_along(shape, idx, g, axis):
+    out = np.zeros(shape, dtype=g.dtype)
+    grid = list(np.ogrid[tuple(slice(0, s) for s in idx.shape)])
+    grid[axis] = idx
+    np.add.at(out, tuple(grid), g)
+    return out
+
+
+def unbroadcast(a, shape):
+    return sum_to_shape(a, shape)
+
+
+def mask(a, cond):
+    """``a`` where ``cond`` else 0 (``cond`` is a constant boolean array)."""
+    return np.where(cond, a, 0).astype(a.dtype, copy=False)
+
+
+def exclusive_cumprod_pair(a, axis):
+    """Products of everything before and after each element along ``axis``."""
+    ones_shape = list(a.shape)
+    ones_shape[axis] = 1
+    one = np.ones(ones_shape, dtype=a.dtype)
+    left = np.cumprod(np.concatenate([one, np.take(a, range(a.shape[axis] - 1), axis=axis)],
+                                     axis=axis), axis=axis)
+    rev = np.flip(a, axis=axis)
+    right = np.flip(np.cumprod(np.concatenate(
+        [one, np.take(rev, range(a.shape[axis] - 1), axis=axis)], axis=axis), axis=axis), axis=axis)
+    return left, right
+
+
+def is_tensor_backend():
+    return False
+
+
+def squeeze(a, axis):
+    return np.squeeze(a, axis)
+
+
+def flip(a, dims):
+    return np.flip(a, dims)
+
+
+def flip_cumsum(g, axis):
+    """Reverse cumulative sum: the VJP of cumsum."""
+    return np.flip(np.cumsum(np.flip(g, axis), axis=axis), axis)
+
+
+def erf(a):
+    from .unary import _erf_array
+    return _erf_array(a)

@@ -1,0 +1,192 @@
+"""Op nodes as tables: one Node class per op, its saved tensors and one VJP per input.
+
+In the spirit of HIPS/autograd's ``defvjp``: an op is declared with
+
+    MulBackward0 = defop("MulBackward0", saved=("self", "other"),
+                         vjps=(lambda xp, g, m, x, y: g * xp.conj(y),
+                               lambda xp, g, m, x, y: g * xp.conj(x)))
+
+A VJP takes ``(xp, g, meta, *saved)``. ``xp`` is a namespace of array functions:
+NumPy's in an ordinary backward, and differentiable tensor ops under
+``create_graph=True``, so one rule serves first and higher order. Rules return
+gradients of the *output's* shape where broadcasting happened; the engine reduces
+and casts them (see ``autograd/broadcast.py``). A VJP is only called for inputs
+that need a gradient.
+"""
+import numpy as np
+
+from ..autograd.grad_mode import _state
+from ..autograd.node import Node, next_sequence_nr
+from ..autograd.saved import SavedTensor, RELEASED_MESSAGE
+from ..autograd.tensor import Tensor, _make
+from . import np_backend
+
+__all__ = ["OpNode", "defop", "record", "record_view", "record_multi"]
+
+_tensor_backend = None
+
+
+def _xp():
+    global _tensor_backend
+    if _tensor_backend is None:
+        from . import tensor_backend
+        _tensor_backend = tensor_backend
+    return _tensor_backend
+
+
+class OpNode(Node):
+    """A built-in op's ``grad_fn``. Subclasses are made by :func:`defop`."""
+
+    __slots__ = ("_saved", "_meta", "_released")
+    _saved_names = ()
+    _vjps = ()
+    _vjp_all = None
+    _result_saved = False
+
+    def apply(self, grads):
+        if self._released and self._saved:
+            raise RuntimeError(RELEASED_MESSAGE)
+        if _state.grad_enabled:
+            xp = _xp()
+            vals = [s.unpack(self) for s in self._saved]
+            grads = [g if (g is None or isinstance(g, Tensor)) else _make(g) for g in grads]
+        else:
+            xp = np_backend
+            vals = [s.data(self) for s in self._saved]
+        meta = self._meta
+        if self._vjp_all is not None:
+            needs = tuple(nxt is not None for nxt, _ in self._next)
+            return self._vjp_all(xp, grads, meta, needs, *vals)
+        g = grads[0]
+        return tuple(vjp(xp, g, meta, *vals) if nxt is not None else None
+                     for vjp, (nxt, _) in zip(self._vjps, self._next))
+
+    def _release(self):
+        self._released = True
+        for s in self._saved:
+            s.release()
+
+    def __getattr__(self, name):
+        # grad_fn._saved_<name> / _raw_saved_<name>, PyTorch's introspection of saved values.
+        if name.startswith("_raw_saved_"):
+            key = name[len("_raw_saved_"):]
+            idx = _saved_index(type(self), key)
+            if idx is not None:
+                return self._saved[idx]
+        elif name.startswith("_saved_"):
+            key = name[len("_saved_"):]
+            idx = _saved_index(type(self), key)
+            if idx is not None:
+                return self._saved[idx].unpack(self)
+            meta = object.__getattribute__(self, "_meta")
+            if isinstance(meta, dict) and key in meta:
+                value = meta[key]
+                return tuple(value) if isinstance(value, list) else value
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+
+def _saved_index(cls, key):
+    try:
+        return cls._saved_names.index(key)
+    except ValueError:
+        return None
+
+
+def defop(name, saved=(), vjps=(), vjp_all=None):
+    """Make the Node class of an op. ``saved`` names may include ``"result"`` (the output)."""
+    attrs = {"__slots__": (), "_saved_names": tuple(saved), "_vjps": tuple(vjps),
+             "_result_saved": "result" in saved}
+    if vjp_all is not None:
+        attrs["_vjp_all"] = staticmethod(vjp_all)
+    cls = type(name, (OpNode,), attrs)
+    cls.__module__ = "distgrad.ops.nodes"
+    return cls
+
+
+def _new_node(cls, inputs, meta):
+    node = object.__new__(cls)
+    node._next = tuple(x._grad_edge() if (x is not None and x._requires_grad) else (None, 0)
+                       for x in inputs)
+    node._seq = next_sequence_nr()
+    node._pre_hooks = None
+    node._post_hooks = None
+    node._tensor_pre_hooks = None
+    node._retains_grad_hooks = None
+    node._metadata = None
+    node._meta = meta
+    node._released = False
+    return node
+
+
+def needs_grad(inputs):
+    if not _state.grad_enabled:
+        return False
+    for x in inputs:
+        if x is not None and x._requires_grad:
+            return True
+    return False
+
+
+def record(cls, out, inputs, saved=(), meta=None):
+    """Wrap ``out`` (an ndarray) as the result of op ``cls`` applied to tensor ``inputs``.
+
+    ``saved`` lists the tensors to keep, in the order of ``cls._saved_names``
+    without the trailing ``"result"``, which is added here when declared.
+    """
+    t = _make(out)
+    if not _state.grad_enabled:
+        return t
+    for x in inputs:
+        if x is not None and x._requires_grad:
+            break
+    else:
+        return t
+    node = _new_node(cls, inputs, meta)
+    node._out_meta = ((out.shape, out.dtype),)
+    t._grad_fn = node
+    t._requires_grad = True
+    if cls._result_saved:
+        node._saved = tuple(SavedTensor(s, False) for s in saved) + (SavedTensor(t, True),)
+    elif saved:
+        node._saved = tuple(SavedTensor(s, False) for s in saved)
+    else:
+        node._saved = ()
+    return t
+
+
+def record_view(cls, out, base, meta, view_fn):
+    """Like :func:`record` for an op whose output shares ``base``'s storage.
+
+    The view shares the base's version counter (an in-place change through either
+    is seen by both) and remembers how to recompute itself from the base, which
+    in-place ops on views need to rebase the graph (see ``ops/inplace.py``).
+    """
+    t = record(cls, out, (base,), (), meta)
+    t._vc = base._vc
+    root = base._base
+    if root is None:
+        t._base = base
+        t._view_fn = view_fn
+    else:
+        t._base = root
+        parent_fn = base._view_fn
+        t._view_fn = (lambda x, _p=parent_fn, _f=view_fn: _f(_p(x))) if parent_fn is not None else None
+    return t
+
+
+def record_multi(cls, outs, inputs, saved=(), meta=None, views_of=None):
+    """Several outputs from one node (split, chunk, unbind, custom functions)."""
+    tensors = [_make(o) for o in outs]
+    if views_of is not None:
+        for t in tensors:
+            t._vc = views_of._vc
+    if not needs_grad(inputs):
+        return tensors
+    node = _new_node(cls, inputs, meta)
+    node._out_meta = tuple((o.shape, o.dtype) for o in outs)
+    node._saved = tuple(SavedTensor(s, False) for s in saved)
+    for i, t in enumerate(tensors):
+        t._grad_fn = node
+        t._output_nr = i
+        t._requires_grad = True
+    return tensors
