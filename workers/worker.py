@@ -66,7 +66,11 @@ def run(args):
         curve_public_key=pub.encode() if pub else None, curve_secret_key=sec.encode() if sec else None)
     api.init_rpc(args.name, rank=args.rank, world_size=args.world_size, rpc_backend_options=opts)
     logging.getLogger("distgrad.rpc").info("serving as rank %d of %d", args.rank, args.world_size)
-    api.shutdown(graceful=True)  # a barrier: returns once the whole world shuts down
+    try:
+        api.shutdown(graceful=True)  # a barrier: returns once the whole world shuts down
+    except Exception as e:  # noqa: BLE001 - e.g. the coordinator died: exit, don't hang
+        logging.getLogger("distgrad.rpc").error("shutdown failed: %s", e)
+        return 1
     logging.getLogger("distgrad.rpc").info("world shut down; exiting")
     return 0
 

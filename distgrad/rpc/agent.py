@@ -341,6 +341,9 @@ class Agent:
             fut.add_done_callback(lambda f, _keep=rref: None)  # parent fork lives until acked
         return [rref._owner, list(rref._rid), list(fid)]
 
+    def _resolve(self, ref):
+        return resolve(ref, self.allowed)
+
     def _decode_rref(self, meta):
         owner, rid, fid = meta
         if not (isinstance(owner, int) and 0 <= owner < self.world_size):
@@ -378,7 +381,7 @@ class Agent:
         try:
             if len(frames[0]) > self.options.max_message_size:
                 raise ProtocolError(f"request body exceeds {self.options.max_message_size} bytes")
-            msg = wire.decode(frames[0].buffer, frames[1:], self._decode_rref)
+            msg = wire.decode(frames[0].buffer, frames[1:], self._decode_rref, self._resolve)
             if not (isinstance(msg, list) and len(msg) == 4 and isinstance(msg[1], list)
                     and isinstance(msg[2], dict)):
                 raise ProtocolError("malformed request body")
@@ -550,7 +553,7 @@ class Agent:
         """(value, exception) of a REPLY or ERROR message from ``rank``."""
         try:
             if kind == Kind.REPLY:
-                value = wire.decode(frames[1].buffer, frames[2:], self._decode_rref)
+                value = wire.decode(frames[1].buffer, frames[2:], self._decode_rref, self._resolve)
                 ic = _interceptor
                 if ic is not None:
                     value = ic.on_receive("response", self.workers[rank].name, extra, value)
@@ -623,11 +626,16 @@ class Agent:
         fut = self._op_barrier(0)
         while not fut._wait_done(0.2):
             missing = [r for r in range(self.world_size) if r not in self._arrived and r in self._dead]
+            err = None
             if missing:
-                raise WorkerUnreachableError(
+                err = WorkerUnreachableError(
                     f"shutdown barrier: {self._describe(missing[0])} died before arriving")
-            if time.monotonic() > deadline:
-                raise RpcTimeoutError("shutdown barrier timed out")
+            elif time.monotonic() > deadline:
+                err = RpcTimeoutError("shutdown barrier timed out")
+            if err is not None:  # release the ranks that did arrive, with the error
+                for f in list(self._arrived.values()):
+                    f._try_set_exception(err)
+                raise err
 
     def wait_pending(self, deadline):
         while self._pending or self._sync_inflight:

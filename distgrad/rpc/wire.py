@@ -8,6 +8,8 @@ read-only ``np.frombuffer`` view over the frame, so no payload is copied in Pyth
 Never pickle: unknown types raise TypeError on the sender, unknown extension codes
 raise ProtocolError on the receiver.
 """
+import types
+
 import msgpack
 import numpy as np
 
@@ -29,7 +31,9 @@ class Kind:
 
 
 EXT_ARRAY, EXT_TUPLE, EXT_COMPLEX, EXT_NPSCALAR, EXT_DTYPE, EXT_TENSOR, EXT_RREF, \
-    EXT_WORKERINFO, EXT_EXC, EXT_BIGINT, EXT_SET = range(1, 12)
+    EXT_WORKERINFO, EXT_EXC, EXT_BIGINT, EXT_SET, EXT_FUNC = range(1, 13)
+
+_FUNC_TYPES = (types.FunctionType, types.BuiltinFunctionType, type)
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
@@ -135,6 +139,9 @@ def encode(obj, rref_encoder=None):
             return list(o)
         if isinstance(o, (set, frozenset)):
             return _ExtType(EXT_SET, _packb(list(o), default=default, strict_types=True))
+        if isinstance(o, _FUNC_TYPES):
+            from .resolve import ref_of
+            return _ExtType(EXT_FUNC, ref_of(o).encode())
         from .rref import RRef
         if isinstance(o, RRef):
             if rref_encoder is None:
@@ -174,8 +181,11 @@ def _array_from(meta, frames):
     return a
 
 
-def decode(body, frames, rref_decoder=None, max_size=4 << 30):
+def decode(body, frames, rref_decoder=None, resolver=None, max_size=4 << 30):
     """Inverse of :func:`encode`; ``frames`` are the received buffer frames.
+
+    Functions and classes arrive as ``module:qualname`` and become objects only
+    through ``resolver`` (the allowlist check); without one they are refused.
 
     Any malformation raises :class:`ProtocolError`.
     """
@@ -213,6 +223,10 @@ def decode(body, frames, rref_decoder=None, max_size=4 << 30):
             if rref_decoder is None:
                 raise ProtocolError("RRef received outside an RPC agent")
             return rref_decoder(_unpackb(data, raw=False))
+        if code == EXT_FUNC:
+            if resolver is None:
+                raise ProtocolError("functions are not accepted here")
+            return resolver(data.decode())
         if code == EXT_WORKERINFO:
             from .worker_info import WorkerInfo
             name, wid = _unpackb(data, raw=False)

@@ -102,10 +102,10 @@ class World:
         try:
             if self.init_driver:
                 try:
-                    api.shutdown(graceful=graceful and self._all_alive(), timeout=self.grace + 5)
+                    api.shutdown(graceful=graceful, timeout=self.grace + 5)
                 except Exception as e:  # noqa: BLE001 - report, but reap the children anyway
                     self.shutdown_error = e
-                    show_logs = True
+                    show_logs = show_logs or self._all_alive()  # a killed worker is expected
                     try:
                         api.shutdown(graceful=False)
                     except Exception:
@@ -116,6 +116,7 @@ class World:
                     p.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     show_logs = True
+                    sys.stderr.write(f"{name} did not exit within {self.grace} s: killed\n")
                     p.kill()
                     p.wait(10)
             if show_logs:
