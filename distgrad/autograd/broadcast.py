@@ -35,4 +35,4 @@ def sum_to_shape(grad, shape):
         raise ValueError(f"gradient of shape {list(grad.shape)} cannot be reduced to {list(shape)}")
     if axes:
         grad = grad.sum(axis=axes)
-    return grad.reshape(shape)
+    return np.asarray(grad).reshape(shape)

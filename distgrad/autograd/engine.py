@@ -12,7 +12,7 @@ import numpy as np
 
 from .broadcast import reduction_axes, sum_to_shape
 from .grad_mode import _state
-from .node import AccumulateGrad
+from .node import AccumulateGrad, accumulate_into_grad
 from .tensor import Tensor, _make
 
 __all__ = ["backward", "grad", "run_backward", "GraphTask"]
@@ -214,52 +214,90 @@ class GraphTask:
 
     # -- execution --
     def execute(self):
+        """Run every ready node until none is left (the hot loop: keep it flat)."""
         prev = _state.grad_enabled
         _state.grad_enabled = self.create_graph
+        heap = self._heap
+        buffers = self.buffers
+        deps = self.dependencies
+        retain = self.retain_graph
+        create_graph = self.create_graph
+        needed = self.exec_needed
+        tiebreak = self._tiebreak
+        pop, push = heapq.heappop, heapq.heappush
+        inline_leaves = needed is None and self.accumulate is None
+        # VJP rules divide by zero where PyTorch does (sqrt'(0) = inf) and stay silent as it
+        # does; one errstate for the whole pass, since one per node would cost more than the node.
+        errstate = np.errstate(divide="ignore", invalid="ignore", over="ignore")
+        errstate.__enter__()
         try:
-            heap = self._heap
             while heap:
-                node = heapq.heappop(heap)[2]
-                grads = self.buffers.pop(node, None)
+                node = pop(heap)[2]
+                grads = buffers.pop(node, None)
                 if grads is None:
                     grads = [None] * len(node._out_meta or (None,))
-                self.evaluate(node, grads)
+                if needed is not None and not self._instrument(node, grads):
+                    continue
+                is_leaf = type(node) is AccumulateGrad
+                if node._pre_hooks or node._tensor_pre_hooks or node._retains_grad_hooks or (
+                        is_leaf and node.variable._hooks):
+                    grads = _call_tensor_pre_hooks(node, grads)
+                    if node._pre_hooks:
+                        grads = _call_node_pre_hooks(node, grads)
+                if is_leaf:
+                    outputs = self._accumulate(node, grads)
+                elif grads[0] is not None or any(g is not None for g in grads) or \
+                        getattr(node, "_materialize_grads", False):
+                    outputs = node.apply(grads)
+                    if len(outputs) != len(node._next):
+                        raise RuntimeError(
+                            f"function {node.name()} returned an incorrect number of gradients "
+                            f"(expected {len(node._next)}, got {len(outputs)})")
+                else:
+                    outputs = (None,) * len(node._next)
+                if not retain:
+                    node._release()
+                if node._post_hooks:
+                    outputs = _call_node_post_hooks(node, outputs, grads)
+                for (nxt, input_nr), g in zip(node._next, outputs):
+                    if nxt is None:
+                        continue
+                    buf = buffers.get(nxt)
+                    if buf is None:
+                        buf = buffers[nxt] = [None] * len(nxt._out_meta)
+                    if g is not None:
+                        shape, dtype = nxt._out_meta[input_nr]
+                        if create_graph or type(g) is not np.ndarray or g.shape != shape or \
+                                g.dtype != dtype:
+                            g = _validate(node, nxt, input_nr, g, create_graph)
+                        old = buf[input_nr]
+                        buf[input_nr] = g if old is None else old + g
+                    remaining = deps[nxt] - 1
+                    deps[nxt] = remaining
+                    if remaining == 0:
+                        if type(nxt) is AccumulateGrad and inline_leaves and \
+                                nxt._pre_hooks is None and nxt._post_hooks is None and \
+                                not nxt.variable._hooks and not nxt.variable._post_acc_hooks:
+                            # A hook-free leaf would be the very next node to run (leaves
+                            # have the highest priority): accumulate now, skip the queue.
+                            g = buffers.pop(nxt)[0]
+                            if g is not None:
+                                accumulate_into_grad(nxt.variable, g)
+                        else:
+                            push(heap, (-nxt._seq, next(tiebreak), nxt))
         finally:
+            errstate.__exit__(None, None, None)
             _state.grad_enabled = prev
 
-    def evaluate(self, node, grads):
-        needed = self.exec_needed
-        if needed is not None:
-            is_needed = node in needed
-            hooked = grads if is_needed else _call_tensor_pre_hooks(node, grads)
-            caps = self.captures.get(node) if self.captures is not None else None
-            if caps:
-                for input_nr, index in caps:
-                    self.captured[index] = hooked[input_nr]
-            if not is_needed:
-                return
-        outputs = self.call_function(node, grads)
-        self.route(node, outputs)
-
-    def call_function(self, node, grads):
-        if node._has_any_pre_hooks():
-            grads = _call_tensor_pre_hooks(node, grads)
-            if node._pre_hooks:
-                grads = _call_node_pre_hooks(node, grads)
-        if isinstance(node, AccumulateGrad):
-            outputs = self._accumulate(node, grads)
-        elif any(g is not None for g in grads) or getattr(node, "_materialize_grads", False):
-            outputs = node.apply(grads)
-            if len(outputs) != len(node._next):
-                raise RuntimeError(f"function {node.name()} returned an incorrect number of "
-                                   f"gradients (expected {len(node._next)}, got {len(outputs)})")
-        else:
-            outputs = (None,) * len(node._next)
-        if not self.retain_graph:
-            node._release()
-        if node._post_hooks:
-            outputs = _call_node_post_hooks(node, outputs, grads)
-        return outputs
+    def _instrument(self, node, grads):
+        """With ``inputs=``: capture gradients at the inputs; say whether ``node`` must run."""
+        is_needed = node in self.exec_needed
+        hooked = grads if is_needed else _call_tensor_pre_hooks(node, grads)
+        caps = self.captures.get(node) if self.captures is not None else None
+        if caps:
+            for input_nr, index in caps:
+                self.captured[index] = hooked[input_nr]
+        return is_needed
 
     def _accumulate(self, node, grads):
         if self.accumulate is not None:
@@ -267,19 +305,6 @@ class GraphTask:
                 self.accumulate(node.variable, grads[0])
             return ()
         return node.apply(grads)
-
-    def route(self, node, outputs):
-        """Validate each input gradient and hand it to the next node (PyTorch validate_outputs)."""
-        create_graph = self.create_graph
-        for (nxt, input_nr), g in zip(node._next, outputs):
-            if nxt is None:
-                continue
-            if g is not None:
-                g = _validate(node, nxt, input_nr, g, create_graph)
-                self.add_gradient(nxt, input_nr, g)
-            else:
-                self.buffers.setdefault(nxt, [None] * len(nxt._out_meta or (None,)))
-            self.release_dependency(nxt)
 
 
 def _validate(node, nxt, input_nr, g, create_graph):
@@ -300,6 +325,8 @@ def _validate(node, nxt, input_nr, g, create_graph):
     elif create_graph:
         g = _make(np.asarray(g))
         return _validate(node, nxt, input_nr, g, create_graph)
+    elif type(g) is not np.ndarray:  # a NumPy scalar from a full reduction
+        g = np.asarray(g)
     if g.shape != shape:
         if reduction_axes(g.shape, shape) is None:
             _invalid_shape(node, g.shape, shape)

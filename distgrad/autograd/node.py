@@ -6,9 +6,15 @@ engine can reduce a broadcast gradient and cast it in one place for every op),
 and its hooks. ``AccumulateGrad`` is the node of a leaf tensor.
 """
 import itertools
+import sys
 import threading
 import weakref
 from collections import OrderedDict
+
+import numpy as np
+
+from . import tensor as _tensor
+from .grad_mode import _state
 
 from ..utils.hooks import RemovableHandle
 
@@ -150,24 +156,23 @@ class AccumulateGrad(Node):
 
 def accumulate_into_grad(variable, g):
     """``variable.grad += g`` with PyTorch's rules: steal fresh buffers, never alias the caller's."""
-    from .tensor import Tensor, _make
-    from .grad_mode import is_grad_enabled
     with _accumulate_lock:
         old = variable._grad
-        if isinstance(g, Tensor):  # create_graph: keep the graph of the gradient
+        if type(g) is not np.ndarray:  # a Tensor, under create_graph: keep the gradient's graph
             if old is None:
-                variable._grad = g if not is_grad_enabled() or g.requires_grad else g.detach()
+                variable._grad = g if _state.grad_enabled else g.detach()
             else:
                 variable._grad = old + g
             return
         if old is None:
             # A gradient array may be shared with the caller (the `gradient=` they
             # passed) or with another edge; only a fresh, owned buffer is stolen.
-            if g.base is not None or not g.flags.writeable or not g.flags.c_contiguous or _shared(g):
+            if g.base is not None or _getrefcount(g) > _OWNED_REFCOUNT or not g.flags.writeable \
+                    or not g.flags.c_contiguous:
                 g = g.copy()
-            variable._grad = _make(g)
-        elif old.requires_grad:
-            variable._grad = old + _make(g)
+            variable._grad = _tensor._make(g)
+        elif old._requires_grad:
+            variable._grad = old + _tensor._make(g)
         else:
             data = old._data
             if data.flags.writeable and data.shape == g.shape:
@@ -177,10 +182,7 @@ def accumulate_into_grad(variable, g):
                 old._data = data + g
 
 
-def _shared(array):
-    import sys
-    # The engine, accumulate_into_grad and getrefcount's argument each hold one.
-    return sys.getrefcount(array) > _OWNED_REFCOUNT
-
-
+# References to a fresh gradient at the check above: the caller's local and
+# argument, this function's argument, and getrefcount's own argument.
 _OWNED_REFCOUNT = 4
+_getrefcount = sys.getrefcount

@@ -30,6 +30,16 @@ def check_inplace(t):
                                    "an in-place operation.")
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                                "operation.")
+        custom_view = t.__dict__.get("_custom_function_view") if t.__dict__ else None
+        if custom_view is not None and t._grad_fn is not None:
+            nr, fn_name = custom_view
+            raise RuntimeError(
+                f"Output {nr} of {fn_name} is a view and is being modified inplace. This view was "
+                "created inside a custom Function (or because an input was returned as-is) and "
+                "the autograd logic to handle view+inplace would override the custom backward "
+                "associated with the custom Function, leading to incorrect gradients. This "
+                "behavior is forbidden. You can fix this by cloning the output of the custom "
+                "Function.")
         base = t._base
         if base is not None and base._grad_fn is None and base._requires_grad:
             raise RuntimeError("a view of a leaf Variable that requires grad is being used in an "

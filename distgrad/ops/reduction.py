@@ -3,6 +3,7 @@
 Ties follow PyTorch: a full ``max``/``min`` and ``amax``/``amin`` split the
 gradient evenly among equal extrema; ``max(dim)`` sends it to the returned index.
 """
+import builtins
 from collections import namedtuple
 
 import numpy as np
@@ -117,7 +118,7 @@ def _var_common(input, dim, unbiased, keepdim, correction):
     with np.errstate(divide="ignore", invalid="ignore"):
         centered = d - d.mean(axis=dims, keepdims=True)
         sq = (centered * centered.conj()).real if d.dtype.kind == "c" else centered * centered
-        v = sq.sum(axis=dims, keepdims=keepdim) / max(count - c, 0)
+        v = sq.sum(axis=dims, keepdims=keepdim) / builtins.max(count - c, 0)
     return d, m, np.asarray(v, dtype=v.dtype)
 
 

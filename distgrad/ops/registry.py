@@ -44,22 +44,29 @@ class OpNode(Node):
     _result_saved = False
 
     def apply(self, grads):
-        if self._released and self._saved:
+        saved = self._saved
+        if self._released and saved:
             raise RuntimeError(RELEASED_MESSAGE)
         if _state.grad_enabled:
             xp = _xp()
-            vals = [s.unpack(self) for s in self._saved]
+            vals = [s.unpack(self) for s in saved]
             grads = [g if (g is None or isinstance(g, Tensor)) else _make(g) for g in grads]
         else:
             xp = np_backend
-            vals = [s.data(self) for s in self._saved]
+            vals = []
+            for s in saved:  # SavedTensor.data, inlined: this runs for every node
+                if s._has_hooks or s._vc[0] != s._version:
+                    vals.append(s.data(self))
+                else:
+                    t = s._tensor
+                    vals.append(s._data if t is None else t._data)
         meta = self._meta
         if self._vjp_all is not None:
             needs = tuple(nxt is not None for nxt, _ in self._next)
             return self._vjp_all(xp, grads, meta, needs, *vals)
         g = grads[0]
-        return tuple(vjp(xp, g, meta, *vals) if nxt is not None else None
-                     for vjp, (nxt, _) in zip(self._vjps, self._next))
+        return tuple([vjp(xp, g, meta, *vals) if edge[0] is not None else None
+                      for vjp, edge in zip(self._vjps, self._next)])
 
     def _release(self):
         self._released = True
@@ -103,10 +110,20 @@ def defop(name, saved=(), vjps=(), vjp_all=None):
     return cls
 
 
+_NO_EDGE = (None, 0)
+
+
 def _new_node(cls, inputs, meta):
     node = object.__new__(cls)
-    node._next = tuple(x._grad_edge() if (x is not None and x._requires_grad) else (None, 0)
-                       for x in inputs)
+    edges = []
+    for x in inputs:
+        if x is None or not x._requires_grad:
+            edges.append(_NO_EDGE)
+        elif x._grad_fn is not None:
+            edges.append((x._grad_fn, x._output_nr))
+        else:
+            edges.append(x._grad_edge())
+    node._next = tuple(edges)
     node._seq = next_sequence_nr()
     node._pre_hooks = None
     node._post_hooks = None

@@ -157,8 +157,11 @@ def movedim(input, source, destination):
     d = input._data
     src = [source] if isinstance(source, int) else list(source)
     dst = [destination] if isinstance(destination, int) else list(destination)
-    order = list(np.moveaxis(np.arange(d.ndim), [_wrap_dim(s, d.ndim) for s in src],
-                             [_wrap_dim(s, d.ndim) for s in dst]))
+    src = [_wrap_dim(s, d.ndim) for s in src]
+    dst = [_wrap_dim(s, d.ndim) for s in dst]
+    order = [i for i in range(d.ndim) if i not in src]
+    for to, frm in sorted(zip(dst, src)):
+        order.insert(to, frm)
     return permute(input, *[int(i) for i in order])
 
 

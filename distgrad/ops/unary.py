@@ -30,11 +30,21 @@ def _floating(x):
     return d
 
 
-def _defunary(name, forward, node):
+def _defunary(name, forward, node, quiet=False):
+    """An elementwise op. ``quiet`` ops cannot raise floating-point warnings, so they skip
+    ``np.errstate`` (it costs more than a small tanh)."""
+    saves_input = "self" in node._saved_names
+
     def op(input):
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            res = forward(_floating(input))
-        return record(node, res, (input,), (input,) if "self" in node._saved_names else ())
+        x = input._data
+        if x.dtype.kind in "biu":
+            x = _floating(input)
+        if quiet:
+            res = forward(x)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                res = forward(x)
+        return record(node, res, (input,), (input,) if saves_input else ())
     op.__name__ = name
     op.__qualname__ = name
     op.__doc__ = f"Elementwise ``{name}`` with autograd support."
@@ -98,7 +108,7 @@ rsqrt = _defunary("rsqrt", lambda a: 1.0 / np.sqrt(a), RsqrtBackward0)
 sin = _defunary("sin", np.sin, SinBackward0)
 cos = _defunary("cos", np.cos, CosBackward0)
 tan = _defunary("tan", np.tan, TanBackward0)
-tanh = _defunary("tanh", np.tanh, TanhBackward0)
+tanh = _defunary("tanh", np.tanh, TanhBackward0, quiet=True)
 erf = _defunary("erf", _erf_array, ErfBackward0)
 
 
@@ -114,7 +124,7 @@ def _sigmoid_array(a):
     return out
 
 
-sigmoid = _defunary("sigmoid", _sigmoid_array, SigmoidBackward0)
+sigmoid = _defunary("sigmoid", _sigmoid_array, SigmoidBackward0, quiet=True)
 
 
 def abs(input):  # noqa: A001
