@@ -1,2 +1,8 @@
 """``distgrad.nn``: modules, layers, losses, as ``torch.nn``."""
 from . import functional
+from .parameter import Parameter
+from .modules import *  # noqa: F401,F403
+from .modules import __all__ as _modules_all
+from . import init, utils
+
+__all__ = ["functional", "Parameter", "init", "utils", *_modules_all]

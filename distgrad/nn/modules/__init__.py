@@ -1,0 +1,13 @@
+"""The layers of ``distgrad.nn``, as ``torch.nn.modules``."""
+from .module import Module
+from .linear import Identity, Linear
+from .activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
+from .container import ModuleDict, ModuleList, Sequential
+from .dropout import Dropout
+from .normalization import LayerNorm
+from .sparse import Embedding
+from .loss import CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
+
+__all__ = ["Module", "Identity", "Linear", "GELU", "LeakyReLU", "LogSoftmax", "ReLU", "Sigmoid",
+           "Softmax", "Tanh", "ModuleDict", "ModuleList", "Sequential", "Dropout", "LayerNorm",
+           "Embedding", "CrossEntropyLoss", "L1Loss", "MSELoss", "NLLLoss"]

@@ -1,0 +1,841 @@
+"""``Module`` and the global module hooks, as ``torch.nn.modules.module``.
+
+Hook semantics follow ``torch/nn/modules/module.py::_call_impl``: global hooks run
+before a module's own, forward pre-hooks may replace the args, forward hooks the
+output; full backward (pre-)hooks are implemented by :class:`BackwardHook`, an
+identity custom Function wrapped around the module's tensor inputs and outputs.
+"""
+import functools
+import itertools
+import warnings
+from collections import OrderedDict, namedtuple
+
+from ...autograd.grad_mode import no_grad
+from ...autograd.tensor import Tensor
+from ...utils.hooks import RemovableHandle
+from ._functions import BackwardHook
+from ..parameter import Parameter
+
+__all__ = ["Module", "register_module_forward_pre_hook", "register_module_forward_hook",
+           "register_module_backward_hook", "register_module_full_backward_pre_hook",
+           "register_module_full_backward_hook", "register_module_buffer_registration_hook",
+           "register_module_module_registration_hook",
+           "register_module_parameter_registration_hook"]
+
+_global_backward_pre_hooks = OrderedDict()
+_global_backward_hooks = OrderedDict()
+_global_is_full_backward_hook = None
+_global_forward_pre_hooks = OrderedDict()
+_global_forward_hooks = OrderedDict()
+_global_forward_hooks_always_called = OrderedDict()
+_global_forward_hooks_with_kwargs = OrderedDict()
+_global_buffer_registration_hooks = OrderedDict()
+_global_module_registration_hooks = OrderedDict()
+_global_parameter_registration_hooks = OrderedDict()
+# Every global call hook is also kept here: `Module.__call__` reads this one dict to
+# know whether any global hook exists (a handle removes from both).
+_global_any_call_hook = OrderedDict()
+
+
+def _register_global(hooks, hook, *extra):
+    handle = RemovableHandle(hooks, extra_dict=[_global_any_call_hook, *extra])
+    hooks[handle.id] = hook
+    _global_any_call_hook[handle.id] = True
+    return handle
+
+
+def register_module_forward_pre_hook(hook):
+    """A forward pre-hook common to all modules; runs before each module's own."""
+    return _register_global(_global_forward_pre_hooks, hook)
+
+
+def register_module_forward_hook(hook, *, with_kwargs=False, always_call=False):
+    """A forward hook common to all modules; runs before each module's own."""
+    handle = _register_global(_global_forward_hooks, hook, _global_forward_hooks_always_called,
+                              _global_forward_hooks_with_kwargs)
+    if with_kwargs:
+        _global_forward_hooks_with_kwargs[handle.id] = True
+    if always_call:
+        _global_forward_hooks_always_called[handle.id] = True
+    return handle
+
+
+def _set_global_full(flag):
+    global _global_is_full_backward_hook
+    if _global_is_full_backward_hook is (not flag):
+        raise RuntimeError("Cannot use both regular backward hooks and full backward hooks as a "
+                           "global Module hook. Please use only one of them.")
+    _global_is_full_backward_hook = flag
+
+
+def register_module_backward_hook(hook):
+    """Deprecated non-full global backward hook (use ``register_module_full_backward_hook``)."""
+    _set_global_full(False)
+    return _register_global(_global_backward_hooks, hook)
+
+
+def register_module_full_backward_pre_hook(hook):
+    """``hook(module, grad_output)`` for every module, before each module's own."""
+    return _register_global(_global_backward_pre_hooks, hook)
+
+
+def register_module_full_backward_hook(hook):
+    """``hook(module, grad_input, grad_output)`` for every module, before each module's own."""
+    _set_global_full(True)
+    return _register_global(_global_backward_hooks, hook)
+
+
+def _register_plain(hooks, hook):
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
+def register_module_buffer_registration_hook(hook):
+    return _register_plain(_global_buffer_registration_hooks, hook)
+
+
+def register_module_module_registration_hook(hook):
+    return _register_plain(_global_module_registration_hooks, hook)
+
+
+def register_module_parameter_registration_hook(hook):
+    return _register_plain(_global_parameter_registration_hooks, hook)
+
+
+class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
+    def __repr__(self):
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return super().__repr__()
+
+    __str__ = __repr__
+
+
+class _WrappedHook:
+    """A deprecated backward hook bound to its module, as registered on a grad_fn."""
+
+    def __init__(self, hook, module):
+        self.hook = hook
+        self.module = module
+        functools.update_wrapper(self, hook)
+
+    def __call__(self, grad_input, grad_output):
+        return self.hook(self.module, grad_input, grad_output)
+
+
+def _addindent(s, num_spaces):
+    lines = s.split("\n")
+    if len(lines) == 1:
+        return s
+    first = lines.pop(0)
+    return first + "\n" + "\n".join(" " * num_spaces + line for line in lines)
+
+
+class Module:
+    """Base class of every layer; subclasses define ``forward`` and assign submodules.
+
+    >>> import distgrad
+    >>> class Net(Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = distgrad.nn.Linear(2, 1)
+    ...     def forward(self, x):
+    ...         return self.fc(x)
+    >>> [n for n, _ in Net().named_parameters()]
+    ['fc.weight', 'fc.bias']
+    """
+
+    dump_patches = False
+    _version = 1
+    training: bool
+    call_super_init = False
+
+    def __init__(self, *args, **kwargs):
+        if args or kwargs:
+            raise TypeError(f"{type(self).__name__}.__init__() got unexpected arguments")
+        d = self.__dict__
+        d["training"] = True
+        d["_parameters"] = OrderedDict()
+        d["_buffers"] = OrderedDict()
+        d["_non_persistent_buffers_set"] = set()
+        d["_modules"] = OrderedDict()
+        d["_backward_pre_hooks"] = OrderedDict()
+        d["_backward_hooks"] = OrderedDict()
+        d["_is_full_backward_hook"] = None
+        d["_forward_hooks"] = OrderedDict()
+        d["_forward_hooks_with_kwargs"] = OrderedDict()
+        d["_forward_hooks_always_called"] = OrderedDict()
+        d["_forward_pre_hooks"] = OrderedDict()
+        d["_forward_pre_hooks_with_kwargs"] = OrderedDict()
+        d["_state_dict_hooks"] = OrderedDict()
+        d["_load_state_dict_pre_hooks"] = OrderedDict()
+        d["_load_state_dict_post_hooks"] = OrderedDict()
+        # Mirror of every local call hook (see _global_any_call_hook).
+        d["_any_call_hook"] = OrderedDict()
+
+    def forward(self, *input):
+        raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required '
+                                  '"forward" function')
+
+    # ------------------------------------------------------------ registration
+    def register_buffer(self, name, tensor, persistent=True):
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("cannot assign buffer before Module.__init__() call")
+        if not isinstance(name, str):
+            raise TypeError(f"buffer name should be a string. Got {type(name).__name__}")
+        if "." in name:
+            raise KeyError('buffer name can\'t contain "."')
+        if name == "":
+            raise KeyError('buffer name can\'t be empty string ""')
+        if hasattr(self, name) and name not in self._buffers:
+            raise KeyError(f"attribute '{name}' already exists")
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' "
+                            "(torch Tensor or None required)")
+        for hook in _global_buffer_registration_hooks.values():
+            out = hook(self, name, tensor)
+            if out is not None:
+                tensor = out
+        self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent_buffers_set.discard(name)
+        else:
+            self._non_persistent_buffers_set.add(name)
+
+    def register_parameter(self, name, param):
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("cannot assign parameter before Module.__init__() call")
+        if not isinstance(name, str):
+            raise TypeError(f"parameter name should be a string. Got {type(name).__name__}")
+        if "." in name:
+            raise KeyError('parameter name can\'t contain "."')
+        if name == "":
+            raise KeyError('parameter name can\'t be empty string ""')
+        if hasattr(self, name) and name not in self._parameters:
+            raise KeyError(f"attribute '{name}' already exists")
+        if param is None:
+            self._parameters[name] = None
+            return
+        if not isinstance(param, Parameter):
+            raise TypeError(f"cannot assign '{type(param).__name__}' object to parameter '{name}' "
+                            "(torch.nn.Parameter or None required)")
+        if param.grad_fn is not None:
+            raise ValueError(f"Cannot assign non-leaf Tensor to parameter '{name}'. Model "
+                             "parameters must be created explicitly.")
+        for hook in _global_parameter_registration_hooks.values():
+            out = hook(self, name, param)
+            if out is not None:
+                param = out
+        self._parameters[name] = param
+
+    def add_module(self, name, module):
+        if not isinstance(module, Module) and module is not None:
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        if not isinstance(name, str):
+            raise TypeError(f"module name should be a string. Got {type(name).__name__}")
+        if hasattr(self, name) and name not in self._modules:
+            raise KeyError(f"attribute '{name}' already exists")
+        if "." in name:
+            raise KeyError(f'module name can\'t contain ".", got: {name}')
+        if name == "":
+            raise KeyError('module name can\'t be empty string ""')
+        for hook in _global_module_registration_hooks.values():
+            out = hook(self, name, module)
+            if out is not None:
+                module = out
+        self._modules[name] = module
+
+    register_module = add_module
+
+    def get_submodule(self, target):
+        if target == "":
+            return self
+        mod = self
+        for item in target.split("."):
+            if not hasattr(mod, item):
+                raise AttributeError(mod._get_name() + " has no attribute `" + item + "`")
+            mod = getattr(mod, item)
+            if not isinstance(mod, Module):
+                raise AttributeError("`" + item + "` is not an nn.Module")
+        return mod
+
+    def get_parameter(self, target):
+        module_path, _, name = target.rpartition(".")
+        mod = self.get_submodule(module_path)
+        if not hasattr(mod, name):
+            raise AttributeError(mod._get_name() + " has no attribute `" + name + "`")
+        param = getattr(mod, name)
+        if not isinstance(param, Parameter):
+            raise AttributeError("`" + name + "` is not an nn.Parameter")
+        return param
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        for kind in ("_parameters", "_buffers", "_modules"):
+            store = d.get(kind)
+            if store is not None and name in store:
+                return store[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __setattr__(self, name, value):
+        d = self.__dict__
+
+        def remove_from(*dicts_or_sets):
+            for s in dicts_or_sets:
+                if name in s:
+                    if isinstance(s, dict):
+                        del s[name]
+                    else:
+                        s.discard(name)
+
+        params = d.get("_parameters")
+        if isinstance(value, Parameter):
+            if params is None:
+                raise AttributeError("cannot assign parameters before Module.__init__() call")
+            remove_from(d, self._buffers, self._modules, self._non_persistent_buffers_set)
+            self.register_parameter(name, value)
+        elif params is not None and name in params:
+            if value is not None:
+                raise TypeError(f"cannot assign '{type(value).__name__}' as parameter '{name}' "
+                                "(torch.nn.Parameter or None expected)")
+            self.register_parameter(name, value)
+        else:
+            modules = d.get("_modules")
+            if isinstance(value, Module):
+                if modules is None:
+                    raise AttributeError("cannot assign module before Module.__init__() call")
+                remove_from(d, self._parameters, self._buffers, self._non_persistent_buffers_set)
+                self.add_module(name, value)
+            elif modules is not None and name in modules:
+                if value is not None:
+                    raise TypeError(f"cannot assign '{type(value).__name__}' as child module "
+                                    f"'{name}' (torch.nn.Module or None expected)")
+                self.add_module(name, value)
+            else:
+                buffers = d.get("_buffers")
+                if buffers is not None and name in buffers:
+                    if value is not None and not isinstance(value, Tensor):
+                        raise TypeError(f"cannot assign '{type(value).__name__}' as buffer "
+                                        f"'{name}' (torch.Tensor or None expected)")
+                    self.register_buffer(name, value,
+                                         name not in self._non_persistent_buffers_set)
+                else:
+                    object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        for kind in ("_parameters", "_buffers", "_modules"):
+            store = self.__dict__.get(kind)
+            if store is not None and name in store:
+                del store[name]
+                self._non_persistent_buffers_set.discard(name)
+                return
+        object.__delattr__(self, name)
+
+    def __dir__(self):
+        keys = list(super().__dir__())
+        keys += list(self._parameters) + list(self._buffers) + list(self._modules)
+        return sorted(k for k in set(keys) if not k[0].isdigit())
+
+    # ------------------------------------------------------------ iteration
+    def _named_members(self, get_members_fn, prefix="", recurse=True, remove_duplicate=True):
+        memo = set()
+        modules = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) \
+            if recurse else [(prefix, self)]
+        for module_prefix, module in modules:
+            for k, v in get_members_fn(module):
+                if v is None or (remove_duplicate and id(v) in memo):
+                    continue
+                if remove_duplicate:
+                    memo.add(id(v))
+                yield (module_prefix + ("." if module_prefix else "") + k, v)
+
+    def parameters(self, recurse=True):
+        for _, param in self.named_parameters(recurse=recurse):
+            yield param
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        return self._named_members(lambda m: m._parameters.items(), prefix=prefix,
+                                   recurse=recurse, remove_duplicate=remove_duplicate)
+
+    def buffers(self, recurse=True):
+        for _, buf in self.named_buffers(recurse=recurse):
+            yield buf
+
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        return self._named_members(lambda m: m._buffers.items(), prefix=prefix, recurse=recurse,
+                                   remove_duplicate=remove_duplicate)
+
+    def children(self):
+        for _, module in self.named_children():
+            yield module
+
+    def named_children(self):
+        memo = set()
+        for name, module in self._modules.items():
+            if module is not None and id(module) not in memo:
+                memo.add(id(module))
+                yield name, module
+
+    def modules(self):
+        for _, module in self.named_modules():
+            yield module
+
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        if memo is None:
+            memo = set()
+        if id(self) in memo:
+            return
+        if remove_duplicate:
+            memo.add(id(self))
+        yield prefix, self
+        for name, module in self._modules.items():
+            if module is None:
+                continue
+            submodule_prefix = prefix + ("." if prefix else "") + name
+            yield from module.named_modules(memo, submodule_prefix, remove_duplicate)
+
+    # ------------------------------------------------------------ state
+    def train(self, mode=True):
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        self.training = mode
+        for module in self.children():
+            module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad=True):
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.parameters():
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    g = p.grad
+                    if g.grad_fn is not None:
+                        g.detach_()
+                    else:
+                        g.requires_grad_(False)
+                    g.zero_()
+
+    def apply(self, fn):
+        for module in self.children():
+            module.apply(fn)
+        fn(self)
+        return self
+
+    def _apply(self, fn):
+        for module in self.children():
+            module._apply(fn)
+        for key, param in self._parameters.items():
+            if param is None:
+                continue
+            with no_grad():
+                new = fn(param)
+            param.data = new
+            if param.grad is not None:
+                with no_grad():
+                    param.grad.data = fn(param.grad)
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    def to(self, *args, **kwargs):
+        from ...autograd.dtype import dtype as _dtype
+        dtype = kwargs.get("dtype")
+        for a in args:
+            if isinstance(a, _dtype):
+                dtype = a
+            elif isinstance(a, Tensor):
+                dtype = a.dtype
+        if dtype is None:
+            return self  # a device move: everything already lives on the CPU
+        if not (dtype.is_floating_point or dtype.is_complex):
+            raise TypeError("nn.Module.to only accepts floating point or complex dtypes, but got "
+                            f"desired dtype={dtype}")
+        return self._apply(lambda t: t.to(dtype) if (t.is_floating_point() or t.is_complex())
+                           else t)
+
+    def float(self):
+        from ... import float32
+        return self._apply(lambda t: t.to(float32) if t.is_floating_point() else t)
+
+    def double(self):
+        from ... import float64
+        return self._apply(lambda t: t.to(float64) if t.is_floating_point() else t)
+
+    def half(self):
+        from ... import float16
+        return self._apply(lambda t: t.to(float16) if t.is_floating_point() else t)
+
+    def cpu(self):
+        return self
+
+    def cuda(self, device=None):
+        raise RuntimeError("distgrad runs on the CPU only")
+
+    def type(self, dst_type):
+        return self._apply(lambda t: t.to(dst_type))
+
+    def share_memory(self):
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for name, param in self._parameters.items():
+            if param is not None:
+                destination[prefix + name] = param if keep_vars else param.detach()
+        for name, buf in self._buffers.items():
+            if buf is not None and name not in self._non_persistent_buffers_set:
+                destination[prefix + name] = buf if keep_vars else buf.detach()
+
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
+        if args:
+            destination = args[0] if len(args) > 0 else destination
+            prefix = args[1] if len(args) > 1 else prefix
+            keep_vars = args[2] if len(args) > 2 else keep_vars
+        if destination is None:
+            destination = OrderedDict()
+        self._save_to_state_dict(destination, prefix, keep_vars)
+        for name, module in self._modules.items():
+            if module is not None:
+                module.state_dict(destination=destination, prefix=prefix + name + ".",
+                                  keep_vars=keep_vars)
+        for hook in self._state_dict_hooks.values():
+            result = hook(self, destination, prefix, {})
+            if result is not None:
+                destination = result
+        return destination
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs, assign=False):
+        persistent = {k: v for k, v in self._buffers.items()
+                      if k not in self._non_persistent_buffers_set}
+        local_state = {k: v for k, v in itertools.chain(self._parameters.items(),
+                                                        persistent.items()) if v is not None}
+        for name, param in local_state.items():
+            key = prefix + name
+            if key not in state_dict:
+                if strict:
+                    missing_keys.append(key)
+                continue
+            input_param = state_dict[key]
+            if not isinstance(input_param, Tensor):
+                error_msgs.append(f'While copying the parameter named "{key}", expected '
+                                  "torch.Tensor or Tensor-like object from checkpoint but "
+                                  f"received {type(input_param)}")
+                continue
+            if tuple(input_param.shape) != tuple(param.shape):
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape "
+                                  f"{input_param.shape} from checkpoint, the shape in current "
+                                  f"model is {param.shape}.")
+                continue
+            try:
+                with no_grad():
+                    if assign:
+                        if isinstance(param, Parameter):
+                            new = Parameter(input_param.detach(), param.requires_grad)
+                            self._parameters[name] = new
+                        else:
+                            self._buffers[name] = input_param
+                    else:
+                        param.copy_(input_param)
+            except Exception as ex:  # collected, as PyTorch does, and raised together
+                error_msgs.append(f'While copying the parameter named "{key}", whose dimensions '
+                                  f"in the model are {param.shape} and whose dimensions in the "
+                                  f"checkpoint are {input_param.shape}, an exception occurred : "
+                                  f"{ex.args}.")
+        if strict:
+            for key in state_dict.keys():
+                if key.startswith(prefix):
+                    input_name = key[len(prefix):].split(".", 1)
+                    if input_name[0] not in self._modules and input_name[0] not in local_state:
+                        unexpected_keys.append(key)
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
+        missing_keys, unexpected_keys, error_msgs = [], [], []
+        state_dict = OrderedDict(state_dict)
+
+        def load(module, local_state_dict, prefix=""):
+            for hook in module._load_state_dict_pre_hooks.values():
+                hook(local_state_dict, prefix, {}, strict, missing_keys, unexpected_keys,
+                     error_msgs)
+            module._load_from_state_dict(local_state_dict, prefix, {}, True, missing_keys,
+                                         unexpected_keys, error_msgs, assign)
+            for name, child in module._modules.items():
+                if child is not None:
+                    child_prefix = prefix + name + "."
+                    child_state = {k: v for k, v in local_state_dict.items()
+                                   if k.startswith(child_prefix)}
+                    load(child, child_state, child_prefix)
+            incompatible = _IncompatibleKeys(missing_keys, unexpected_keys)
+            for hook in module._load_state_dict_post_hooks.values():
+                hook(module, incompatible)
+
+        load(self, state_dict)
+        if strict:
+            if unexpected_keys:
+                error_msgs.insert(0, "Unexpected key(s) in state_dict: {}. ".format(
+                    ", ".join(f'"{k}"' for k in unexpected_keys)))
+            if missing_keys:
+                error_msgs.insert(0, "Missing key(s) in state_dict: {}. ".format(
+                    ", ".join(f'"{k}"' for k in missing_keys)))
+        if error_msgs:
+            raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(
+                type(self).__name__, "\n\t".join(error_msgs)))
+        return _IncompatibleKeys(missing_keys, unexpected_keys)
+
+    # ------------------------------------------------------------ hooks
+    def _local_hook(self, hooks, hook, prepend, *extra):
+        handle = RemovableHandle(hooks, extra_dict=[self._any_call_hook, *extra])
+        hooks[handle.id] = hook
+        self._any_call_hook[handle.id] = True
+        if prepend:
+            hooks.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
+        """``hook(module, args) -> None | new_args`` (``with_kwargs``: ``hook(module, args, kwargs) -> None | (args, kwargs)``)."""
+        handle = self._local_hook(self._forward_pre_hooks, hook, prepend,
+                                  self._forward_pre_hooks_with_kwargs)
+        if with_kwargs:
+            self._forward_pre_hooks_with_kwargs[handle.id] = True
+        return handle
+
+    def register_forward_hook(self, hook, *, prepend=False, with_kwargs=False, always_call=False):
+        """``hook(module, args, output) -> None | new_output`` (``with_kwargs``: ``hook(module, args, kwargs, output)``)."""
+        handle = self._local_hook(self._forward_hooks, hook, prepend,
+                                  self._forward_hooks_with_kwargs,
+                                  self._forward_hooks_always_called)
+        if with_kwargs:
+            self._forward_hooks_with_kwargs[handle.id] = True
+        if always_call:
+            self._forward_hooks_always_called[handle.id] = True
+        return handle
+
+    def register_full_backward_pre_hook(self, hook, prepend=False):
+        """``hook(module, grad_output) -> None | new_grad_output``."""
+        return self._local_hook(self._backward_pre_hooks, hook, prepend)
+
+    def register_full_backward_hook(self, hook, prepend=False):
+        """``hook(module, grad_input, grad_output) -> None | new_grad_input``."""
+        if self._is_full_backward_hook is False:
+            raise RuntimeError("Cannot use both regular backward hooks and full backward hooks on "
+                               "a single Module. Please use only one of them.")
+        self._is_full_backward_hook = True
+        return self._local_hook(self._backward_hooks, hook, prepend)
+
+    def register_backward_hook(self, hook):
+        """Deprecated: fires on the grad_fn of the output; use ``register_full_backward_hook``."""
+        if self._is_full_backward_hook is True:
+            raise RuntimeError("Cannot use both regular backward hooks and full backward hooks on "
+                               "a single Module. Please use only one of them.")
+        self._is_full_backward_hook = False
+        return self._local_hook(self._backward_hooks, hook, False)
+
+    def register_state_dict_hook(self, hook):
+        return _register_plain(self._state_dict_hooks, hook)
+
+    _register_state_dict_hook = register_state_dict_hook
+
+    def register_load_state_dict_pre_hook(self, hook):
+        return _register_plain(self._load_state_dict_pre_hooks, hook)
+
+    def register_load_state_dict_post_hook(self, hook):
+        return _register_plain(self._load_state_dict_post_hooks, hook)
+
+    def _get_backward_hooks(self):
+        full, non_full = [], []
+        if _global_is_full_backward_hook is True:
+            full += _global_backward_hooks.values()
+        if self._is_full_backward_hook is True:
+            full += self._backward_hooks.values()
+        if _global_is_full_backward_hook is False:
+            non_full += _global_backward_hooks.values()
+        if self._is_full_backward_hook is False:
+            non_full += self._backward_hooks.values()
+        return full, non_full
+
+    def _get_backward_pre_hooks(self):
+        return [*_global_backward_pre_hooks.values(), *self._backward_pre_hooks.values()]
+
+    def _maybe_warn_non_full_backward_hook(self, inputs, result, grad_fn):
+        if not isinstance(result, Tensor):
+            if not (isinstance(result, tuple) and all(isinstance(r, Tensor) for r in result)):
+                warnings.warn("Using non-full backward hooks on a Module that does not return a "
+                              "single Tensor or a tuple of Tensors is deprecated and will be "
+                              "removed in future versions. This hook will be missing some of the "
+                              "grad_output. Please use register_full_backward_hook to get the "
+                              "documented behavior.", FutureWarning, stacklevel=2)
+                return
+        else:
+            result = (result,)
+        if not isinstance(inputs, Tensor):
+            if not (isinstance(inputs, tuple) and all(isinstance(i, Tensor) for i in inputs)):
+                warnings.warn("Using non-full backward hooks on a Module that does not take as "
+                              "input a single Tensor or a tuple of Tensors is deprecated and will "
+                              "be removed in future versions. This hook will be missing some of "
+                              "the grad_input. Please use register_full_backward_hook to get the "
+                              "documented behavior.", FutureWarning, stacklevel=2)
+                return
+        else:
+            inputs = (inputs,)
+        out_grad_fn = {r.grad_fn for r in result if r.grad_fn is not None}
+        if len(out_grad_fn) == 0 or (len(out_grad_fn) == 1 and grad_fn not in out_grad_fn):
+            warnings.warn("Using a non-full backward hook when outputs are nested in python data "
+                          "structure is deprecated and will be removed in future versions. This "
+                          "hook will be missing some grad_output.", FutureWarning, stacklevel=2)
+        elif len(out_grad_fn) > 1:
+            warnings.warn("Using a non-full backward hook when outputs are generated by different "
+                          "autograd Nodes is deprecated and will be removed in future versions. "
+                          "This hook will be missing some grad_output. Please use "
+                          "register_full_backward_hook to get the documented behavior.",
+                          FutureWarning, stacklevel=2)
+        else:
+            inputs_grad_fn = {i.grad_fn for i in inputs if i.grad_fn is not None}
+            next_functions = {n[0] for n in grad_fn.next_functions}
+            if inputs_grad_fn != next_functions:
+                warnings.warn("Using a non-full backward hook when the forward contains multiple "
+                              "autograd Nodes is deprecated and will be removed in future "
+                              "versions. This hook will be missing some grad_input. Please use "
+                              "register_full_backward_hook to get the documented behavior.",
+                              FutureWarning, stacklevel=2)
+
+    def __call__(self, *args, **kwargs):
+        if not (_global_any_call_hook or self._any_call_hook):
+            return self.forward(*args, **kwargs)
+        return self._call_with_hooks(args, kwargs)
+
+    _call_impl = __call__
+
+    def _call_with_hooks(self, args, kwargs):
+        result = None
+        called_always = set()
+
+        def inner():
+            nonlocal result, args, kwargs
+            full_backward_hooks, non_full_backward_hooks = [], []
+            backward_pre_hooks = []
+            if self._backward_pre_hooks or _global_backward_pre_hooks:
+                backward_pre_hooks = self._get_backward_pre_hooks()
+            if self._backward_hooks or _global_backward_hooks:
+                full_backward_hooks, non_full_backward_hooks = self._get_backward_hooks()
+            for hook_id, hook in (*_global_forward_pre_hooks.items(),
+                                  *self._forward_pre_hooks.items()):
+                if hook_id in self._forward_pre_hooks_with_kwargs:
+                    res = hook(self, args, kwargs)
+                    if res is not None:
+                        if isinstance(res, tuple) and len(res) == 2:
+                            args, kwargs = res
+                        else:
+                            raise RuntimeError("forward pre-hook must return None or a tuple of "
+                                               f"(new_args, new_kwargs), but got {res}.")
+                else:
+                    res = hook(self, args)
+                    if res is not None:
+                        if not isinstance(res, tuple):
+                            res = (res,)
+                        args = res
+            bw_hook = None
+            if full_backward_hooks or backward_pre_hooks:
+                bw_hook = BackwardHook(self, full_backward_hooks, backward_pre_hooks)
+                args = bw_hook.setup_input_hook(args)
+            result = self.forward(*args, **kwargs)
+            for hook_id, hook in (*_global_forward_hooks.items(), *self._forward_hooks.items()):
+                if hook_id in self._forward_hooks_always_called or \
+                        hook_id in _global_forward_hooks_always_called:
+                    called_always.add(hook_id)
+                if hook_id in self._forward_hooks_with_kwargs or \
+                        hook_id in _global_forward_hooks_with_kwargs:
+                    res = hook(self, args, kwargs, result)
+                else:
+                    res = hook(self, args, result)
+                if res is not None:
+                    result = res
+            if bw_hook:
+                if not isinstance(result, (Tensor, tuple)):
+                    warnings.warn("For backward hooks to be called, module output should be a "
+                                  f"Tensor or a tuple of Tensors but received {type(result)}")
+                result = bw_hook.setup_output_hook(result)
+            if non_full_backward_hooks:
+                var = result
+                while not isinstance(var, Tensor):
+                    if isinstance(var, dict):
+                        var = next(v for v in var.values() if isinstance(v, Tensor))
+                    else:
+                        var = var[0]
+                grad_fn = var.grad_fn
+                if grad_fn is not None:
+                    for hook in non_full_backward_hooks:
+                        grad_fn.register_hook(_WrappedHook(hook, self))
+                    self._maybe_warn_non_full_backward_hook(args, result, grad_fn)
+            return result
+
+        try:
+            return inner()
+        except Exception:
+            # always_call forward hooks run even when forward raised; their own errors
+            # are demoted to warnings so the original exception propagates.
+            for hook_id, hook in _global_forward_hooks.items():
+                if hook_id in _global_forward_hooks_always_called and hook_id not in called_always:
+                    try:
+                        res = hook(self, args, result)
+                        if res is not None:
+                            result = res
+                    except Exception as e:
+                        warnings.warn("global module forward hook with ``always_call=True`` "
+                                      "raised an exception that was silenced as another error "
+                                      f"was raised in forward: {e}")
+            for hook_id, hook in self._forward_hooks.items():
+                if hook_id in self._forward_hooks_always_called and hook_id not in called_always:
+                    try:
+                        if hook_id in self._forward_hooks_with_kwargs:
+                            res = hook(self, args, kwargs, result)
+                        else:
+                            res = hook(self, args, result)
+                        if res is not None:
+                            result = res
+                    except Exception as e:
+                        warnings.warn("module forward hook with ``always_call=True`` raised an "
+                                      "exception that was silenced as another error was raised "
+                                      f"in forward: {e}")
+            raise
+
+    # ------------------------------------------------------------ repr
+    def extra_repr(self):
+        return ""
+
+    def _get_name(self):
+        return type(self).__name__
+
+    def __repr__(self):
+        extra_lines = []
+        extra = self.extra_repr()
+        if extra:
+            extra_lines = extra.split("\n")
+        child_lines = []
+        for key, module in self._modules.items():
+            mod_str = _addindent(repr(module), 2)
+            child_lines.append("(" + key + "): " + mod_str)
+        lines = extra_lines + child_lines
+        main_str = self._get_name() + "("
+        if lines:
+            if len(extra_lines) == 1 and not child_lines:
+                main_str += extra_lines[0]
+            else:
+                main_str += "\n  " + "\n  ".join(lines) + "\n"
+        main_str += ")"
+        return main_str
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_any_call_hook", OrderedDict())
