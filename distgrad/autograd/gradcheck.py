@@ -131,10 +131,11 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=
 
     def first_order(*args):
         ins, gos = args[:n_in], args[n_in:]
-        outs = _differentiable_outputs(func, ins)
-        grads = autograd_grad(outs, [ins[i] for i in diff_positions], gos, create_graph=True,
-                              allow_unused=True)
-        return tuple(g for g in grads if g is not None and g.requires_grad)
+        with enable_grad():  # gradcheck evaluates under no_grad; the first order needs a graph
+            outs = _differentiable_outputs(func, ins)
+            grads = autograd_grad(outs, [ins[i] for i in diff_positions], gos, create_graph=True,
+                                  allow_unused=True)
+        return tuple(g for g in grads if g is not None)
 
     return gradcheck(first_order, inputs + tuple(grad_outputs), eps=eps, atol=atol, rtol=rtol,
                      raise_exception=raise_exception)

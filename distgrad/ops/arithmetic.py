@@ -18,22 +18,23 @@ __all__ = ["add", "sub", "subtract", "rsub", "mul", "multiply", "div", "divide",
 AddBackward0 = defop("AddBackward0", vjps=(
     lambda xp, g, m: g,
     lambda xp, g, m: g if m is None else g * m["alpha"]))
-AddBackward1 = defop("AddBackward1", vjps=(lambda xp, g, m: g,))
+# PyTorch wraps a Python number in a tensor, so the scalar variants share the names.
+AddScalarBackward = defop("AddBackward0", vjps=(lambda xp, g, m: g,))
 SubBackward0 = defop("SubBackward0", vjps=(
     lambda xp, g, m: g,
     lambda xp, g, m: -g if m is None else g * -m["alpha"]))
-SubBackward1 = defop("SubBackward1", vjps=(lambda xp, g, m: g,))
+SubScalarBackward = defop("SubBackward0", vjps=(lambda xp, g, m: g,))
 RsubBackward1 = defop("RsubBackward1", vjps=(lambda xp, g, m: g * -m["alpha"],))
 MulBackward0 = defop("MulBackward0", saved=("self", "other"), vjps=(
     lambda xp, g, m, x, y: g * xp.conj(y),
     lambda xp, g, m, x, y: g * xp.conj(x)))
-MulBackward1 = defop("MulBackward1", vjps=(lambda xp, g, m: g * np.conj(m["other"]),))
+MulScalarBackward = defop("MulBackward0", vjps=(lambda xp, g, m: g * np.conj(m["other"]),))
 DivBackward0 = defop("DivBackward0", saved=("self", "other"), vjps=(
     lambda xp, g, m, x, y: g / xp.conj(y),
     lambda xp, g, m, x, y: -g * xp.conj(x / y / y)))
-DivBackward1 = defop("DivBackward1", vjps=(lambda xp, g, m: g / np.conj(m["other"]),))
+DivScalarBackward = defop("DivBackward0", vjps=(lambda xp, g, m: g / np.conj(m["other"]),))
 # scalar / tensor: PyTorch records reciprocal then mul; one node does both here.
-RdivBackward0 = defop("RdivBackward0", saved=("other", "result"), vjps=(
+RdivBackward = defop("MulBackward0", saved=("other", "result"), vjps=(
     lambda xp, g, m, y, r: -g * xp.conj(r / y),))
 NegBackward0 = defop("NegBackward0", vjps=(lambda xp, g, m: -g,))
 ReciprocalBackward0 = defop("ReciprocalBackward0", saved=("result",), vjps=(
@@ -87,9 +88,9 @@ def add(input, other, *, alpha=1, out=None):
         bd = bd * alpha
     res = np.add(ad, bd)
     if a is None:
-        return record(AddBackward1, res, (b,))
+        return record(AddScalarBackward, res, (b,))
     if b is None:
-        return record(AddBackward1, res, (a,))
+        return record(AddScalarBackward, res, (a,))
     return record(AddBackward0, res, (a, b), (), None if alpha == 1 else {"alpha": alpha})
 
 
@@ -102,7 +103,7 @@ def sub(input, other, *, alpha=1):
     if a is None:
         return record(RsubBackward1, res, (b,), (), {"alpha": alpha})
     if b is None:
-        return record(SubBackward1, res, (a,))
+        return record(SubScalarBackward, res, (a,))
     return record(SubBackward0, res, (a, b), (), None if alpha == 1 else {"alpha": alpha})
 
 
@@ -118,9 +119,9 @@ def mul(input, other):
     a, b, ad, bd, dt = operands(input, other)
     res = np.multiply(ad, bd)
     if a is None:
-        return record(MulBackward1, res, (b,), (), {"other": ad})
+        return record(MulScalarBackward, res, (b,), (), {"other": ad})
     if b is None:
-        return record(MulBackward1, res, (a,), (), {"other": bd})
+        return record(MulScalarBackward, res, (a,), (), {"other": bd})
     return record(MulBackward0, res, (a, b), (a, b))
 
 
@@ -147,9 +148,9 @@ def div(input, other, *, rounding_mode=None):
         res = np.true_divide(ad, bd)
     if a is None:
         t = b if b._data.dtype == dt else _make(bd)
-        return record(RdivBackward0, res, (b,), (t,), {"self": ad})
+        return record(RdivBackward, res, (b,), (t,), {"self": ad})
     if b is None:
-        return record(DivBackward1, res, (a,), (), {"other": bd})
+        return record(DivScalarBackward, res, (a,), (), {"other": bd})
     return record(DivBackward0, res, (a, b), (a, b))
 
 
@@ -168,7 +169,7 @@ def remainder(input, other):
     with np.errstate(divide="ignore", invalid="ignore"):
         res = np.remainder(ad, bd)
     # d/dx remainder(x, y) = 1 almost everywhere.
-    return record(AddBackward1, res.astype(dt, copy=False), (a,)) if b is None and a is not None \
+    return record(AddScalarBackward, res.astype(dt, copy=False), (a,)) if b is None and a is not None \
         else _make(res.astype(dt, copy=False))
 
 

@@ -212,7 +212,10 @@ def masked_fill(input, mask, value):
                                f"tensor with {value._data.ndim} dimension(s).")
         return where(mask if isinstance(mask, Tensor) else _make(m), value.to(input.dtype), input)
     out = np.where(m, np.asarray(value, dtype=input._data.dtype), input._data)
-    return record(WhereBackward0, out, (None, input), (), {"condition": np.broadcast_to(m, out.shape)})
+    return record(MaskedFillBackward0, out, (input,), (), {"mask": np.broadcast_to(m, out.shape)})
+
+
+MaskedFillBackward0 = defop("MaskedFillBackward0", vjps=(lambda xp, g, m: xp.mask(g, ~m["mask"]),))
 
 
 def masked_select(input, mask):

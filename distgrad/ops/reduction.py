@@ -51,8 +51,13 @@ def _meta(x, dims, keepdim):
             "self_sym_sizes": shape}
 
 
-SumBackward1 = defop("SumBackward1", vjps=(lambda xp, g, m: _expand(xp, g, m),))
-MeanBackward1 = defop("MeanBackward1", vjps=(lambda xp, g, m: _expand(xp, g, m) / m["count"],))
+_sum_vjp = (lambda xp, g, m: _expand(xp, g, m),)
+_mean_vjp = (lambda xp, g, m: _expand(xp, g, m) / m["count"],)
+# PyTorch numbers the overloads: 0 for a full reduction, 1 for one over `dim`.
+SumBackward0 = defop("SumBackward0", vjps=_sum_vjp)
+SumBackward1 = defop("SumBackward1", vjps=_sum_vjp)
+MeanBackward0 = defop("MeanBackward0", vjps=_mean_vjp)
+MeanBackward1 = defop("MeanBackward1", vjps=_mean_vjp)
 
 
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
@@ -61,7 +66,8 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     np_dtype = _dt.to_numpy_dtype(dtype) if dtype is not None else (
         np.int64 if d.dtype.kind in "biu" else None)
     res = d.sum(axis=dims, keepdims=keepdim, dtype=np_dtype)
-    return record(SumBackward1, np.asarray(res), (input,), (), _meta(input, dims, keepdim))
+    node = SumBackward0 if dim is None else SumBackward1
+    return record(node, np.asarray(res), (input,), (), _meta(input, dims, keepdim))
 
 
 def mean(input, dim=None, keepdim=False, *, dtype=None):
@@ -77,7 +83,8 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
     for i in dims:
         count *= d.shape[i]
     m["count"] = count
-    return record(MeanBackward1, np.asarray(res, dtype=res.dtype), (input,), (), m)
+    node = MeanBackward0 if dim is None else MeanBackward1
+    return record(node, np.asarray(res, dtype=res.dtype), (input,), (), m)
 
 
 def _correction(unbiased, correction):
@@ -246,6 +253,7 @@ def _prod_vjp(xp, g, m, x, r):
 
 
 ProdBackward0 = defop("ProdBackward0", saved=("self", "result"), vjps=(_prod_vjp,))
+ProdBackward1 = defop("ProdBackward1", saved=("self", "result"), vjps=(_prod_vjp,))
 
 
 def prod(input, dim=None, keepdim=False, *, dtype=None):
@@ -254,7 +262,8 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
     np_dtype = _dt.to_numpy_dtype(dtype) if dtype is not None else (
         np.int64 if d.dtype.kind in "biu" else None)
     res = np.asarray(d.prod(axis=dims, keepdims=keepdim, dtype=np_dtype))
-    return record(ProdBackward0, res, (input,), (input,), _meta(input, dims, keepdim))
+    node = ProdBackward0 if dim is None else ProdBackward1
+    return record(node, res, (input,), (input,), _meta(input, dims, keepdim))
 
 
 def _logsumexp_vjp(xp, g, m, x, r):

@@ -45,6 +45,7 @@ _reshape_vjp = (lambda xp, g, m: xp.reshape(g, m["self_sym_sizes"]),)
 ViewBackward0 = defop("ViewBackward0", vjps=_reshape_vjp)
 UnsafeViewBackward0 = defop("UnsafeViewBackward0", vjps=_reshape_vjp)
 SqueezeBackward0 = defop("SqueezeBackward0", vjps=_reshape_vjp)
+SqueezeBackward1 = defop("SqueezeBackward1", vjps=_reshape_vjp)
 UnsqueezeBackward0 = defop("UnsqueezeBackward0", vjps=_reshape_vjp)
 TransposeBackward0 = defop("TransposeBackward0", vjps=(
     lambda xp, g, m: xp.swapaxes(g, m["dim0"], m["dim1"]),))
@@ -174,7 +175,8 @@ def squeeze(input, dim=None):
         dims = {_wrap_dim(x, d.ndim) for x in dims} if d.ndim else set()
         out = d.reshape(tuple(s for i, s in enumerate(d.shape) if not (i in dims and s == 1)))
     shape = out.shape
-    return _view_of(SqueezeBackward0, input, out, {"self_sym_sizes": d.shape},
+    node = SqueezeBackward0 if dim is None else SqueezeBackward1
+    return _view_of(node, input, out, {"self_sym_sizes": d.shape},
                     lambda a, s=shape: a.reshape(s))
 
 
