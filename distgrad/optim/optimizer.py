@@ -1,0 +1,243 @@
+"""``Optimizer``: parameter groups, per-parameter state, state dicts, step hooks.
+
+Subclasses describe one parameter's update (``_init_state`` and ``_update`` on NumPy
+arrays, written in place into the parameter's buffer); everything else is shared.
+"""
+import copy
+from collections import OrderedDict, defaultdict
+from itertools import chain
+
+import numpy as np
+
+from ..autograd.grad_mode import enable_grad, no_grad
+from ..autograd.tensor import Tensor, _make
+from ..utils.hooks import RemovableHandle
+
+__all__ = ["Optimizer", "required"]
+
+
+class _RequiredParameter:
+    def __repr__(self):
+        return "<required parameter>"
+
+
+required = _RequiredParameter()
+
+_global_step_pre_hooks = OrderedDict()
+_global_step_post_hooks = OrderedDict()
+
+
+def register_optimizer_step_pre_hook(hook):
+    handle = RemovableHandle(_global_step_pre_hooks)
+    _global_step_pre_hooks[handle.id] = hook
+    return handle
+
+
+def register_optimizer_step_post_hook(hook):
+    handle = RemovableHandle(_global_step_post_hooks)
+    _global_step_post_hooks[handle.id] = hook
+    return handle
+
+
+class Optimizer:
+    """Base class: ``Optimizer(params, defaults)`` where params are tensors or group dicts."""
+
+    def __init__(self, params, defaults):
+        self.defaults = defaults
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        if isinstance(params, Tensor):
+            raise TypeError("params argument given to the optimizer should be an iterable of "
+                            f"Tensors or dicts, but got {type(params).__name__}")
+        self.state = defaultdict(dict)
+        self.param_groups = []
+        param_groups = list(params)
+        if len(param_groups) == 0:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(param_groups[0], dict):
+            param_groups = [{"params": param_groups}]
+        for group in param_groups:
+            self.add_param_group(group)
+
+    def __getstate__(self):
+        return {"defaults": self.defaults, "state": self.state, "param_groups": self.param_groups}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_optimizer_step_pre_hooks", OrderedDict())
+        self.__dict__.setdefault("_optimizer_step_post_hooks", OrderedDict())
+
+    def __repr__(self):
+        s = type(self).__name__ + " ("
+        for i, group in enumerate(self.param_groups):
+            s += f"\nParameter Group {i}"
+            for key in sorted(group.keys()):
+                if key != "params":
+                    s += f"\n    {key}: {group[key]}"
+        return s + "\n)"
+
+    def add_param_group(self, param_group):
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
+        params = param_group["params"]
+        if isinstance(params, Tensor):
+            param_group["params"] = [params]
+        elif isinstance(params, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, "
+                            "but the ordering of tensors in sets will change between runs. "
+                            "Please use a list instead.")
+        else:
+            param_group["params"] = list(params)
+        for param in param_group["params"]:
+            if not isinstance(param, Tensor):
+                raise TypeError("optimizer can only optimize Tensors, but one of the params is "
+                                + type(param).__name__)
+            if not param.is_leaf:
+                raise ValueError("can't optimize a non-leaf Tensor")
+        for name, default in self.defaults.items():
+            if default is required and name not in param_group:
+                raise ValueError("parameter group didn't specify a value of required "
+                                 f"optimization parameter {name}")
+            param_group.setdefault(name, default)
+        if len(param_group["params"]) != len({id(p) for p in param_group["params"]}):
+            import warnings
+            warnings.warn("optimizer contains a parameter group with duplicate parameters; in "
+                          "future, this will cause an error", stacklevel=3)
+        existing = set()
+        for group in self.param_groups:
+            existing.update(id(p) for p in group["params"])
+        if existing & {id(p) for p in param_group["params"]}:
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(param_group)
+
+    def zero_grad(self, set_to_none=True):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    g = p.grad
+                    if g.grad_fn is not None:
+                        g.detach_()
+                    else:
+                        g.requires_grad_(False)
+                    g.zero_()
+
+    # -- hooks --
+    def register_step_pre_hook(self, hook):
+        handle = RemovableHandle(self._optimizer_step_pre_hooks)
+        self._optimizer_step_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_step_post_hook(self, hook):
+        handle = RemovableHandle(self._optimizer_step_post_hooks)
+        self._optimizer_step_post_hooks[handle.id] = hook
+        return handle
+
+    # -- state dicts --
+    def state_dict(self):
+        index = {}
+        start = 0
+
+        def pack_group(group):
+            nonlocal start
+            packed = {k: v for k, v in group.items() if k != "params"}
+            for i, p in enumerate(group["params"], start):
+                index.setdefault(id(p), i)
+            packed["params"] = [index[id(p)] for p in group["params"]]
+            start += len(packed["params"])
+            return packed
+
+        param_groups = [pack_group(g) for g in self.param_groups]
+        packed_state = {index[id(k)]: v for k, v in self.state.items()}
+        return {"state": packed_state, "param_groups": param_groups}
+
+    def load_state_dict(self, state_dict):
+        state_dict = state_dict.copy()
+        groups = self.param_groups
+        saved_groups = copy.deepcopy(state_dict["param_groups"])
+        if len(groups) != len(saved_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        param_lens = (len(g["params"]) for g in groups)
+        saved_lens = (len(g["params"]) for g in saved_groups)
+        if any(p_len != s_len for p_len, s_len in zip(param_lens, saved_lens)):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match "
+                             "the size of optimizer's group")
+        id_map = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
+                          chain.from_iterable(g["params"] for g in groups)))
+
+        def cast(param, value, key=None):
+            if isinstance(value, Tensor):
+                if key == "step":
+                    return _make(value._data.copy())
+                data = value._data
+                if param.is_floating_point() and data.dtype.kind == "f":
+                    data = data.astype(param._data.dtype)
+                return _make(data.copy())
+            if isinstance(value, dict):
+                return {k: cast(param, v, k) for k, v in value.items()}
+            return copy.deepcopy(value)
+
+        state = defaultdict(dict)
+        for k, v in state_dict["state"].items():
+            if k in id_map:
+                param = id_map[k]
+                state[param] = cast(param, v)
+            else:
+                state[k] = v
+        new_groups = []
+        for group, new_group in zip(groups, saved_groups):
+            new_group["params"] = group["params"]
+            new_groups.append(new_group)
+        self.__setstate__({"state": state, "param_groups": new_groups})
+
+    # -- the update --
+    def _init_state(self, p, state, group):
+        """Create the per-parameter state on first use."""
+
+    def _update(self, p, grad, state, group):
+        """Update ``p._data`` in place from the NumPy gradient ``grad``."""
+        raise NotImplementedError
+
+    def _check_group(self, group):
+        """Reject a group whose options do not make sense together."""
+
+    def step(self, closure=None):
+        """Update every parameter with a gradient; returns the closure's loss."""
+        for hook in chain(_global_step_pre_hooks.values(),
+                          self._optimizer_step_pre_hooks.values()):
+            result = hook(self, (), {})
+            if result is not None:
+                raise RuntimeError("optimizer step pre-hooks must return None")
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
+        with no_grad():
+            for group in self.param_groups:
+                self._check_group(group)
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    grad = p.grad._data
+                    if group.get("maximize", False):
+                        grad = -grad
+                    state = self.state[p]
+                    if not state:
+                        self._init_state(p, state, group)
+                    self._update(p, grad, state, group)
+                    p._vc[0] += 1
+        for hook in chain(self._optimizer_step_post_hooks.values(),
+                          _global_step_post_hooks.values()):
+            hook(self, (), {})
+        return loss
+
+
+def _zeros_state(p):
+    return _make(np.zeros_like(p._data))
+
+
+def _step_tensor():
+    return _make(np.array(0.0, dtype=np.float32))

@@ -1,0 +1,53 @@
+"""``SGD`` with momentum, dampening, Nesterov and weight decay, as ``torch.optim.SGD``."""
+from .optimizer import Optimizer, required
+from ..autograd.tensor import _make
+
+__all__ = ["SGD"]
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD``'s update rule, on NumPy buffers.
+
+    >>> import distgrad
+    >>> p = distgrad.nn.Parameter(distgrad.ones(2)); p.grad = distgrad.ones(2)
+    >>> SGD([p], lr=0.5).step(); p.tolist()
+    [0.5, 0.5]
+    """
+
+    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
+                 *, maximize=False, foreach=None, differentiable=False, fused=None):
+        if lr is not required and lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                        nesterov=nesterov, maximize=maximize, foreach=foreach,
+                        differentiable=differentiable, fused=fused)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        super().__init__(params, defaults)
+
+    def _init_state(self, p, state, group):
+        if group["momentum"] != 0:
+            state["momentum_buffer"] = None
+
+    def _update(self, p, grad, state, group):
+        weight_decay, momentum = group["weight_decay"], group["momentum"]
+        param = p._data
+        if weight_decay != 0:
+            grad = grad + weight_decay * param
+        if momentum != 0:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = _make(grad.copy())
+            else:
+                b = buf._data
+                b *= momentum
+                b += (1 - group["dampening"]) * grad
+            if group["nesterov"]:
+                grad = grad + momentum * buf._data
+            else:
+                grad = buf._data
+        param -= group["lr"] * grad
