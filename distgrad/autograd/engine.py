@@ -6,6 +6,7 @@ number among those that are ready (PyTorch's CPU ready-queue order); leaves run 
 soon as they are ready.
 """
 import heapq
+import threading
 from itertools import count
 
 import numpy as np
@@ -16,6 +17,39 @@ from .node import AccumulateGrad, accumulate_into_grad
 from .tensor import Tensor, _make
 
 __all__ = ["backward", "grad", "run_backward", "GraphTask"]
+
+
+class _CurrentTasks(threading.local):
+    def __init__(self):
+        self.stack = []
+
+
+# The GraphTask each thread is executing (a hook may start a nested backward).
+_current_tasks = _CurrentTasks()
+
+
+def current_graph_task():
+    """The GraphTask running on this thread, or None outside backward."""
+    stack = _current_tasks.stack
+    return stack[-1] if stack else None
+
+
+def will_engine_execute_node(node):
+    """Whether the running backward will call ``node`` (or capture a gradient at it).
+
+    PyTorch's ``torch._C._will_engine_execute_node``: used by multi-grad hooks to know
+    how many of their tensors will see a gradient in this pass.
+    """
+    task = current_graph_task()
+    if task is None:
+        raise RuntimeError("_will_engine_execute_node should only be called during the backward "
+                           "pass")
+    nodes = getattr(task, "graph_nodes", None)
+    if nodes is not None and node not in nodes:
+        return False
+    if task.exec_needed is None:
+        return True
+    return node in task.exec_needed or bool(task.captures and node in task.captures)
 
 
 def _as_tuple(x):
@@ -145,6 +179,7 @@ class GraphTask:
     def compute_dependencies(self, root_nodes):
         deps = self.dependencies
         seen = set(root_nodes)
+        self.graph_nodes = seen  # grows below; read by will_engine_execute_node
         stack = list(seen)
         while stack:
             node = stack.pop()
@@ -433,7 +468,11 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
     for node in dict.fromkeys(root_nodes):
         if task.dependencies.get(node, 0) == 0:
             task.mark_ready(node)
-    task.execute()
+    _current_tasks.stack.append(task)
+    try:
+        task.execute()
+    finally:
+        _current_tasks.stack.pop()
     if accumulate_grad:
         return None
     results = []
