@@ -39,6 +39,7 @@ import traceback
 import uuid
 
 import zmq
+from numpy import ndarray as _ndarray
 
 from . import wire
 from .errors import (ProtocolError, RefusedCallError, RpcError, RpcTimeoutError,
@@ -59,6 +60,18 @@ Kind = wire.Kind
 _agent = None
 _interceptor = None
 _ALLOWED_DUNDER_METHODS = {"__call__", "__getitem__", "__len__", "__contains__"}
+
+
+FOLLOWER_TICK = 0.02  # how often an idle follower checks whether the role is free
+_ZERO_COPY_MIN = 1 << 16  # below this, copying is cheaper than pyzmq's zero-copy bookkeeping
+
+
+def send_frames(sock, frames):
+    """Send a multipart message; large array buffers go zero-copy."""
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        sock.send(f, zmq.SNDMORE if i < last else 0,
+                  copy=not (type(f) is _ndarray and f.nbytes >= _ZERO_COPY_MIN))
 
 
 def current_agent():
@@ -107,6 +120,9 @@ class Agent:
         self._pending = {}
         self._sync_inflight = {}
         self._tls = threading.local()
+        self._role = threading.Lock()
+        self._crew_lock = threading.Lock()
+        self._lead_wanted = threading.Condition(threading.Lock())
         self._outbox = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -164,11 +180,9 @@ class Agent:
                 self._dealers.append(d)
             now = time.monotonic()
             self._last_seen = [now] * self.world_size
-            self._pool = HandlerPool(opts.num_worker_threads, name=f"rpc-{self.name}")
+            self._pool = HandlerPool(1, name=f"rpc-{self.name}-callbacks")
             self.running = True
-            self._io = threading.Thread(target=self._io_loop, name=f"rpc-io-{self.name}",
-                                        daemon=True)
-            self._io.start()
+            self._start_crew()
         except BaseException:
             self._close_sockets()
             raise
@@ -222,6 +236,8 @@ class Agent:
     # ------------------------------------------------------------------ sending
     def _post(self, target, frames):
         self._outbox.append((target, frames))
+        if not self._role.locked():
+            self._wake_follower()
         if not self._woken:
             self._woken = True
             try:
@@ -282,14 +298,15 @@ class Agent:
         deadline = time.monotonic() + timeout if timeout else float("inf")
         self._sync_inflight[mid] = dst
         try:
-            sock.send_multipart(frames, copy=False)
+            send_frames(sock, frames)
+            if not self._role.locked():  # a handler about to block: let a follower serve
+                self._wake_follower()
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RpcTimeoutError(f"RPC ran for more than set timeout ({timeout} s) "
-                                          f"calling {target} on {self._describe(dst)}")
-                if sock.poll(int(min(left, 0.1) * 1000) + 1):
+                try:  # RCVTIMEO slices the wait (cheaper than a poll per call)
                     reply = sock.recv_multipart(copy=False)
+                except zmq.Again:
+                    reply = None
+                if reply is not None:
                     try:
                         kind, rmid, _, extra = wire.unpack_header(reply[0].bytes)
                     except ProtocolError as e:
@@ -302,6 +319,9 @@ class Agent:
                     if exc is not None:
                         raise exc
                     return value
+                if time.monotonic() >= deadline:
+                    raise RpcTimeoutError(f"RPC ran for more than set timeout ({timeout} s) "
+                                          f"calling {target} on {self._describe(dst)}")
                 dead = self._dead.get(dst)
                 if dead:
                     raise WorkerUnreachableError(
@@ -318,6 +338,7 @@ class Agent:
         s = socks.get(dst)
         if s is None:
             s = socks[dst] = self._socket(zmq.DEALER, server=False)
+            s.rcvtimeo = 50
             s.connect(self._endpoints[dst])
         return s
 
@@ -434,79 +455,177 @@ class Agent:
         except BaseException as e:  # noqa: BLE001
             self._reply_error(ident, mid, e, None)
             return
-        self._post(None, [ident, wire.pack_header(Kind.REPLY, mid, self.rank, extra), body, *bufs])
+        self._send_reply([ident, wire.pack_header(Kind.REPLY, mid, self.rank, extra), body, *bufs])
 
     def _reply_error(self, ident, mid, exc, remote_ref):
         if remote_ref is not None:
             self.rrefs.set_value(remote_ref[0], None, exc)
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         body, _ = wire.encode(describe_exception(exc, tb))
-        self._post(None, [ident, wire.pack_header(Kind.ERROR, mid, self.rank), body])
+        self._send_reply([ident, wire.pack_header(Kind.ERROR, mid, self.rank), body])
 
-    # ------------------------------------------------------------------ I/O thread
-    def _io_loop(self):
-        poller = zmq.Poller()
-        router = self._router
-        poller.register(router, zmq.POLLIN)
+    # ------------------------------------------------------------------ the crew
+    # Leader/follower: the thread holding ``_role`` is the only one touching the
+    # sockets (ownership moves between threads under a lock, the full memory barrier
+    # ZeroMQ asks for when a socket migrates). The leader polls; when a request
+    # arrives it gives up the role, wakes a follower to lead, and runs the request
+    # itself. When the handler is done it tries to take the role back without
+    # blocking: for a fast handler the follower has not taken over yet, so the
+    # reply goes out from the same thread with no hand-off at all; for a slow one a
+    # follower leads meanwhile and the reply is queued for it. Heartbeats are sent
+    # and answered by whoever leads, so a worker busy in handlers still looks alive.
+
+    def _start_crew(self):
+        self._waiting = 0
+        self._crew = 0
+        self._closed = threading.Event()
+        poller = self._poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        dealer_rank = {}
+        self._dealer_rank = {}
         for r, d in enumerate(self._dealers):
             poller.register(d, zmq.POLLIN)
-            dealer_rank[d] = r
+            self._dealer_rank[d] = r
+        self._next_hb = time.monotonic()
+        with self._crew_lock:
+            for _ in range(max(2, min(self.options.num_worker_threads, 4))):
+                self._spawn_member()
+
+    def _spawn_member(self):  # with _crew_lock held
+        self._crew += 1
+        threading.Thread(target=self._crew_run, name=f"rpc-{self.name}-{self._crew}",
+                         daemon=True).start()
+
+    def _crew_run(self):
+        idle = 0.0
+        while not self._closed.is_set():
+            if self._role.acquire(blocking=False):
+                idle = 0.0
+                job = self._lead()
+                if job is None:
+                    return
+                try:
+                    self._serve(*job)
+                except BaseException:  # noqa: BLE001 - a crew member must survive its handler
+                    log.exception("%s: request handling failed", self.name)
+                continue
+            with self._lead_wanted:
+                with self._crew_lock:
+                    self._waiting += 1
+                woke = self._lead_wanted.wait(FOLLOWER_TICK)
+                with self._crew_lock:
+                    self._waiting -= 1
+            if not woke:
+                idle += FOLLOWER_TICK
+                with self._crew_lock:
+                    if idle > 30.0 and self._crew > max(2, self.options.num_worker_threads):
+                        self._crew -= 1
+                        return
+
+    def _hand_off(self):
+        """Give up the role (to run a request) and make sure someone will lead.
+
+        A follower is woken at once only when more requests are already waiting;
+        otherwise the running handler most likely finishes first and keeps leading,
+        and a waiting follower takes over by itself within FOLLOWER_TICK if not.
+        """
+        self._flush()
+        with self._crew_lock:
+            if self._waiting == 0 and self._crew < 4096:
+                self._spawn_member()
+        more = self._router.get(zmq.EVENTS) & zmq.POLLIN
+        self._role.release()
+        if more:
+            self._wake_follower()
+
+    def _wake_follower(self):
+        """Wake a follower to lead (never blocks: may run inside __del__)."""
+        if self._lead_wanted.acquire(blocking=False):
+            try:
+                self._lead_wanted.notify()
+            finally:
+                self._lead_wanted.release()
+
+    def _send_reply(self, frames):
+        """Send from this thread if the role is free (fast handlers), else queue it."""
+        if self._role.acquire(blocking=False):
+            if self._closed.is_set():
+                return  # the role stays taken once the sockets are closed
+            try:
+                self._flush()
+                send_frames(self._router, frames)
+                self.stats["replies_direct"] += 1
+            except zmq.ZMQError as e:
+                self._send_failed(e)
+            finally:
+                self._role.release()
+        else:
+            self.stats["replies_queued"] += 1
+            self._post(None, frames)
+
+    def _lead(self):
+        """Poll as the leader; return a request to run (role released) or None (closed)."""
+        poller, router, wake = self._poller, self._router, self._wake_r
         hb_every = self.options.heartbeat_interval
-        next_hb = time.monotonic()
         try:
             while not self._stop:
                 now = time.monotonic()
-                if now >= next_hb:
+                if now >= self._next_hb:
                     self._heartbeat(now)
-                    next_hb = now + hb_every
+                    self._next_hb = now + hb_every
                 if now >= self._next_deadline:
                     self._expire(now)
-                wait = min(next_hb, self._next_deadline) - now
+                self._flush()
+                wait = min(self._next_hb, self._next_deadline) - now
                 for sock, _ in poller.poll(max(0, int(wait * 1000) + 1)):
                     if sock is router:
-                        self._on_router()
-                    elif sock == self._wake_r:
+                        job = self._on_router()
+                        if job is not None:
+                            self._hand_off()
+                            return job
+                    elif sock == wake:
                         self._woken = False
                         try:
-                            os.read(self._wake_r, 65536)
+                            os.read(wake, 65536)
                         except BlockingIOError:
                             pass
                     else:
-                        self._on_dealer(sock, dealer_rank[sock])
-                self._flush()
+                        self._on_dealer(sock, self._dealer_rank[sock])
             self._flush()
         except Exception:
-            log.exception("RPC I/O thread of %s crashed", self.name)
-            self._fail_all(RpcError(f"RPC I/O thread of {self.name!r} crashed"))
-        finally:
-            self._close_sockets()
+            log.exception("RPC I/O of %s crashed", self.name)
+            self._fail_all(RpcError(f"RPC I/O of {self.name!r} crashed"))
+        self._close_sockets()
+        self._closed.set()  # keeps the role: nobody touches the closed sockets
+        with self._lead_wanted:
+            self._lead_wanted.notify_all()
+        return None
 
     def _flush(self):
         out = self._outbox
         while out:
             target, frames = out.popleft()
             try:
-                if target is None:
-                    self._router.send_multipart(frames, copy=False)
-                else:
-                    self._dealers[target].send_multipart(frames, copy=False)
+                send_frames(self._router if target is None else self._dealers[target], frames)
             except zmq.ZMQError as e:
-                self.stats["send_failed"] += 1
-                if e.errno != errno.EHOSTUNREACH:
-                    log.warning("%s: send failed: %s", self.name, e)
+                self._send_failed(e)
+
+    def _send_failed(self, e):
+        self.stats["send_failed"] += 1
+        if e.errno != errno.EHOSTUNREACH:
+            log.warning("%s: send failed: %s", self.name, e)
 
     def _drop(self, why):
         self.stats["dropped"] += 1
         log.warning("%s: dropped a message: %s", self.name, why)
 
     def _on_router(self):
+        """Handle what waits on the ROUTER; return the first request to run, if any."""
         for _ in range(64):
             try:
                 frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return None
             if len(frames) < 3:
                 self._drop(f"{len(frames)} frames")
                 continue
@@ -518,11 +637,12 @@ class Agent:
             if 0 <= src < self.world_size:
                 self._last_seen[src] = time.monotonic()
             if kind == Kind.CALL:
-                self._pool.submit(self._serve, frames[0], mid, src, extra, frames[2:])
-            elif kind == Kind.PING:
-                self._post(None, [frames[0], wire.pack_header(Kind.PONG, mid, self.rank), b""])
+                return (frames[0], mid, src, extra, frames[2:])
+            if kind == Kind.PING:
+                self._router.send_multipart([frames[0], wire.pack_header(Kind.PONG, mid, self.rank), b""])
             else:
                 self._drop(f"unexpected kind {kind} on the request socket")
+        return None
 
     def _on_dealer(self, sock, rank):
         for _ in range(64):
@@ -675,7 +795,10 @@ class Agent:
             os.write(self._wake_w, b"x")
         except OSError:
             pass
-        self._io.join(10.0)
+        with self._lead_wanted:
+            self._lead_wanted.notify_all()
+        if not self._closed.wait(10.0):
+            log.warning("%s: sockets not closed within 10 s", self.name)
         self._fail_all(RpcError(f"RPC agent {self.name!r} shut down"))
         self._pool.shutdown()
         if self._auth is not None:

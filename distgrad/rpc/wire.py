@@ -85,13 +85,21 @@ def _no_ext(code, data):
     raise ProtocolError(f"extension type {code} not allowed here")
 
 
+#: Arrays smaller than this ride inside the body (as msgpack bin) instead of in a
+#: frame of their own: for tiny arrays a frame costs more than copying the bytes.
+INLINE_MAX = 1024
+
+
 def _array_payload(a, buffers):
-    if a.dtype.hasobject or a.dtype.fields is not None or a.dtype.subdtype is not None:
-        raise TypeError(f"arrays of dtype {a.dtype} cannot travel over RPC")
+    dt = a.dtype
+    if dt.hasobject or dt.fields is not None or dt.subdtype is not None:
+        raise TypeError(f"arrays of dtype {dt} cannot travel over RPC")
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)  # the only copy: non-contiguous input
+    if a.nbytes < INLINE_MAX:
+        return [dt.str, a.shape, a.tobytes()]
     buffers.append(a.reshape(-1).view(np.uint8))
-    return [a.dtype.str, list(a.shape), len(buffers) - 1]
+    return [dt.str, a.shape, len(buffers) - 1]
 
 
 def encode(obj, rref_encoder=None):
@@ -164,20 +172,38 @@ def encode(obj, rref_encoder=None):
     return body, buffers
 
 
+_dtypes = {}
+
+
+def _dtype(name):
+    dt = _dtypes.get(name)
+    if dt is None:
+        dt = np.dtype(name)
+        if dt.hasobject:
+            raise ProtocolError("object arrays are not accepted")
+        if len(_dtypes) < 256:
+            _dtypes[name] = dt
+    return dt
+
+
 def _array_from(meta, frames):
-    dtype, shape, idx = meta[0], meta[1], meta[2]
-    dt = np.dtype(dtype)
-    if dt.hasobject:
-        raise ProtocolError("object arrays are not accepted")
-    buf = frames[idx]
-    buf = buf.buffer if hasattr(buf, "buffer") else buf
+    dtype, shape, where = meta[0], meta[1], meta[2]
+    dt = _dtype(dtype)
+    if type(where) is bytes:  # a small array inlined in the body
+        buf = where
+    else:
+        buf = frames[where]
+        buf = buf.buffer if hasattr(buf, "buffer") else buf
     n = 1
     for s in shape:
         n *= s
     if len(buf) != n * dt.itemsize:
-        raise ProtocolError(f"array frame {idx} has {len(buf)} bytes, expected {n * dt.itemsize}")
-    a = np.frombuffer(buf, dtype=dt).reshape(shape)
-    a.flags.writeable = False
+        raise ProtocolError(f"array data has {len(buf)} bytes, expected {n * dt.itemsize}")
+    a = np.frombuffer(buf, dtype=dt)
+    if len(shape) != 1:
+        a = a.reshape(shape)
+    if a.flags.writeable:
+        a.flags.writeable = False
     return a
 
 

@@ -62,7 +62,7 @@ def ping_pong(path, depth):
 def agent_stats():
     from distgrad.rpc.agent import current_agent
     a = current_agent()
-    return {"dropped": a.stats["dropped"], "rrefs": len(a.rrefs), "pending": len(a._pending)}
+    return dict(a.stats, rrefs=len(a.rrefs), pending=len(a._pending))
 
 
 def rref_count():

@@ -1,0 +1,198 @@
+"""Benchmark: distgrad RPC against its floor (raw pyzmq) and torch.distributed.rpc.
+
+Between two processes on this machine, over tcp loopback:
+  * round trip of a 16-float tensor (raw pyzmq DEALER/ROUTER echo vs ``rpc_sync``);
+  * echo throughput of 1, 16 and 64 MB tensors (raw pyzmq zero-copy echo vs ``rpc_sync``).
+Prints a table of medians and ratios and one JSON line. Targets: round trip at
+most 1.5x raw pyzmq; throughput at least 0.8x raw pyzmq for 1 MB and larger.
+
+    python scripts/bench_rpc.py [--quick]
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SIZES_MB = (1, 16, 64)
+
+
+def echo(x):
+    return x
+
+
+def _raw_server(endpoint_q):
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.ROUTER)
+    s.linger = 0
+    port = s.bind_to_random_port("tcp://127.0.0.1")
+    endpoint_q.put(f"tcp://127.0.0.1:{port}")
+    while s.poll(30000):
+        frames = s.recv_multipart(copy=False)
+        if frames[1].bytes == b"stop":
+            s.send_multipart([frames[0], b"stop"])
+            break
+        s.send_multipart(frames, copy=False)
+    s.close()
+    ctx.term()
+
+
+class RawClient:
+    """The floor: a DEALER talking to a ROUTER that echoes frames back, zero-copy."""
+
+    def __init__(self):
+        import zmq
+        q = mp.get_context("spawn").Queue()
+        self.proc = mp.get_context("spawn").Process(target=_raw_server, args=(q,), daemon=True)
+        self.proc.start()
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(q.get(timeout=30))
+
+    def __call__(self, a):
+        self.sock.send_multipart([a], copy=False)
+        f = self.sock.recv_multipart(copy=False)
+        return np.frombuffer(f[0].buffer, dtype=a.dtype)
+
+    def close(self):
+        self.sock.send(b"stop")
+        self.sock.recv()
+        self.sock.close()
+        self.ctx.term()
+        self.proc.join(10)
+
+
+def _interleaved(fns, reps, batches):
+    """Median seconds per call of each fn, batches alternating so load noise hits all alike."""
+    times = {k: [] for k in fns}
+    for _ in range(batches):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            times[k].append((time.perf_counter() - t) / reps)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench_raw_and_distgrad(small, small_dg, arrays, reps, batches):
+    from distgrad.distributed import rpc
+    from distgrad.testing.world import World
+    raw = RawClient()
+    world = World(1, transport="tcp", num_worker_threads=4).start()
+    f = "distgrad.testing.rpc_funcs:echo"
+    try:
+        for _ in range(300):
+            raw(small)
+            rpc.rpc_sync("worker1", f, (small_dg,))
+        res = _interleaved({"raw": lambda: raw(small),
+                            "dg": lambda: rpc.rpc_sync("worker1", f, (small_dg,))}, reps, batches)
+        out = {"raw": {"rt": res["raw"]}, "dg": {"rt": res["dg"]}}
+        for mb, a in arrays.items():
+            raw(a), rpc.rpc_sync("worker1", f, (a,))
+            res = _interleaved({"raw": lambda: raw(a),
+                                "dg": lambda: rpc.rpc_sync("worker1", f, (a,))},
+                               max(2, 32 // mb), batches)
+            out["raw"][mb], out["dg"][mb] = res["raw"], res["dg"]
+        return out["raw"], out["dg"]
+    finally:
+        world.close()
+        raw.close()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torch_worker(port):
+    import torch.distributed.rpc as trpc
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    trpc.init_rpc("worker1", rank=1, world_size=2)
+    trpc.shutdown()
+
+
+def bench_torch(reps, batches):
+    try:
+        import torch
+        import torch.distributed.rpc as trpc
+    except ImportError:
+        return None
+    port = _free_port()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    p = mp.get_context("spawn").Process(target=_torch_worker, args=(port,), daemon=True)
+    p.start()
+    trpc.init_rpc("worker0", rank=0, world_size=2)
+    try:
+        small = torch.ones(16)
+        out = {}
+        for _ in range(200):
+            trpc.rpc_sync("worker1", echo, (small,))
+        out["rt"] = _interleaved({"t": lambda: trpc.rpc_sync("worker1", echo, (small,))},
+                                 reps, batches)["t"]
+        for mb in SIZES_MB:
+            t = torch.ones(mb * (1 << 20) // 4)
+            trpc.rpc_sync("worker1", echo, (t,))
+            out[mb] = _interleaved({"t": lambda: trpc.rpc_sync("worker1", echo, (t,))},
+                                   max(2, 32 // mb), batches)[mb and "t"]
+        return out
+    finally:
+        trpc.shutdown()
+        p.join(30)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args()
+    reps, batches = (200, 7) if args.quick else (500, 15)
+    small = np.ones(16, dtype=np.float32)
+    try:
+        from distgrad.autograd.tensor import Tensor
+        small_dg = Tensor._wrap(small, requires_grad=False)
+    except Exception:
+        small_dg = small
+    arrays = {mb: np.ones(mb * (1 << 20) // 4, dtype=np.float32) for mb in SIZES_MB}
+    raw, dg = bench_raw_and_distgrad(small, small_dg, arrays, reps, batches)
+    th = None if args.no_torch else bench_torch(reps, batches)
+
+    def mbps(sec, mb):
+        return 2 * mb / sec  # bytes cross the socket twice per echo
+    rows = [("round trip 16 floats (us)", raw["rt"] * 1e6, dg["rt"] * 1e6,
+             th["rt"] * 1e6 if th else None, "lower")]
+    for mb in SIZES_MB:
+        rows.append((f"echo {mb} MB (MB/s)", mbps(raw[mb], mb), mbps(dg[mb], mb),
+                     mbps(th[mb], mb) if th else None, "higher"))
+    print(f"{'metric':<28}{'raw pyzmq':>12}{'distgrad':>12}{'dg/raw':>9}{'torch':>12}{'torch/raw':>11}")
+    result = {"bench": "rpc", "transport": "tcp"}
+    for name, r, d, t, _ in rows:
+        ts = f"{t:12.1f}{t / r:11.2f}" if t is not None else f"{'n/a':>12}{'':>11}"
+        print(f"{name:<28}{r:12.1f}{d:12.1f}{d / r:9.2f}{ts}")
+    result["rt_us"] = {"raw": raw["rt"] * 1e6, "distgrad": dg["rt"] * 1e6,
+                       "torch": th["rt"] * 1e6 if th else None, "ratio": dg["rt"] / raw["rt"],
+                       "torch_ratio": th["rt"] / raw["rt"] if th else None}
+    for mb in SIZES_MB:
+        result[f"echo_{mb}MB_MBps"] = {"raw": mbps(raw[mb], mb), "distgrad": mbps(dg[mb], mb),
+                                       "torch": mbps(th[mb], mb) if th else None,
+                                       "ratio": raw[mb] / dg[mb]}
+    result["targets_met"] = bool(result["rt_us"]["ratio"] <= 1.5 and all(
+        result[f"echo_{mb}MB_MBps"]["ratio"] >= 0.8 for mb in SIZES_MB))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
