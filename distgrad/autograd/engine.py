@@ -327,9 +327,11 @@ class GraphTask:
     def _instrument(self, node, grads):
         """With ``inputs=``: capture gradients at the inputs; say whether ``node`` must run."""
         is_needed = node in self.exec_needed
-        hooked = grads if is_needed else _call_tensor_pre_hooks(node, grads)
         caps = self.captures.get(node) if self.captures is not None else None
         if caps:
+            # A node that will not run fires only the tensor hooks of captured inputs
+            # (PyTorch's note: backward(inputs=) does not fire hooks below the inputs).
+            hooked = grads if is_needed else _call_tensor_pre_hooks(node, grads)
             for input_nr, index in caps:
                 self.captured[index] = hooked[input_nr]
         return is_needed
