@@ -228,16 +228,30 @@ def _wrap_outputs(ctx, args, positions, output, is_executable):
 
 
 def once_differentiable(fn):
-    """Run a custom backward without recording, and refuse double backward through it."""
+    """Run a custom backward without recording; differentiating its result again raises."""
     @functools.wraps(fn)
     def wrapper(ctx, *args):
         with no_grad():
             outputs = fn(ctx, *args)
         if not _state.grad_enabled:
             return outputs
-        requires = any(isinstance(a, Tensor) and a._requires_grad for a in args)
-        if not requires:
+        inputs = [a for a in args if isinstance(a, Tensor) and a._requires_grad]
+        if not inputs:
             return outputs
+        # As PyTorch's DelayedError: the result joins the graph, and backward through it fails.
+        single = not isinstance(outputs, tuple)
+        wrapped = tuple(_DelayedError.apply(o, *inputs) if isinstance(o, Tensor) else o
+                        for o in ((outputs,) if single else outputs))
+        return wrapped[0] if single else wrapped
+    return wrapper
+
+
+class _DelayedError(Function):
+    @staticmethod
+    def forward(ctx, value, *inputs):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
         raise RuntimeError("trying to differentiate twice a function that was marked with "
                            "@once_differentiable")
-    return wrapper

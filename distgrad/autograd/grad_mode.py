@@ -40,22 +40,27 @@ class _DecoratorContextManager:
         if inspect.isgeneratorfunction(func):
             @functools.wraps(func)
             def generator_wrapper(*args, **kwargs):
+                # Enter the mode around each step only, so the caller's mode is untouched
+                # between yields.
                 gen = func(*args, **kwargs)
-                with self.clone():
-                    response = gen.send(None)
-                while True:
-                    try:
-                        request = yield response
-                    except GeneratorExit:
-                        with self.clone():
-                            gen.close()
-                        raise
-                    except BaseException as exc:  # forward throw() into the generator
-                        with self.clone():
-                            response = gen.throw(exc)
-                    else:
-                        with self.clone():
-                            response = gen.send(request)
+                try:
+                    with self.clone():
+                        response = gen.send(None)
+                    while True:
+                        try:
+                            request = yield response
+                        except GeneratorExit:
+                            with self.clone():
+                                gen.close()
+                            raise
+                        except BaseException as exc:
+                            with self.clone():
+                                response = gen.throw(exc)
+                        else:
+                            with self.clone():
+                                response = gen.send(request)
+                except StopIteration as stop:
+                    return stop.value
             return generator_wrapper
 
         @functools.wraps(func)
@@ -68,7 +73,16 @@ class _DecoratorContextManager:
         return type(self)()
 
 
-class no_grad(_DecoratorContextManager):
+class _NoParamDecoratorContextManager(_DecoratorContextManager):
+    """Also usable as a bare decorator: ``@no_grad`` as well as ``@no_grad()``."""
+
+    def __new__(cls, orig_func=None):
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
+
+
+class no_grad(_NoParamDecoratorContextManager):
     """Disable gradient recording in this thread.
 
     >>> import distgrad
@@ -79,10 +93,8 @@ class no_grad(_DecoratorContextManager):
     False
     """
 
-    def __init__(self, orig_func=None):
+    def __init__(self):
         self.prev = False
-        if orig_func is not None:  # @no_grad without parentheses
-            self._wrapped = self.__call__(orig_func)
 
     def __enter__(self):
         self.prev = _state.grad_enabled
@@ -92,7 +104,7 @@ class no_grad(_DecoratorContextManager):
         _state.grad_enabled = self.prev
 
 
-class enable_grad(_DecoratorContextManager):
+class enable_grad(_NoParamDecoratorContextManager):
     """Enable gradient recording in this thread (inside a ``no_grad`` block, say)."""
 
     def __enter__(self):
