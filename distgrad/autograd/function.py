@@ -103,8 +103,8 @@ class BackwardCFunction(Node, FunctionCtx):
             if r is not None and not isinstance(r, Tensor):
                 raise TypeError(f"function {type(self).__name__} returned a gradient of type "
                                 f"{type(r).__name__} at position {pos}, expected a Tensor or None")
-            if r is not None and not self.needs_input_grad[pos]:
-                r = None
+            # A gradient for an input that needs none is kept: node post-hooks see it, as
+            # in PyTorch, and the engine drops it at the missing edge.
             out.append(r if (r is None or create_graph) else r._data)
         return tuple(out)
 

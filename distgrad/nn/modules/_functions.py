@@ -5,6 +5,8 @@ tensor outputs. A post-hook on the output side's node sees ``grad_output`` (and
 runs the backward pre-hooks, which may replace it); a post-hook on the input
 side's node sees ``grad_input`` and runs the user's backward hooks.
 """
+import warnings
+
 from ...autograd.function import Function
 from ...autograd.grad_mode import is_grad_enabled
 from ...autograd.tensor import Tensor
@@ -28,7 +30,7 @@ def _mark_custom_view(tensors):
     # modifying them in place (ops/inplace.py::check_inplace reads this mark).
     for nr, t in enumerate(tensors):
         if isinstance(t, Tensor) and t._grad_fn is not None:
-            t._custom_function_view = (nr, t._grad_fn.name())
+            t._custom_function_view = (nr, "BackwardHookFunction")
 
 
 class BackwardHook:
@@ -131,6 +133,11 @@ class BackwardHook:
                 # No input requires grad: the input side never fires, so call the
                 # user hooks here with an all-None grad_input.
                 if self.input_tensors_index is None:
+                    warnings.warn("Full backward hook is firing when gradients are computed with "
+                                  "respect to module outputs since no inputs require gradients. "
+                                  "See https://docs.pytorch.org/docs/main/generated/"
+                                  "torch.nn.Module.html#torch.nn.Module.register_full_backward_hook"
+                                  " for more details.", stacklevel=5)
                     grad_inputs = self._pack_with_none([], [], self.n_inputs)
                     for user_hook in self.user_hooks:
                         res = user_hook(self.module, grad_inputs, self.grad_outputs)
