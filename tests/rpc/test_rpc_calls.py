@@ -101,3 +101,12 @@ def test_per_call_timeout(world):
     with pytest.raises(RuntimeError, match="timeout"):
         rpc.rpc_async("worker2", f.sleep_and_return, (3.0,), timeout=0.3).wait()
     assert rpc.rpc_sync("worker1", f.add, (1, 1)) == 2
+
+
+def test_graceful_shutdown_waits_for_outstanding_work(rpc_world):
+    rpc_world(2)
+    fut = rpc.rpc_async("worker1", f.nested_call, ("worker2", f.sleep_and_return, (0.5, "done")))
+    rpc.shutdown()
+    assert fut.done() and fut.value() == "done"
+    with pytest.raises(RuntimeError, match="not been initialized"):
+        rpc.rpc_sync("worker1", f.add, (1, 2))

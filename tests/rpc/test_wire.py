@@ -88,3 +88,16 @@ def test_header_validation():
                 msgpack.packb([1, 1, "x", 0, None]), msgpack.packb({"v": 1}), b"\x00" * 70000]:
         with pytest.raises(ProtocolError):
             wire.unpack_header(bad)
+
+
+def test_functions_travel_by_reference_and_resolve_only_through_the_allowlist():
+    from distgrad.rpc.options import DEFAULT_ALLOWED_MODULES
+    from distgrad.rpc.resolve import resolve
+    from distgrad.testing.rpc_funcs import echo
+    body, bufs = wire.encode([echo, len])
+    with pytest.raises(ProtocolError):
+        wire.decode(body, bufs)
+    with pytest.raises(Exception, match="allowlist"):
+        wire.decode(body, bufs, resolver=lambda r: resolve(r, DEFAULT_ALLOWED_MODULES))
+    body, bufs = wire.encode([echo])
+    assert wire.decode(body, bufs, resolver=lambda r: resolve(r, DEFAULT_ALLOWED_MODULES)) == [echo]
