@@ -619,21 +619,27 @@ class Agent:
         self.stats["dropped"] += 1
         log.warning("%s: dropped a message: %s", self.name, why)
 
-    def _on_router(self):
-        """Handle what waits on the ROUTER; return the first request to run, if any."""
+    def _incoming(self, sock, header_at):
+        """Yield (frames, kind, msg_id, src, extra) of up to 64 waiting messages;
+        truncated or malformed ones are counted and dropped."""
         for _ in range(64):
             try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return None
-            if len(frames) < 3:
+                return
+            if len(frames) < header_at + 2:
                 self._drop(f"{len(frames)} frames")
                 continue
             try:
-                kind, mid, src, extra = wire.unpack_header(frames[1].bytes)
+                kind, mid, src, extra = wire.unpack_header(frames[header_at].bytes)
             except ProtocolError as e:
                 self._drop(str(e))
                 continue
+            yield frames, kind, mid, src, extra
+
+    def _on_router(self):
+        """Handle what waits on the ROUTER; return the first request to run, if any."""
+        for frames, kind, mid, src, extra in self._incoming(self._router, 1):
             if 0 <= src < self.world_size:
                 self._last_seen[src] = time.monotonic()
             if kind == Kind.CALL:
@@ -645,22 +651,10 @@ class Agent:
         return None
 
     def _on_dealer(self, sock, rank):
-        for _ in range(64):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames, kind, mid, _, extra in self._incoming(sock, 0):
             self._last_seen[rank] = time.monotonic()
             if self._dead.pop(rank, None):
                 log.warning("%s: %s answers again", self.name, self._describe(rank))
-            if len(frames) < 2:
-                self._drop(f"{len(frames)} frames")
-                continue
-            try:
-                kind, mid, _, extra = wire.unpack_header(frames[0].bytes)
-            except ProtocolError as e:
-                self._drop(str(e))
-                continue
             if kind == Kind.PONG:
                 continue
             p = self._pending.pop(mid, None)
