@@ -40,7 +40,8 @@ class Linear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input):
-        return _linear(input, self.weight, self.bias)
+        params = self._parameters  # one dict read instead of two Module.__getattr__ calls
+        return _linear(input, params["weight"], params["bias"])
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -103,6 +103,41 @@ def register_module_parameter_registration_hook(hook):
     return _register_plain(_global_parameter_registration_hooks, hook)
 
 
+# Bumped by every change to any module's parameters or children, so `parameters()`
+# can reuse its last walk of the tree (zero_grad runs it every step).
+_structure_version = [0]
+
+
+class _TrackedDict(OrderedDict):
+    """``_parameters`` / ``_modules``: an OrderedDict that reports structural changes."""
+
+    def __setitem__(self, key, value):
+        _structure_version[0] += 1
+        OrderedDict.__setitem__(self, key, value)
+
+    def __delitem__(self, key):
+        _structure_version[0] += 1
+        OrderedDict.__delitem__(self, key)
+
+    def _bump(name):
+        def method(self, *args, **kwargs):
+            _structure_version[0] += 1
+            return getattr(OrderedDict, name)(self, *args, **kwargs)
+        method.__name__ = name
+        return method
+
+    clear = _bump("clear")
+    pop = _bump("pop")
+    popitem = _bump("popitem")
+    update = _bump("update")
+    setdefault = _bump("setdefault")
+    move_to_end = _bump("move_to_end")
+    del _bump
+
+    def __reduce__(self):
+        return (type(self), (list(self.items()),))
+
+
 class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
     def __repr__(self):
         if not self.missing_keys and not self.unexpected_keys:
@@ -156,10 +191,10 @@ class Module:
             raise TypeError(f"{type(self).__name__}.__init__() got unexpected arguments")
         d = self.__dict__
         d["training"] = True
-        d["_parameters"] = OrderedDict()
+        d["_parameters"] = _TrackedDict()
         d["_buffers"] = OrderedDict()
         d["_non_persistent_buffers_set"] = set()
-        d["_modules"] = OrderedDict()
+        d["_modules"] = _TrackedDict()
         d["_backward_pre_hooks"] = OrderedDict()
         d["_backward_hooks"] = OrderedDict()
         d["_is_full_backward_hook"] = None
@@ -321,6 +356,9 @@ class Module:
                     self.register_buffer(name, value,
                                          name not in self._non_persistent_buffers_set)
                 else:
+                    if name in ("_parameters", "_modules") and isinstance(value, dict):
+                        value = _TrackedDict(value)
+                        _structure_version[0] += 1
                     object.__setattr__(self, name, value)
 
     def __delattr__(self, name):
@@ -350,9 +388,37 @@ class Module:
                     memo.add(id(v))
                 yield (module_prefix + ("." if module_prefix else "") + k, v)
 
+    def _module_list(self):
+        """The modules of ``modules()`` in the same pre-order, without building names."""
+        seen = set()
+        order = []
+        stack = [self]
+        while stack:
+            module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            order.append(module)
+            children = [m for m in module._modules.values() if m is not None]
+            stack.extend(reversed(children))
+        return order
+
     def parameters(self, recurse=True):
-        for _, param in self.named_parameters(recurse=recurse):
-            yield param
+        # The hot path of zero_grad: the walk is cached until the structure changes.
+        if recurse:
+            cache = self.__dict__.get("_parameters_cache")
+            if cache is not None and cache[0] == _structure_version[0]:
+                return iter(cache[1])
+        seen = set()
+        params = []
+        for module in (self._module_list() if recurse else (self,)):
+            for param in module._parameters.values():
+                if param is not None and id(param) not in seen:
+                    seen.add(id(param))
+                    params.append(param)
+        if recurse:
+            self.__dict__["_parameters_cache"] = (_structure_version[0], tuple(params))
+        return iter(params)
 
     def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
         return self._named_members(lambda m: m._parameters.items(), prefix=prefix,
@@ -414,11 +480,11 @@ class Module:
 
     def zero_grad(self, set_to_none=True):
         for p in self.parameters():
-            if p.grad is not None:
+            if p._grad is not None:
                 if set_to_none:
-                    p.grad = None
+                    p._grad = None
                 else:
-                    g = p.grad
+                    g = p._grad
                     if g.grad_fn is not None:
                         g.detach_()
                     else:
