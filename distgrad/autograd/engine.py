@@ -6,6 +6,7 @@ number among those that are ready (PyTorch's CPU ready-queue order); leaves run 
 soon as they are ready.
 """
 import heapq
+import sys
 import threading
 from itertools import count
 
@@ -14,6 +15,8 @@ import numpy as np
 from .broadcast import reduction_axes, sum_to_shape
 from .grad_mode import _state
 from .node import AccumulateGrad, accumulate_into_grad
+
+_getrefcount = sys.getrefcount
 from .tensor import Tensor, _make
 
 __all__ = ["backward", "grad", "run_backward", "GraphTask"]
@@ -294,6 +297,7 @@ class GraphTask:
                     node._release()
                 if node._post_hooks:
                     outputs = _call_node_post_hooks(node, outputs, grads)
+                ready_leaves = None
                 for (nxt, input_nr), g in zip(node._next, outputs):
                     if nxt is None:
                         continue
@@ -314,12 +318,23 @@ class GraphTask:
                                 nxt._pre_hooks is None and nxt._post_hooks is None and \
                                 not nxt.variable._hooks and not nxt.variable._post_acc_hooks:
                             # A hook-free leaf would be the very next node to run (leaves
-                            # have the highest priority): accumulate now, skip the queue.
+                            # have the highest priority): accumulate right after this loop.
                             g = buffers.pop(nxt)[0]
                             if g is not None:
-                                accumulate_into_grad(nxt.variable, g)
+                                if ready_leaves is None:
+                                    ready_leaves = []
+                                ready_leaves.append((nxt, g))
                         else:
                             push(heap, (-nxt._seq, next(tiebreak), nxt))
+                if ready_leaves:
+                    # With this node's outputs and buffers released, a gradient that only
+                    # this frame refers to is a fresh buffer that `.grad` may take over
+                    # without a copy (PyTorch steals it the same way, by use count).
+                    outputs = buf = g = None
+                    while ready_leaves:
+                        leaf, g = ready_leaves.pop()
+                        accumulate_into_grad(leaf.variable, g, _getrefcount(g) <= 2)
+                    g = None
         finally:
             errstate.__exit__(None, None, None)
             _state.grad_enabled = prev

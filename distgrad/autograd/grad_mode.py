@@ -17,6 +17,10 @@ class _ModeState(threading.local):
 
 
 _state = _ModeState()
+# Blocks of inference_mode open in any thread: tensor creation reads the thread-local
+# flag only while this is non-zero.
+inference_threads = [0]
+_inference_lock = threading.Lock()
 
 
 def is_grad_enabled():
@@ -141,6 +145,8 @@ class inference_mode(_DecoratorContextManager):
 
     def __enter__(self):
         self.prev = (_state.grad_enabled, _state.inference)
+        with _inference_lock:
+            inference_threads[0] += 1
         if self.mode:
             _state.grad_enabled = False
             _state.inference = True
@@ -149,6 +155,8 @@ class inference_mode(_DecoratorContextManager):
 
     def __exit__(self, *exc):
         _state.grad_enabled, _state.inference = self.prev
+        with _inference_lock:
+            inference_threads[0] -= 1
 
     def clone(self):
         return type(self)(self.mode)

@@ -6,7 +6,6 @@ engine can reduce a broadcast gradient and cast it in one place for every op),
 and its hooks. ``AccumulateGrad`` is the node of a leaf tensor.
 """
 import itertools
-import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -129,8 +128,14 @@ class AccumulateGrad(Node):
     __slots__ = ("variable",)
 
     def __init__(self, variable):
-        Node.__init__(self)
+        # Made again for every forward pass of every parameter: keep it flat.
+        self._next = ()
         self._seq = ACCUMULATE_SEQUENCE_NR
+        self._pre_hooks = None
+        self._post_hooks = None
+        self._tensor_pre_hooks = None
+        self._retains_grad_hooks = None
+        self._metadata = None
         self.variable = variable
         self._out_meta = ((variable._data.shape, variable._data.dtype),)
         variable._grad_accumulator = weakref.ref(self)
@@ -154,8 +159,14 @@ class AccumulateGrad(Node):
         return ()
 
 
-def accumulate_into_grad(variable, g):
-    """``variable.grad += g`` with PyTorch's rules: steal fresh buffers, never alias the caller's."""
+def accumulate_into_grad(variable, g, owned=False):
+    """``variable.grad += g`` with PyTorch's rules.
+
+    ``owned`` says the caller holds the only reference to the array ``g``: then a
+    first gradient is taken over without a copy (PyTorch steals a buffer whose use
+    count is one); otherwise it is copied, so ``.grad`` never aliases a tensor
+    the user holds (the ``gradient=`` they passed) or another edge's gradient.
+    """
     with _accumulate_lock:
         old = variable._grad
         if type(g) is not np.ndarray:  # a Tensor, under create_graph: keep the gradient's graph
@@ -165,10 +176,8 @@ def accumulate_into_grad(variable, g):
                 variable._grad = old + g
             return
         if old is None:
-            # A gradient array may be shared with the caller (the `gradient=` they
-            # passed) or with another edge; only a fresh, owned buffer is stolen.
-            if g.base is not None or _getrefcount(g) > _OWNED_REFCOUNT or not g.flags.writeable \
-                    or not g.flags.c_contiguous:
+            if not owned or g.base is not None or not g.flags.writeable or \
+                    not g.flags.c_contiguous:
                 g = g.copy()
             variable._grad = _tensor._make(g)
         elif old._requires_grad:
@@ -180,9 +189,3 @@ def accumulate_into_grad(variable, g):
                 old._vc[0] += 1
             else:
                 old._data = data + g
-
-
-# References to a fresh gradient at the check above: the caller's local and
-# argument, this function's argument, and getrefcount's own argument.
-_OWNED_REFCOUNT = 4
-_getrefcount = sys.getrefcount

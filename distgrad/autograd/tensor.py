@@ -18,9 +18,17 @@ __all__ = ["Tensor", "is_tensor"]
 
 
 class Tensor:
+    # Hot fields are slots, set by every op; the rest are class-level defaults that
+    # land in the instance __dict__ only on the tensors that need them (leaves with
+    # hooks, views, inference tensors), so creating a tensor stays cheap.
     __slots__ = ("_data", "_requires_grad", "_grad_fn", "_output_nr", "_grad", "_vc", "_base",
-                 "_view_fn", "_retains_grad", "_hooks", "_post_acc_hooks", "_grad_accumulator",
-                 "_is_inference", "__weakref__", "__dict__")
+                 "__weakref__", "__dict__")
+    _view_fn = None
+    _retains_grad = False
+    _hooks = None
+    _post_acc_hooks = None
+    _grad_accumulator = None
+    _is_inference = False
 
     # Tensors are hashed by identity, as in PyTorch (``==`` is elementwise).
     __hash__ = object.__hash__
@@ -393,12 +401,13 @@ def _init(t, data, grad_fn, output_nr, requires_grad, vc):
     t._grad = None
     t._vc = vc if vc is not None else [0]
     t._base = None
-    t._view_fn = None
-    t._retains_grad = False
-    t._hooks = None
-    t._post_acc_hooks = None
-    t._grad_accumulator = None
-    t._is_inference = _state.inference
+    if _inference_threads[0] and _state.inference:
+        t._is_inference = True
+
+
+# How many threads are inside inference_mode: when none is, _make skips the
+# thread-local read.
+from .grad_mode import inference_threads as _inference_threads  # noqa: E402
 
 
 def _make(data, grad_fn=None, output_nr=0, requires_grad=False, vc=None, cls=Tensor):
@@ -411,12 +420,8 @@ def _make(data, grad_fn=None, output_nr=0, requires_grad=False, vc=None, cls=Ten
     t._grad = None
     t._vc = vc if vc is not None else [0]
     t._base = None
-    t._view_fn = None
-    t._retains_grad = False
-    t._hooks = None
-    t._post_acc_hooks = None
-    t._grad_accumulator = None
-    t._is_inference = _state.inference
+    if _inference_threads[0] and _state.inference:
+        t._is_inference = True
     return t
 
 

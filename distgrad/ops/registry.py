@@ -153,19 +153,36 @@ def record(cls, out, inputs, saved=(), meta=None):
     t = _make(out)
     if not _state.grad_enabled:
         return t
-    for x in inputs:
-        if x is not None and x._requires_grad:
-            break
-    else:
+    edges = []
+    any_grad = False
+    for x in inputs:  # one pass: the edges, and whether anything needs a gradient at all
+        if x is None or not x._requires_grad:
+            edges.append(_NO_EDGE)
+        elif x._grad_fn is not None:
+            edges.append((x._grad_fn, x._output_nr))
+            any_grad = True
+        else:
+            edges.append(x._grad_edge())
+            any_grad = True
+    if not any_grad:
         return t
-    node = _new_node(cls, inputs, meta)
+    node = object.__new__(cls)
+    node._next = tuple(edges)
+    node._seq = next_sequence_nr()
+    node._pre_hooks = None
+    node._post_hooks = None
+    node._tensor_pre_hooks = None
+    node._retains_grad_hooks = None
+    node._metadata = None
+    node._meta = meta
+    node._released = False
     node._out_meta = ((out.shape, out.dtype),)
     t._grad_fn = node
     t._requires_grad = True
     if cls._result_saved:
-        node._saved = tuple(SavedTensor(s, False) for s in saved) + (SavedTensor(t, True),)
+        node._saved = tuple([SavedTensor(s, False) for s in saved]) + (SavedTensor(t, True),)
     elif saved:
-        node._saved = tuple(SavedTensor(s, False) for s in saved)
+        node._saved = tuple([SavedTensor(s, False) for s in saved])
     else:
         node._saved = ()
     return t
