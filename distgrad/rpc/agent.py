@@ -71,7 +71,7 @@ def send_frames(sock, frames):
     last = len(frames) - 1
     for i, f in enumerate(frames):
         sock.send(f, zmq.SNDMORE if i < last else 0,
-                  copy=not (type(f) is _ndarray and f.nbytes >= _ZERO_COPY_MIN))
+                  copy=not ((type(f) is _ndarray and f.nbytes >= _ZERO_COPY_MIN) or type(f) is zmq.Frame))
 
 
 def current_agent():

@@ -12,6 +12,7 @@ import types
 
 import msgpack
 import numpy as np
+import zmq
 
 from .errors import ProtocolError
 
@@ -98,8 +99,21 @@ def _array_payload(a, buffers):
         a = np.ascontiguousarray(a)  # the only copy: non-contiguous input
     if a.nbytes < INLINE_MAX:
         return [dt.str, a.shape, a.tobytes()]
-    buffers.append(a.reshape(-1).view(np.uint8))
+    frame = _received_frame(a)
+    buffers.append(frame if frame is not None else a.reshape(-1).view(np.uint8))
     return [dt.str, a.shape, len(buffers) - 1]
+
+
+def _received_frame(a):
+    """The zmq.Frame whose whole buffer ``a`` views, if any: re-sending the Frame
+    shares the message by reference count instead of registering a new zero-copy
+    buffer (which pyzmq releases through its garbage-collector thread)."""
+    b = a.base
+    while isinstance(b, np.ndarray):
+        b = b.base
+    if isinstance(b, memoryview) and isinstance(b.obj, zmq.Frame) and b.nbytes == a.nbytes:
+        return b.obj
+    return None
 
 
 def encode(obj, rref_encoder=None):
