@@ -185,6 +185,11 @@ class Agent:
             self._start_crew()
         except BaseException:
             self._close_sockets()
+            if self._auth is not None:
+                self._auth.stop()
+            self.ctx.destroy(linger=0)
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
             raise
 
     def _start_auth(self, world_public):
