@@ -1,7 +1,7 @@
 """``Parameter``: a leaf tensor that a Module registers, as ``torch.nn.Parameter``."""
 from ..autograd.tensor import Tensor, _make
 
-__all__ = ["Parameter"]
+__all__ = ["Parameter", "zero_grads"]
 
 
 class Parameter(Tensor):
@@ -35,3 +35,19 @@ class Parameter(Tensor):
 def _rebuild_parameter(data, requires_grad):
     return Parameter(_make(data), requires_grad)
 
+
+
+def zero_grads(params, set_to_none=True):
+    """``Module.zero_grad`` and ``Optimizer.zero_grad``: drop or zero each ``.grad``."""
+    for p in params:
+        g = p._grad
+        if g is None:
+            continue
+        if set_to_none:
+            p._grad = None
+        else:
+            if g._grad_fn is not None:
+                g.detach_()
+            else:
+                g.requires_grad_(False)
+            g.zero_()

@@ -216,15 +216,11 @@ EXPECTED = {'leaf_hooks_chain': [('h1', [2.0, 4.0]),
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
-def test_matches_recorded_pytorch_log(scenario):
-    assert scenario(distgrad) == EXPECTED[scenario.__name__]
-
-
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
-def test_matches_live_pytorch(scenario):
-    if torch is None:
-        pytest.skip("torch not installed")
-    assert scenario(distgrad) == scenario(torch)
+def test_log_matches_pytorch(scenario):
+    # The recorded log keeps the check meaningful where torch is not installed.
+    log = scenario(distgrad)
+    assert log == EXPECTED[scenario.__name__]
+    assert torch is None or log == scenario(torch)
 
 
 def test_hook_on_tensor_without_grad_raises():

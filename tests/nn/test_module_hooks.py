@@ -269,15 +269,11 @@ EXPECTED = {'local_and_global_hooks': [('global_fw_pre', 'Sequential'),
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
-def test_matches_recorded_pytorch_log(scenario):
-    assert scenario(distgrad) == EXPECTED[scenario.__name__]
-
-
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
-def test_matches_live_pytorch(scenario):
-    if torch is None:
-        pytest.skip("torch not installed")
-    assert scenario(distgrad) == scenario(torch)
+def test_log_matches_pytorch(scenario):
+    # The recorded log keeps the check meaningful where torch is not installed.
+    log = scenario(distgrad)
+    assert log == EXPECTED[scenario.__name__]
+    assert torch is None or log == scenario(torch)
 
 
 def test_no_hook_module_takes_fast_path(monkeypatch):

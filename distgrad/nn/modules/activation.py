@@ -52,25 +52,23 @@ class Sigmoid(Module):
         return input.sigmoid()
 
 
-class Softmax(Module):
+class _SoftmaxBase(Module):
+    _fn = None
+
     def __init__(self, dim=None):
         super().__init__()
         self.dim = dim
 
     def forward(self, input):
-        return F.softmax(input, self.dim)
+        return type(self)._fn(input, self.dim)
 
     def extra_repr(self):
         return f"dim={self.dim}"
 
 
-class LogSoftmax(Module):
-    def __init__(self, dim=None):
-        super().__init__()
-        self.dim = dim
+class Softmax(_SoftmaxBase):
+    _fn = staticmethod(F.softmax)
 
-    def forward(self, input):
-        return F.log_softmax(input, self.dim)
 
-    def extra_repr(self):
-        return f"dim={self.dim}"
+class LogSoftmax(_SoftmaxBase):
+    _fn = staticmethod(F.log_softmax)

@@ -15,7 +15,33 @@ def _index(idx, size):
     return idx % size
 
 
-class Sequential(Module):
+class _IndexedContainer(Module):
+    """What Sequential and ModuleList share: integer indexing over ``_modules``."""
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __delitem__(self, idx):
+        keys = list(self._modules.keys())
+        for key in (keys[idx] if isinstance(idx, slice) else [keys[_index(idx, len(keys))]]):
+            delattr(self, key)
+        # Keep the numbering contiguous, as PyTorch does.
+        self._modules = OrderedDict((str(i), m) for i, m in enumerate(self._modules.values()))
+
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
+
+    def pop(self, key):
+        v = self[key]
+        del self[key]
+        return v
+
+
+class Sequential(_IndexedContainer):
     """Modules called one after the other.
 
     >>> import distgrad
@@ -43,30 +69,10 @@ class Sequential(Module):
         key = list(self._modules.keys())[_index(idx, len(self._modules))]
         setattr(self, key, module)
 
-    def __delitem__(self, idx):
-        if isinstance(idx, slice):
-            for key in list(self._modules.keys())[idx]:
-                delattr(self, key)
-        else:
-            delattr(self, list(self._modules.keys())[_index(idx, len(self._modules))])
-        # Keep the numbering contiguous, as PyTorch does.
-        str_indices = [str(i) for i in range(len(self._modules))]
-        self._modules = OrderedDict(zip(str_indices, self._modules.values()))
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
     def __add__(self, other):
         if not isinstance(other, Sequential):
             raise ValueError("add operator supports only objects of Sequential class")
         return Sequential(*self, *other)
-
-    def append(self, module):
-        self.add_module(str(len(self)), module)
-        return self
 
     def insert(self, index, module):
         n = len(self._modules)
@@ -84,18 +90,13 @@ class Sequential(Module):
             self.append(layer)
         return self
 
-    def pop(self, key):
-        v = self[key]
-        del self[key]
-        return v
-
     def forward(self, input):
         for module in self._modules.values():
             input = module(input)
         return input
 
 
-class ModuleList(Module):
+class ModuleList(_IndexedContainer):
     def __init__(self, modules=None):
         super().__init__()
         if modules is not None:
@@ -109,21 +110,6 @@ class ModuleList(Module):
     def __setitem__(self, idx, module):
         setattr(self, str(_index(idx, len(self._modules))), module)
 
-    def __delitem__(self, idx):
-        if isinstance(idx, slice):
-            for k in range(len(self._modules))[idx]:
-                delattr(self, str(k))
-        else:
-            delattr(self, str(_index(idx, len(self._modules))))
-        str_indices = [str(i) for i in range(len(self._modules))]
-        self._modules = OrderedDict(zip(str_indices, self._modules.values()))
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
     def __iadd__(self, modules):
         return self.extend(modules)
 
@@ -134,15 +120,6 @@ class ModuleList(Module):
         for i in range(len(self._modules), index, -1):
             self._modules[str(i)] = self._modules[str(i - 1)]
         self._modules[str(index)] = module
-
-    def append(self, module):
-        self.add_module(str(len(self)), module)
-        return self
-
-    def pop(self, key):
-        v = self[key]
-        del self[key]
-        return v
 
     def extend(self, modules):
         offset = len(self)
