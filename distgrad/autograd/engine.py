@@ -278,7 +278,7 @@ class GraphTask:
                     continue
                 is_leaf = type(node) is AccumulateGrad
                 if node._pre_hooks or node._tensor_pre_hooks or node._retains_grad_hooks or (
-                        is_leaf and node.variable._hooks):
+                        is_leaf and node._has_any_pre_hooks()):
                     grads = _call_tensor_pre_hooks(node, grads)
                     if node._pre_hooks:
                         grads = _call_node_pre_hooks(node, grads)
@@ -314,9 +314,10 @@ class GraphTask:
                     remaining = deps[nxt] - 1
                     deps[nxt] = remaining
                     if remaining == 0:
-                        if type(nxt) is AccumulateGrad and inline_leaves and \
-                                nxt._pre_hooks is None and nxt._post_hooks is None and \
-                                not nxt.variable._hooks and not nxt.variable._post_acc_hooks:
+                        var = nxt._variable() if type(nxt) is AccumulateGrad else None
+                        if var is not None and inline_leaves and nxt._pre_hooks is None and \
+                                nxt._post_hooks is None and not var._hooks and \
+                                not var._post_acc_hooks:
                             # A hook-free leaf would be the very next node to run (leaves
                             # have the highest priority): accumulate right after this loop.
                             g = buffers.pop(nxt)[0]
@@ -330,10 +331,11 @@ class GraphTask:
                     # With this node's outputs and buffers released, a gradient that only
                     # this frame refers to is a fresh buffer that `.grad` may take over
                     # without a copy (PyTorch steals it the same way, by use count).
-                    outputs = buf = g = None
+                    outputs = buf = g = var = None
                     while ready_leaves:
                         leaf, g = ready_leaves.pop()
-                        accumulate_into_grad(leaf.variable, g, _getrefcount(g) <= 2)
+                        owned = _getrefcount(g) <= 2  # `g` itself and getrefcount's argument
+                        accumulate_into_grad(leaf._variable(), g, owned)
                     g = None
         finally:
             errstate.__exit__(None, None, None)
@@ -353,8 +355,9 @@ class GraphTask:
 
     def _accumulate(self, node, grads):
         if self.accumulate is not None:
-            if grads[0] is not None:
-                self.accumulate(node.variable, grads[0])
+            variable = node.variable
+            if grads[0] is not None and variable is not None:
+                self.accumulate(variable, grads[0])
             return ()
         return node.apply(grads)
 
@@ -480,7 +483,7 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
     for (node, nr), g in root_edges:
         if g is not None and isinstance(node, AccumulateGrad) and node._out_meta[0][1] != \
                 (g._data.dtype if isinstance(g, Tensor) else g.dtype):
-            g = g.to(node.variable.dtype) if isinstance(g, Tensor) else g.astype(node._out_meta[0][1])
+            g = g.to(node._out_meta[0][1]) if isinstance(g, Tensor) else g.astype(node._out_meta[0][1])
         task.add_gradient(node, nr, g)
     for node in dict.fromkeys(root_nodes):
         if task.dependencies.get(node, 0) == 0:

@@ -123,12 +123,17 @@ _accumulate_lock = threading.Lock()
 
 
 class AccumulateGrad(Node):
-    """The node of a leaf: adds incoming gradients into ``variable.grad``."""
+    """The node of a leaf: adds incoming gradients into ``variable.grad``.
 
-    __slots__ = ("variable",)
+    The leaf keeps its accumulator alive and the accumulator refers to the leaf
+    weakly, so a parameter gets one accumulator for its whole life (not one per
+    forward pass) and no reference cycle forms. The price: a leaf nobody holds
+    any more receives no gradient, which nobody could observe anyway.
+    """
+
+    __slots__ = ("_variable",)
 
     def __init__(self, variable):
-        # Made again for every forward pass of every parameter: keep it flat.
         self._next = ()
         self._seq = ACCUMULATE_SEQUENCE_NR
         self._pre_hooks = None
@@ -136,26 +141,33 @@ class AccumulateGrad(Node):
         self._tensor_pre_hooks = None
         self._retains_grad_hooks = None
         self._metadata = None
-        self.variable = variable
+        self._variable = weakref.ref(variable)
         self._out_meta = ((variable._data.shape, variable._data.dtype),)
-        variable._grad_accumulator = weakref.ref(self)
+        variable._grad_accumulator = self
+
+    @property
+    def variable(self):
+        return self._variable()
 
     def _tensor_hooks_for(self, output_nr):
         # Hooks on a leaf live on the tensor (so they survive the accumulator).
-        hooks = self.variable._hooks
+        variable = self._variable()
+        hooks = variable._hooks if variable is not None else None
         return tuple(hooks.values()) if hooks else ()
 
     def _has_any_pre_hooks(self):
-        return bool(self.variable._hooks or self._pre_hooks)
+        variable = self._variable()
+        return bool((variable is not None and variable._hooks) or self._pre_hooks)
 
     def apply(self, grads):
         g = grads[0]
-        if g is not None:
-            accumulate_into_grad(self.variable, g)
-            hooks = self.variable._post_acc_hooks
+        variable = self._variable()
+        if g is not None and variable is not None:
+            accumulate_into_grad(variable, g)
+            hooks = variable._post_acc_hooks
             if hooks:
                 for hook in tuple(hooks.values()):
-                    hook(self.variable)
+                    hook(variable)
         return ()
 
 

@@ -286,8 +286,7 @@ class Tensor:
         if fn is not None:
             return (fn, self._output_nr)
         acc = self._grad_accumulator
-        acc = acc() if acc is not None else None
-        if acc is None:
+        if acc is None or acc._out_meta[0][0] != self._data.shape:  # `.data` may have been replaced
             from .node import AccumulateGrad
             acc = AccumulateGrad(self)
         return (acc, 0)

@@ -92,11 +92,8 @@ def apply_inplace(self, fn, *args, **kwargs):
         return self
     # The node sees an alias of the old value, with its own version counter, so
     # that bumping `self` does not invalidate what the node saved of the old value.
+    # (A leaf that requires grad never gets here: check_inplace refused it.)
     old = _make(self._data, self._grad_fn, self._output_nr, self._requires_grad)
-    if self._grad_fn is None and self._requires_grad is False and self._base is None:
-        old._requires_grad = False
-    if self._grad_fn is None and self._requires_grad:
-        old._grad_accumulator = self._grad_accumulator
     res = fn(old, *args, **kwargs)
     node = res._grad_fn
     if node is not None and any(s._tensor is old for s in getattr(node, "_saved", ())):

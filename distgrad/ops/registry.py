@@ -162,7 +162,9 @@ def record(cls, out, inputs, saved=(), meta=None):
             edges.append((x._grad_fn, x._output_nr))
             any_grad = True
         else:
-            edges.append(x._grad_edge())
+            acc = x._grad_accumulator
+            edges.append((acc, 0) if acc is not None and acc._out_meta[0][0] == x._data.shape
+                         else x._grad_edge())
             any_grad = True
     if not any_grad:
         return t
