@@ -482,6 +482,7 @@ class Agent:
 
     def _start_crew(self):
         self._waiting = 0
+        self._standby = None
         self._crew = 0
         self._closed = threading.Event()
         poller = self._poller = zmq.Poller()
@@ -502,10 +503,17 @@ class Agent:
                          daemon=True).start()
 
     def _crew_run(self):
+        # One waiting follower, the standby, checks every FOLLOWER_TICK whether the
+        # role is free (a handler turned out slow); the others sleep longer, so an
+        # idle process wakes rarely. A standby that becomes leader names a new one.
+        me = threading.get_ident()
         idle = 0.0
         while not self._closed.is_set():
             if self._role.acquire(blocking=False):
                 idle = 0.0
+                if self._standby == me:
+                    self._standby = None
+                    self._wake_follower()
                 job = self._lead()
                 if job is None:
                     return
@@ -517,13 +525,17 @@ class Agent:
             with self._lead_wanted:
                 with self._crew_lock:
                     self._waiting += 1
-                woke = self._lead_wanted.wait(FOLLOWER_TICK)
+                    if self._standby is None:
+                        self._standby = me
+                    tick = FOLLOWER_TICK if self._standby == me else 1.0
+                woke = self._lead_wanted.wait(tick)
                 with self._crew_lock:
                     self._waiting -= 1
             if not woke:
-                idle += FOLLOWER_TICK
+                idle += tick
                 with self._crew_lock:
-                    if idle > 30.0 and self._crew > max(2, self.options.num_worker_threads):
+                    if idle > 30.0 and self._crew > max(2, self.options.num_worker_threads) \
+                            and self._standby != me:
                         self._crew -= 1
                         return
 
