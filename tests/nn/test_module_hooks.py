@@ -176,10 +176,77 @@ def hook_removal_and_order(lib):
     return log
 
 
+def identity_module(lib):
+    log = []
+    m = lib.nn.Identity()
+    m.register_full_backward_hook(
+        lambda mod, gi, go: log.append(([_l(g) for g in gi], [_l(g) for g in go])))
+    m.register_full_backward_pre_hook(lambda mod, go: log.append("pre"))
+    x = lib.tensor([1.0, 2.0], requires_grad=True)
+    (m(x) * 3).sum().backward()
+    log.append(_l(x.grad))
+    return log
+
+
+def reused_module(lib):
+    log = []
+    m = lib.nn.Tanh()
+    m.register_full_backward_hook(
+        lambda mod, gi, go: log.append(([_l(g) for g in gi], [_l(g) for g in go])))
+    x = lib.tensor([0.5, 1.0], requires_grad=True)
+    m(m(x)).sum().backward()
+    return log
+
+
+def tuple_output_partly_used(lib):
+    log = []
+
+    class M(lib.nn.Module):
+        def forward(self, a, b):
+            return a * 2, b * 3, "tag"
+
+    m = M()
+    m.register_full_backward_hook(
+        lambda mod, gi, go: log.append(([_l(g) for g in gi], [_l(g) for g in go])))
+    m.register_full_backward_pre_hook(lambda mod, go: log.append(("pre", [_l(g) for g in go])))
+    a = lib.tensor([1.0], requires_grad=True)
+    b = lib.tensor([1.0], requires_grad=True)
+    p, q, t = m(a, b)
+    p.sum().backward()
+    return log
+
+
+def global_deprecated_backward_hook(lib):
+    log = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        h = lib.nn.modules.module.register_module_backward_hook(
+            lambda mod, gi, go: log.append((type(mod).__name__, len(gi))))
+        try:
+            m = lib.nn.Sequential(lib.nn.Tanh())
+            m(lib.tensor([0.5], requires_grad=True)).sum().backward()
+        finally:
+            h.remove()
+    return log
+
+
+def hooks_under_create_graph(lib):
+    log = []
+    m = lib.nn.Tanh()
+    m.register_full_backward_hook(
+        lambda mod, gi, go: log.append(([_l(g) for g in gi], gi[0].requires_grad)))
+    x = lib.tensor([0.5, 1.0], requires_grad=True)
+    (g,) = lib.autograd.grad(m(x).sum(), x, create_graph=True)
+    g.sum().backward()
+    log.append(_l(x.grad))
+    return log
+
+
 SCENARIOS = [local_and_global_hooks, kwargs_and_non_tensor_inputs,
              backward_hook_replaces_grad_input, inplace_on_hooked_module,
              deprecated_backward_hook, always_call_hook, no_input_requires_grad,
-             hook_removal_and_order]
+             hook_removal_and_order, identity_module, reused_module, tuple_output_partly_used,
+             global_deprecated_backward_hook, hooks_under_create_graph]
 
 # Recorded from torch 2.13 (CPU).
 EXPECTED = {'local_and_global_hooks': [('global_fw_pre', 'Sequential'),
