@@ -216,20 +216,6 @@ def tuple_output_partly_used(lib):
     return log
 
 
-def global_deprecated_backward_hook(lib):
-    log = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        h = lib.nn.modules.module.register_module_backward_hook(
-            lambda mod, gi, go: log.append((type(mod).__name__, len(gi))))
-        try:
-            m = lib.nn.Sequential(lib.nn.Tanh())
-            m(lib.tensor([0.5], requires_grad=True)).sum().backward()
-        finally:
-            h.remove()
-    return log
-
-
 def hooks_under_create_graph(lib):
     log = []
     m = lib.nn.Tanh()
@@ -246,7 +232,7 @@ SCENARIOS = [local_and_global_hooks, kwargs_and_non_tensor_inputs,
              backward_hook_replaces_grad_input, inplace_on_hooked_module,
              deprecated_backward_hook, always_call_hook, no_input_requires_grad,
              hook_removal_and_order, identity_module, reused_module, tuple_output_partly_used,
-             global_deprecated_backward_hook, hooks_under_create_graph]
+             hooks_under_create_graph]
 
 # Recorded from torch 2.13 (CPU).
 EXPECTED = {'local_and_global_hooks': [('global_fw_pre', 'Sequential'),
@@ -332,7 +318,11 @@ EXPECTED = {'local_and_global_hooks': [('global_fw_pre', 'Sequential'),
                             'prepended',
                             'second',
                             'prepended',
-                            'second']}
+                            'second'],
+ 'identity_module': ['pre', ([[3.0, 3.0]], [[3.0, 3.0]]), [3.0, 3.0]],
+ 'reused_module': [([[0.8135, 0.5878]], [[1.0, 1.0]]), ([[0.6398, 0.2469]], [[0.8135, 0.5878]])],
+ 'tuple_output_partly_used': [('pre', [[1.0], None, None]), ([[2.0], [0.0]], [[1.0], None, None])],
+ 'hooks_under_create_graph': [([[0.7864, 0.42]], True), [-0.7269, -0.6397]]}
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
@@ -373,3 +363,23 @@ def test_backward_hook_wrong_length():
     m.register_full_backward_hook(lambda mod, gi, go: (gi[0], gi[0]))
     with pytest.raises(RuntimeError, match="invalid number of grad_input"):
         m(distgrad.ones(1, 2, requires_grad=True)).sum().backward()
+
+
+def test_global_full_and_deprecated_hooks_exclude_each_other():
+    # Like PyTorch, the first kind of global backward hook ever registered wins for good.
+    mm = distgrad.nn.modules.module
+    saved = mm._global_is_full_backward_hook
+    try:
+        mm._global_is_full_backward_hook = None
+        log = []
+        h = mm.register_module_backward_hook(lambda mod, gi, go: log.append(type(mod).__name__))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = distgrad.nn.Sequential(distgrad.nn.Tanh())
+            m(distgrad.tensor([0.5], requires_grad=True)).sum().backward()
+        h.remove()
+        assert log == ["Tanh", "Sequential"]
+        with pytest.raises(RuntimeError, match="Cannot use both regular backward hooks and full"):
+            mm.register_module_full_backward_hook(lambda *a: None)
+    finally:
+        mm._global_is_full_backward_hook = saved
