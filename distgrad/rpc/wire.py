@@ -8,6 +8,7 @@ read-only ``np.frombuffer`` view over the frame, so no payload is copied in Pyth
 Never pickle: unknown types raise TypeError on the sender, unknown extension codes
 raise ProtocolError on the receiver.
 """
+import threading
 import types
 
 import msgpack
@@ -98,10 +99,10 @@ def _array_payload(a, buffers):
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)  # the only copy: non-contiguous input
     if a.nbytes < INLINE_MAX:
-        return [dt.str, a.shape, a.tobytes()]
+        return [dt.str, list(a.shape), a.tobytes()]
     frame = _received_frame(a)
     buffers.append(frame if frame is not None else a.reshape(-1).view(np.uint8))
-    return [dt.str, a.shape, len(buffers) - 1]
+    return [dt.str, list(a.shape), len(buffers) - 1]
 
 
 def _received_frame(a):
@@ -116,38 +117,59 @@ def _received_frame(a):
     return None
 
 
-def encode(obj, rref_encoder=None):
-    """Return (body bytes, list of buffers) for ``obj``.
+def _ext(code, data):
+    return _tuple_new(_ExtType, (code, data))  # ExtType without its validating __new__
 
-    ``rref_encoder(rref) -> list`` serialises RRefs (it registers forks with the
-    owner); without it RRefs are refused.
-    """
-    buffers = []
 
-    def default(o):
+_tuple_new = tuple.__new__
+_tls = threading.local()
+
+
+class _Encoder:
+    """Reusable per-thread encoder: building a msgpack Packer per call costs more
+    than packing a small request, so packers are kept, one per nesting depth."""
+
+    def __init__(self):
+        self.buffers = None
+        self.rref_encoder = None
+        self.busy = False
+        self._packers = []
+        self._depth = 0
+
+    def pack(self, obj):
+        d = self._depth
+        if d == len(self._packers):
+            self._packers.append(msgpack.Packer(default=self.default, strict_types=True,
+                                                autoreset=True))
+        self._depth = d + 1
+        try:
+            return self._packers[d].pack(obj)
+        finally:
+            self._depth = d
+
+    def default(self, o):
+        pack, buffers = self.pack, self.buffers
         if isinstance(o, np.ndarray):
-            return _ExtType(EXT_ARRAY, _packb(_array_payload(o, buffers)))
+            return _ext(EXT_ARRAY, pack(_array_payload(o, buffers)))
         if isinstance(o, tuple):
-            return _ExtType(EXT_TUPLE, _packb(list(o), default=default, strict_types=True))
+            return _ext(EXT_TUPLE, pack(list(o)))
         T = _tensor_type()
         if T is not None and isinstance(o, T):
-            return _ExtType(EXT_TENSOR, _packb(_array_payload(np.asarray(o._data), buffers)
-                                               + [bool(o.requires_grad)]))
+            return _ext(EXT_TENSOR, pack(_array_payload(np.asarray(o._data), buffers)
+                                         + [bool(o.requires_grad)]))
         if isinstance(o, np.generic):
             if o.dtype.hasobject:
                 raise TypeError(f"numpy scalar of dtype {o.dtype} cannot travel over RPC")
-            return _ExtType(EXT_NPSCALAR, _packb([o.dtype.str, o.tobytes()]))
+            return _ext(EXT_NPSCALAR, pack([o.dtype.str, o.tobytes()]))
         if isinstance(o, complex):
-            return _ExtType(EXT_COMPLEX, _packb([o.real, o.imag]))
+            return _ext(EXT_COMPLEX, pack([o.real, o.imag]))
         if isinstance(o, np.dtype):
             if o.hasobject:
                 raise TypeError("object dtype cannot travel over RPC")
-            return _ExtType(EXT_DTYPE, _packb(o.str))
-        if isinstance(o, bool):
-            return bool(o)
+            return _ext(EXT_DTYPE, pack(o.str))
         if isinstance(o, int):
             if type(o) is int:  # beyond 64 bits
-                return _ExtType(EXT_BIGINT, str(o).encode())
+                return _ext(EXT_BIGINT, str(o).encode())
             return int(o)
         if isinstance(o, float):
             return float(o)
@@ -160,29 +182,47 @@ def encode(obj, rref_encoder=None):
         if isinstance(o, list):
             return list(o)
         if isinstance(o, (set, frozenset)):
-            return _ExtType(EXT_SET, _packb(list(o), default=default, strict_types=True))
+            return _ext(EXT_SET, pack(list(o)))
         if isinstance(o, _FUNC_TYPES):
             from .resolve import ref_of
-            return _ExtType(EXT_FUNC, ref_of(o).encode())
+            return _ext(EXT_FUNC, ref_of(o).encode())
         from .rref import RRef
         if isinstance(o, RRef):
-            if rref_encoder is None:
+            if self.rref_encoder is None:
                 raise TypeError("RRef arguments need a running RPC agent")
-            return _ExtType(EXT_RREF, _packb(rref_encoder(o)))
+            return _ext(EXT_RREF, pack(self.rref_encoder(o)))
         from .worker_info import WorkerInfo
         if isinstance(o, WorkerInfo):
-            return _ExtType(EXT_WORKERINFO, _packb([o.name, o.id]))
+            return _ext(EXT_WORKERINFO, pack([o.name, o.id]))
         if isinstance(o, BaseException):
             from .errors import describe_exception
-            return _ExtType(EXT_EXC, _packb(describe_exception(o, "")))
+            return _ext(EXT_EXC, pack(describe_exception(o, "")))
         raise TypeError(f"object of type {type(o).__module__}.{type(o).__qualname__} "
                         "cannot be sent over RPC (no pickling; send arrays, tensors, "
                         "numbers, strings, containers, RRefs)")
 
+
+def encode(obj, rref_encoder=None):
+    """Return (body bytes, list of buffers) for ``obj``.
+
+    ``rref_encoder(rref) -> list`` serialises RRefs (it registers forks with the
+    owner); without it RRefs are refused.
+    """
+    enc = getattr(_tls, "enc", None)
+    if enc is None or enc.busy:  # busy: an RRef encoder sending while we encode
+        enc = _Encoder()
+        if getattr(_tls, "enc", None) is None:
+            _tls.enc = enc
+    buffers = []
+    enc.buffers, enc.rref_encoder, enc.busy = buffers, rref_encoder, True
     try:
-        body = _packb(obj, default=default, strict_types=True)
+        body = enc.pack(obj)
     except OverflowError as e:
         raise TypeError(f"value cannot be sent over RPC: {e}") from None
+    finally:
+        enc.buffers = enc.rref_encoder = None
+        enc.busy = False
+        enc._depth = 0
     return body, buffers
 
 
