@@ -12,6 +12,11 @@ def _l(t):
     return None if t is None else [round(v, 4) for v in t.detach().reshape(-1).tolist()]
 
 
+def _log_backward(module, log):
+    module.register_full_backward_hook(
+        lambda mod, gi, go: log.append(([_l(g) for g in gi], [_l(g) for g in go])))
+
+
 def _net(lib):
     m = lib.nn.Sequential(lib.nn.Linear(3, 4), lib.nn.Tanh(), lib.nn.Linear(4, 2))
     values = [np.arange(12, dtype=np.float32).reshape(4, 3) / 10, np.ones(4, np.float32) / 10,
@@ -179,8 +184,7 @@ def hook_removal_and_order(lib):
 def identity_module(lib):
     log = []
     m = lib.nn.Identity()
-    m.register_full_backward_hook(
-        lambda mod, gi, go: log.append(([_l(g) for g in gi], [_l(g) for g in go])))
+    _log_backward(m, log)
     m.register_full_backward_pre_hook(lambda mod, go: log.append("pre"))
     x = lib.tensor([1.0, 2.0], requires_grad=True)
     (m(x) * 3).sum().backward()
@@ -191,8 +195,7 @@ def identity_module(lib):
 def reused_module(lib):
     log = []
     m = lib.nn.Tanh()
-    m.register_full_backward_hook(
-        lambda mod, gi, go: log.append(([_l(g) for g in gi], [_l(g) for g in go])))
+    _log_backward(m, log)
     x = lib.tensor([0.5, 1.0], requires_grad=True)
     m(m(x)).sum().backward()
     return log
@@ -206,8 +209,7 @@ def tuple_output_partly_used(lib):
             return a * 2, b * 3, "tag"
 
     m = M()
-    m.register_full_backward_hook(
-        lambda mod, gi, go: log.append(([_l(g) for g in gi], [_l(g) for g in go])))
+    _log_backward(m, log)
     m.register_full_backward_pre_hook(lambda mod, go: log.append(("pre", [_l(g) for g in go])))
     a = lib.tensor([1.0], requires_grad=True)
     b = lib.tensor([1.0], requires_grad=True)
