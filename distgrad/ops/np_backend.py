@@ -38,8 +38,12 @@ def sgn(a):
     return out
 
 
+_add_reduce = np.add.reduce
+
+
 def sum(a, axis=None, keepdims=False):  # noqa: A001
-    return a.sum(axis=axis, keepdims=keepdims)
+    # np.add.reduce directly: ndarray.sum goes through a Python-level wrapper first.
+    return _add_reduce(a, axis=axis, keepdims=keepdims)
 
 
 def reshape(a, shape):
@@ -55,6 +59,8 @@ def expand_dims(a, axis):
 
 
 def swapaxes(a, i, j):
+    if a.ndim == 2:
+        return a.T  # np.swapaxes is a Python-level wrapper; .T is not
     return np.swapaxes(a, i, j)
 
 

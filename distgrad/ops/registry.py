@@ -70,8 +70,9 @@ class OpNode(Node):
 
     def _release(self):
         self._released = True
-        for s in self._saved:
-            s.release()
+        for s in self._saved:  # SavedTensor.release, inlined: it runs for every node
+            s._released = True
+            s._tensor = s._data = s._packed = None
 
     def __getattr__(self, name):
         # grad_fn._saved_<name> / _raw_saved_<name>, PyTorch's introspection of saved values.
