@@ -110,3 +110,19 @@ def test_graceful_shutdown_waits_for_outstanding_work(rpc_world):
     assert fut.done() and fut.value() == "done"
     with pytest.raises(RuntimeError, match="not been initialized"):
         rpc.rpc_sync("worker1", f.add, (1, 2))
+
+
+def test_tensors_travel_and_distgrad_functions_run_remotely(rpc_world):
+    distgrad = pytest.importorskip("distgrad")
+    Tensor = pytest.importorskip("distgrad.autograd.tensor").Tensor
+    if not hasattr(distgrad, "add"):
+        pytest.skip("distgrad.add not available")
+    rpc_world(1)
+    a = Tensor._wrap(np.arange(4.0), requires_grad=True)
+    b = Tensor._wrap(np.ones(4))
+    back = rpc.rpc_sync("worker1", f.echo, ((a, b),))
+    assert isinstance(back[0], Tensor) and back[0].requires_grad and not back[1].requires_grad
+    np.testing.assert_array_equal(back[0]._data, a._data)
+    out = rpc.rpc_sync("worker1", distgrad.add, args=(a.detach() if hasattr(a, "detach") else a, b))
+    assert isinstance(out, Tensor)
+    np.testing.assert_array_equal(out._data, np.arange(4.0) + 1)
