@@ -91,6 +91,17 @@ def get_message_interceptor():
     return _interceptor
 
 
+class _ThreadSockets(dict):
+    """A thread's own sockets; closed when the thread ends (its locals die with it)."""
+
+    def __del__(self):
+        for s in self.values():
+            try:
+                s.close(linger=0)
+            except Exception:  # context already gone
+                pass
+
+
 class _Pending:
     __slots__ = ("fut", "dst", "deadline", "what", "timeout")
 
@@ -339,7 +350,7 @@ class Agent:
     def _thread_socket(self, dst):
         socks = getattr(self._tls, "socks", None)
         if socks is None:
-            socks = self._tls.socks = {}
+            socks = self._tls.socks = _ThreadSockets()
         s = socks.get(dst)
         if s is None:
             s = socks[dst] = self._socket(zmq.DEALER, server=False)
