@@ -125,6 +125,7 @@ class Agent:
         self.options = options = options or RpcBackendOptions()
         self.allowed = tuple(DEFAULT_ALLOWED_MODULES) + tuple(options.allowed_modules)
         self.rrefs = OwnerTable()
+        self._resolved = {}  # allowlist checks done once per callable reference
         self.stats = collections.Counter()
         self.running = False
         self._ids = itertools.count(1)
@@ -379,7 +380,12 @@ class Agent:
         return [rref._owner, list(rref._rid), list(fid)]
 
     def _resolve(self, ref):
-        return resolve(ref, self.allowed)
+        fn = self._resolved.get(ref)
+        if fn is None:
+            fn = resolve(ref, self.allowed)
+            if len(self._resolved) < 4096:
+                self._resolved[ref] = fn
+        return fn
 
     def _decode_rref(self, meta):
         owner, rid, fid = meta
@@ -436,7 +442,7 @@ class Agent:
                 if fn is None:
                     raise RefusedCallError(f"unknown internal operation {target!r}")
             else:
-                fn = resolve(target, self.allowed)
+                fn = self._resolve(target)
             with scope:
                 result = fn(*args, **kwargs)
             if isinstance(result, Future) and (getattr(fn, "_distgrad_async_execution", False)

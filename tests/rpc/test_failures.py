@@ -163,3 +163,13 @@ def test_env_rendezvous_and_console_worker(tmp_path, monkeypatch):
         log.close()
         import shutil
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_world_close_reaps_every_worker_even_after_a_failure():
+    from distgrad.testing.world import World
+    w = World(2, transport="tcp").start()
+    procs = list(w.procs.values())
+    w.procs["worker2"].kill()  # one dies abruptly; closing must still reap all
+    w.close()
+    assert all(p.poll() is not None for p in procs)
+    assert not os.path.exists(w.dir)
