@@ -11,15 +11,21 @@ tracemalloc, which sees NumPy's buffers.
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
 import tracemalloc
 
-import numpy as np
+# One BLAS thread for everyone (PyTorch runs with one thread below too): on a shared
+# two-core machine a second BLAS thread measures contention, not the engine.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-import distgrad
-import distgrad.nn.functional as F
+import numpy as np  # noqa: E402
+
+import distgrad  # noqa: E402
+import distgrad.nn.functional as F  # noqa: E402
 
 SHAPES = [(32, 64, 8), (256, 512, 8), (8, 16, 32)]  # (batch, width, layers)
 

@@ -19,23 +19,22 @@ AddBackward0 = defop("AddBackward0", vjps=(
     lambda xp, g, m: g,
     lambda xp, g, m: g if m is None else g * m["alpha"]))
 # PyTorch wraps a Python number in a tensor, so the scalar variants share the names.
-AddScalarBackward = defop("AddBackward0", vjps=(lambda xp, g, m: g,))
+# The scalar variants keep a second, empty edge for the number, as PyTorch does.
+_NO_GRAD = (lambda xp, g, m: None)
+AddScalarBackward = defop("AddBackward0", vjps=(lambda xp, g, m: g, _NO_GRAD))
 SubBackward0 = defop("SubBackward0", vjps=(
     lambda xp, g, m: g,
     lambda xp, g, m: -g if m is None else g * -m["alpha"]))
-SubScalarBackward = defop("SubBackward0", vjps=(lambda xp, g, m: g,))
+SubScalarBackward = defop("SubBackward0", vjps=(lambda xp, g, m: g, _NO_GRAD))
 RsubBackward1 = defop("RsubBackward1", vjps=(lambda xp, g, m: g * -m["alpha"],))
 MulBackward0 = defop("MulBackward0", saved=("self", "other"), vjps=(
     lambda xp, g, m, x, y: g * xp.conj(y),
     lambda xp, g, m, x, y: g * xp.conj(x)))
-MulScalarBackward = defop("MulBackward0", vjps=(lambda xp, g, m: g * np.conj(m["other"]),))
+MulScalarBackward = defop("MulBackward0", vjps=(lambda xp, g, m: g * np.conj(m["other"]), _NO_GRAD))
 DivBackward0 = defop("DivBackward0", saved=("self", "other"), vjps=(
     lambda xp, g, m, x, y: g / xp.conj(y),
     lambda xp, g, m, x, y: -g * xp.conj(x / y / y)))
-DivScalarBackward = defop("DivBackward0", vjps=(lambda xp, g, m: g / np.conj(m["other"]),))
-# scalar / tensor: PyTorch records reciprocal then mul; one node does both here.
-RdivBackward = defop("MulBackward0", saved=("other", "result"), vjps=(
-    lambda xp, g, m, y, r: -g * xp.conj(r / y),))
+DivScalarBackward = defop("DivBackward0", vjps=(lambda xp, g, m: g / np.conj(m["other"]), _NO_GRAD))
 NegBackward0 = defop("NegBackward0", vjps=(lambda xp, g, m: -g,))
 ReciprocalBackward0 = defop("ReciprocalBackward0", saved=("result",), vjps=(
     lambda xp, g, m, r: -g * xp.conj(r * r),))
@@ -88,9 +87,9 @@ def add(input, other, *, alpha=1, out=None):
         bd = bd * alpha
     res = np.add(ad, bd)
     if a is None:
-        return record(AddScalarBackward, res, (b,))
+        return record(AddScalarBackward, res, (b, None))
     if b is None:
-        return record(AddScalarBackward, res, (a,))
+        return record(AddScalarBackward, res, (a, None))
     return record(AddBackward0, res, (a, b), (), None if alpha == 1 else {"alpha": alpha})
 
 
@@ -103,7 +102,7 @@ def sub(input, other, *, alpha=1):
     if a is None:
         return record(RsubBackward1, res, (b,), (), {"alpha": alpha})
     if b is None:
-        return record(SubScalarBackward, res, (a,))
+        return record(SubScalarBackward, res, (a, None))
     return record(SubBackward0, res, (a, b), (), None if alpha == 1 else {"alpha": alpha})
 
 
@@ -119,9 +118,9 @@ def mul(input, other):
     a, b, ad, bd, dt = operands(input, other)
     res = np.multiply(ad, bd)
     if a is None:
-        return record(MulScalarBackward, res, (b,), (), {"other": ad})
+        return record(MulScalarBackward, res, (b, None), (), {"other": ad})
     if b is None:
-        return record(MulScalarBackward, res, (a,), (), {"other": bd})
+        return record(MulScalarBackward, res, (a, None), (), {"other": bd})
     return record(MulBackward0, res, (a, b), (a, b))
 
 
@@ -146,11 +145,10 @@ def div(input, other, *, rounding_mode=None):
         bd = bd.astype(dt) if isinstance(bd, np.ndarray) else bd
     with np.errstate(divide="ignore", invalid="ignore"):
         res = np.true_divide(ad, bd)
-    if a is None:
-        t = b if b._data.dtype == dt else _make(bd)
-        return record(RdivBackward, res, (b,), (t,), {"self": ad})
+    if a is None:  # number / tensor: reciprocal, then mul, as PyTorch records it
+        return mul(reciprocal(b), ad)
     if b is None:
-        return record(DivScalarBackward, res, (a,), (), {"other": bd})
+        return record(DivScalarBackward, res, (a, None), (), {"other": bd})
     return record(DivBackward0, res, (a, b), (a, b))
 
 
@@ -168,9 +166,13 @@ def remainder(input, other):
     a, b, ad, bd, dt = operands(input, other)
     with np.errstate(divide="ignore", invalid="ignore"):
         res = np.remainder(ad, bd)
-    # d/dx remainder(x, y) = 1 almost everywhere.
-    return record(AddScalarBackward, res.astype(dt, copy=False), (a,)) if b is None and a is not None \
-        else _make(res.astype(dt, copy=False))
+    if b is None and a is not None:
+        return record(RemainderBackward0, res.astype(dt, copy=False), (a, None))
+    return _make(res.astype(dt, copy=False))
+
+
+# d/dx remainder(x, y) = 1 almost everywhere.
+RemainderBackward0 = defop("RemainderBackward0", vjps=(lambda xp, g, m: g, _NO_GRAD))
 
 
 def fmod(input, other):

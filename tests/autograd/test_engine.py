@@ -272,3 +272,15 @@ def test_grad_fn_names_match_torch():
                 x.sqrt(), x.clone(), x.max(), x.amax(1), x.var(), x.std(), x.prod(), -x]
         return [type(o.grad_fn).__name__ for o in outs]
     assert names(distgrad) == names(torch)
+
+
+@needs_torch
+def test_next_functions_of_scalar_overloads_match_torch():
+    exprs = ["x + 1", "1 + x", "x * 2", "2 * x", "x / 2", "2 / x", "2 - x", "x - 1", "x ** 2",
+             "2 ** x"]
+
+    def shapes(m):
+        x = m.tensor([1.0, 2.0], requires_grad=True)  # noqa: F841 - used by eval
+        return [[None if n is None else type(n).__name__ for n, _ in eval(e).grad_fn.next_functions]
+                for e in exprs]
+    assert shapes(distgrad) == shapes(torch)
