@@ -1,13 +1,17 @@
 """The RPC agent: one per process, owning the sockets and dispatching requests.
 
 Threads and sockets
-    One I/O thread owns every socket: a ROUTER bound on this process's endpoint
-    (requests in, replies out) and one DEALER per peer (requests out, replies in).
-    Other threads never touch a socket: they append ready-made frames to an
-    outbox deque and wake the I/O thread through a pipe. Requests run on a
-    growing pool of handler threads (see ``pool.py``), so nested calls and slow
-    handlers never block other requests. Heartbeats (PING/PONG) are answered by
-    the I/O thread, so a busy worker still looks alive.
+    A ROUTER bound on this process's endpoint takes requests in and replies out;
+    one DEALER per peer sends requests and takes their replies. These sockets are
+    owned by whichever crew thread holds the *role* (leader/follower, see
+    ``_crew_run``): the leader polls, and when a request arrives it hands the role
+    on and runs the request itself, so a fast handler replies from the thread that
+    received it and a slow one never stops the others. Other threads never touch
+    those sockets: asynchronous calls append ready-made frames to an outbox and
+    wake the leader through a pipe. ``rpc_sync`` does not hop at all: each thread
+    has its own DEALER per peer and waits for the reply on it. Heartbeats
+    (PING/PONG) are sent and answered by the leader, so a busy worker still looks
+    alive; a peer silent for ``heartbeat_timeout`` fails every pending call to it.
 
 Message interceptor (the extension point of distributed autograd)
     ``set_message_interceptor(obj)`` installs a process-wide object with:

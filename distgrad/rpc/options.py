@@ -18,6 +18,8 @@ class RpcBackendOptions:
     ``"tcp://host:port"`` or ``"ipc:///path"``: where the rendezvous runs.
     ``transport``: ``"tcp"`` or ``"ipc"`` for this process's own endpoint.
     ``rpc_timeout``: default per-call timeout in seconds (0 = no timeout).
+    ``num_worker_threads``: handler threads kept ready (at most 4 start eagerly);
+    more start whenever every thread is busy, so nested calls cannot deadlock.
     ``allowed_modules``: extra module names (and their submodules) whose callables
     may be run on this worker, on top of :data:`DEFAULT_ALLOWED_MODULES`.
     ``curve_public_key``/``curve_secret_key``: a shared world key pair (Z85 bytes,
