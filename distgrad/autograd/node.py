@@ -17,12 +17,24 @@ from .grad_mode import _state
 
 from ..utils.hooks import RemovableHandle
 
-__all__ = ["Node", "AccumulateGrad", "next_sequence_nr"]
+__all__ = ["Node", "AccumulateGrad", "next_sequence_nr", "init_node"]
 
 _sequence = itertools.count()
 next_sequence_nr = _sequence.__next__
 # Leaves run as soon as they are ready, as in PyTorch (UINT64_MAX sequence number).
 ACCUMULATE_SEQUENCE_NR = 1 << 62
+
+
+def init_node(node, next_edges, seq, out_meta):
+    """Set the fields every node has (a function, not __init__: op nodes skip __init__)."""
+    node._next = next_edges
+    node._seq = seq
+    node._out_meta = out_meta
+    node._pre_hooks = None
+    node._post_hooks = None
+    node._tensor_pre_hooks = None
+    node._retains_grad_hooks = None
+    node._metadata = None
 
 
 class Node:
@@ -32,14 +44,7 @@ class Node:
                  "_tensor_pre_hooks", "_retains_grad_hooks", "_metadata", "__weakref__")
 
     def __init__(self):
-        self._next = ()
-        self._seq = next_sequence_nr()
-        self._out_meta = ()
-        self._pre_hooks = None
-        self._post_hooks = None
-        self._tensor_pre_hooks = None
-        self._retains_grad_hooks = None
-        self._metadata = None
+        init_node(self, (), next_sequence_nr(), ())
 
     # -- introspection, as torch.autograd.graph.Node --
     def name(self):
@@ -134,15 +139,8 @@ class AccumulateGrad(Node):
     __slots__ = ("_variable",)
 
     def __init__(self, variable):
-        self._next = ()
-        self._seq = ACCUMULATE_SEQUENCE_NR
-        self._pre_hooks = None
-        self._post_hooks = None
-        self._tensor_pre_hooks = None
-        self._retains_grad_hooks = None
-        self._metadata = None
+        init_node(self, (), ACCUMULATE_SEQUENCE_NR, ((variable._data.shape, variable._data.dtype),))
         self._variable = weakref.ref(variable)
-        self._out_meta = ((variable._data.shape, variable._data.dtype),)
         variable._grad_accumulator = self
 
     @property

@@ -11,7 +11,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import dtype as _dt
-from .grad_mode import _state
+from .grad_mode import _state, inference_threads as _inference_threads
 from ..utils.hooks import RemovableHandle
 
 __all__ = ["Tensor", "is_tensor"]
@@ -400,27 +400,15 @@ def _init(t, data, grad_fn, output_nr, requires_grad, vc):
     t._grad = None
     t._vc = vc if vc is not None else [0]
     t._base = None
+    # Only while some thread is inside inference_mode is the thread-local flag read.
     if _inference_threads[0] and _state.inference:
         t._is_inference = True
-
-
-# How many threads are inside inference_mode: when none is, _make skips the
-# thread-local read.
-from .grad_mode import inference_threads as _inference_threads  # noqa: E402
 
 
 def _make(data, grad_fn=None, output_nr=0, requires_grad=False, vc=None, cls=Tensor):
     """Wrap an ndarray as a Tensor without copying: the hot path of every op."""
     t = object.__new__(cls)
-    t._data = data
-    t._grad_fn = grad_fn
-    t._output_nr = output_nr
-    t._requires_grad = requires_grad
-    t._grad = None
-    t._vc = vc if vc is not None else [0]
-    t._base = None
-    if _inference_threads[0] and _state.inference:
-        t._is_inference = True
+    _init(t, data, grad_fn, output_nr, requires_grad, vc)
     return t
 
 

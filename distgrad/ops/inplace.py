@@ -161,9 +161,9 @@ def _rebase_view(view, base, node):
     base._output_nr = 0
     base._requires_grad = True
     # The view's history is now "a view of the new base".
-    vnode = _new_node(AsStridedBackward0, (base,),
-                      {"base_shape": base._data.shape, "view_fn": view._view_fn})
-    vnode._out_meta = ((view._data.shape, view._data.dtype),)
+    vnode = _new_node(AsStridedBackward0, (base._grad_edge(),),
+                      {"base_shape": base._data.shape, "view_fn": view._view_fn},
+                      ((view._data.shape, view._data.dtype),))
     vnode._saved = ()
     view._grad_fn = vnode
     view._output_nr = 0

@@ -16,7 +16,7 @@ that need a gradient.
 import numpy as np
 
 from ..autograd.grad_mode import _state
-from ..autograd.node import Node, next_sequence_nr
+from ..autograd.node import Node, init_node, next_sequence_nr
 from ..autograd.saved import SavedTensor, RELEASED_MESSAGE
 from ..autograd.tensor import Tensor, _make
 from . import np_backend
@@ -114,23 +114,27 @@ def defop(name, saved=(), vjps=(), vjp_all=None):
 _NO_EDGE = (None, 0)
 
 
-def _new_node(cls, inputs, meta):
-    node = object.__new__(cls)
+def _edges(inputs):
+    """The edges to the producers of ``inputs`` and whether any of them needs a gradient."""
     edges = []
+    any_grad = False
     for x in inputs:
         if x is None or not x._requires_grad:
             edges.append(_NO_EDGE)
         elif x._grad_fn is not None:
             edges.append((x._grad_fn, x._output_nr))
+            any_grad = True
         else:
-            edges.append(x._grad_edge())
-    node._next = tuple(edges)
-    node._seq = next_sequence_nr()
-    node._pre_hooks = None
-    node._post_hooks = None
-    node._tensor_pre_hooks = None
-    node._retains_grad_hooks = None
-    node._metadata = None
+            acc = x._grad_accumulator
+            edges.append((acc, 0) if acc is not None and acc._out_meta[0][0] == x._data.shape
+                         else x._grad_edge())
+            any_grad = True
+    return tuple(edges), any_grad
+
+
+def _new_node(cls, edges, meta, out_meta):
+    node = object.__new__(cls)
+    init_node(node, edges, next_sequence_nr(), out_meta)
     node._meta = meta
     node._released = False
     return node
@@ -154,32 +158,10 @@ def record(cls, out, inputs, saved=(), meta=None):
     t = _make(out)
     if not _state.grad_enabled:
         return t
-    edges = []
-    any_grad = False
-    for x in inputs:  # one pass: the edges, and whether anything needs a gradient at all
-        if x is None or not x._requires_grad:
-            edges.append(_NO_EDGE)
-        elif x._grad_fn is not None:
-            edges.append((x._grad_fn, x._output_nr))
-            any_grad = True
-        else:
-            acc = x._grad_accumulator
-            edges.append((acc, 0) if acc is not None and acc._out_meta[0][0] == x._data.shape
-                         else x._grad_edge())
-            any_grad = True
+    edges, any_grad = _edges(inputs)
     if not any_grad:
         return t
-    node = object.__new__(cls)
-    node._next = tuple(edges)
-    node._seq = next_sequence_nr()
-    node._pre_hooks = None
-    node._post_hooks = None
-    node._tensor_pre_hooks = None
-    node._retains_grad_hooks = None
-    node._metadata = None
-    node._meta = meta
-    node._released = False
-    node._out_meta = ((out.shape, out.dtype),)
+    node = _new_node(cls, edges, meta, ((out.shape, out.dtype),))
     t._grad_fn = node
     t._requires_grad = True
     if cls._result_saved:
@@ -217,10 +199,10 @@ def record_multi(cls, outs, inputs, saved=(), meta=None, views_of=None):
     if views_of is not None:
         for t in tensors:
             t._vc = views_of._vc
-    if not needs_grad(inputs):
+    edges, any_grad = _edges(inputs)
+    if not any_grad or not _state.grad_enabled:
         return tensors
-    node = _new_node(cls, inputs, meta)
-    node._out_meta = tuple((o.shape, o.dtype) for o in outs)
+    node = _new_node(cls, edges, meta, tuple((o.shape, o.dtype) for o in outs))
     node._saved = tuple(SavedTensor(s, False) for s in saved)
     for i, t in enumerate(tensors):
         t._grad_fn = node

@@ -280,7 +280,7 @@ def test_next_functions_of_scalar_overloads_match_torch():
              "2 ** x"]
 
     def shapes(m):
-        x = m.tensor([1.0, 2.0], requires_grad=True)  # noqa: F841 - used by eval
-        return [[None if n is None else type(n).__name__ for n, _ in eval(e).grad_fn.next_functions]
-                for e in exprs]
+        scope = {"x": m.tensor([1.0, 2.0], requires_grad=True)}
+        return [[None if n is None else type(n).__name__
+                 for n, _ in eval(e, scope).grad_fn.next_functions] for e in exprs]
     assert shapes(distgrad) == shapes(torch)
