@@ -1,0 +1,84 @@
+"""``torch.distributed.autograd`` for distgrad: contexts, a distributed backward, gradients.
+
+>>> import distgrad.distributed.autograd as dist_autograd      # doctest: +SKIP
+>>> with dist_autograd.context() as context_id:                 # doctest: +SKIP
+...     loss = rpc.rpc_sync("worker1", forward, (x,)).sum()
+...     dist_autograd.backward(context_id, [loss])
+...     grads = dist_autograd.get_gradients(context_id)
+
+Leaf gradients of a distributed pass accumulate in the context of each worker
+(not in ``.grad``), so passes of several contexts never mix. See ``engine.py`` for
+the message flow of a backward and ``context.py`` for the recording of sends/recvs.
+"""
+from . import context as _context
+from . import engine as _engine
+from .context import DistAutogradContext, current_context_id
+
+__all__ = ["context", "backward", "get_gradients", "DistAutogradContext",
+           "debug_live_contexts", "current_context_id", "is_available"]
+
+
+def is_available():
+    return True
+
+
+class context:
+    """``with context() as context_id:``: a distributed autograd context on this thread.
+
+    Leaving the block releases the context on every worker that took part and waits
+    for their acknowledgements (unreachable workers are only logged).
+    """
+
+    def __enter__(self):
+        self.context_id = _context.new_context()
+        self._prev = _context._tls.current
+        _context._tls.current = self.context_id
+        return self.context_id
+
+    def __exit__(self, exc_type, exc, tb):
+        _context._tls.current = self._prev
+        _engine._release_everywhere(self.context_id, raise_errors=exc_type is None)
+        return False
+
+
+def backward(context_id, roots, retain_graph=False):
+    """Distributed backward from ``roots`` in context ``context_id`` (this process coordinates)."""
+    _engine.backward(context_id, roots, retain_graph)
+
+
+def get_gradients(context_id):
+    """{tensor: gradient} of this worker's leaves accumulated in ``context_id``."""
+    from distgrad.autograd.tensor import _make
+    ctx = _context.require_context(context_id)
+    with ctx.lock:
+        return {t: _make(g) for t, g in ctx.grads.items()}
+
+
+def _retrieve_context(context_id):
+    return _context.require_context(context_id)
+
+
+def _current_context():
+    cid = _context.current_context_id()
+    if cid is None:
+        raise RuntimeError("Current thread doesn't have a valid autograd context. Please wrap "
+                           "your code using: with torch.distributed.autograd.context() as "
+                           "context_id")
+    return _context.require_context(cid)
+
+
+def debug_live_contexts():
+    """{worker name: [live context ids]} across the whole RPC world (a debugging aid)."""
+    from distgrad.rpc.agent import current_agent
+    agent = current_agent()
+    if agent is None or not agent.running:
+        return {"local": _context.live_context_ids()}
+    prev, _context._tls.current = _context._tls.current, None
+    try:
+        futs = {w.name: agent.call(w.id, _engine.live_contexts) for w in agent.workers}
+    finally:
+        _context._tls.current = prev
+    return {name: f.wait() for name, f in futs.items()}
+
+
+_context.install()

@@ -1,0 +1,386 @@
+"""The distributed backward: a coordinator-driven pass over graph segments on many processes.
+
+Message flow of ``backward(context_id, roots)`` on the coordinator:
+
+1. Plan, locally: walk the coordinator's graph from the roots to the recv nodes of
+   the context; their headers carried ``[send id, owner, recv ids reachable from
+   that send node]`` for every send node upstream of them, so a closure over those
+   entries gives exactly the send nodes that will receive a gradient (one each),
+   grouped by owner. Send nodes that no gradient can reach (a result the loss does
+   not use) are never waited for.
+2. ``_run_pass(ctx, pass, coordinator, send ids, retain)`` goes to every owner
+   other than the coordinator (an asynchronous handler: its reply is the owner's
+   completion). Each process runs one :class:`GraphTask` whose roots are exactly its
+   expected send nodes (plus, on the coordinator, the roots), so nodes shared by
+   several of them wait for all their gradients.
+3. Gradients flow: when an engine runs a recv node it ships the gradient to the
+   sender (``_deliver``), whose pass adds it at the send node and executes what
+   became ready. Gradients that arrive before their ``_run_pass`` are kept.
+4. A process's part is complete when all its expected send nodes were fed, its
+   engine is idle and every gradient it shipped was acknowledged. ``backward``
+   returns once the coordinator's part and every ``_run_pass`` reply are in; the
+   first error (a worker's, with its name; or a dead worker's heartbeat error)
+   aborts the pass everywhere else and is raised.
+
+No handler thread ever blocks waiting for another process inside a pass: gradient
+shipping is asynchronous and whoever delivers a gradient runs the ready nodes,
+with at most one thread executing a pass's GraphTask at a time (others queue).
+"""
+import logging
+import threading
+from collections import defaultdict
+
+from distgrad.autograd.engine import GraphTask, _current_tasks, _make_root_grads
+from distgrad.autograd.tensor import Tensor
+from distgrad.rpc.errors import WorkerUnreachableError
+from distgrad.rpc.functions import async_execution
+from distgrad.rpc.futures import Future
+
+from . import context as _c
+
+log = logging.getLogger("distgrad.distributed.autograd")
+
+_SLICE = 0.02  # how often a waiting coordinator looks at the other parts for errors
+
+
+def _named(exc):
+    """``exc`` with this worker's name in front of its message (same class when possible)."""
+    name = _c.my_name()
+    msg = str(exc.args[0]) if exc.args else str(exc)
+    if f"'{name}'" in msg:
+        return exc
+    try:
+        new = type(exc)(f"Error on worker '{name}' during distributed backward: {msg}")
+    except Exception:  # noqa: BLE001 - classes whose constructor needs more
+        return exc
+    new.__cause__ = exc
+    return new
+
+
+class _Pass:
+    """This process's part of one distributed backward pass."""
+
+    def __init__(self, ctx, pass_id, send_ids, retain_graph, roots=()):
+        self.ctx, self.id = ctx, pass_id
+        self.retain = retain_graph
+        self.lock = threading.Lock()
+        self.inbox = []
+        self.running = False
+        self.finished = False
+        self.outstanding = 0
+        self.done = Future()
+        sends = []
+        for mid in send_ids:
+            node = ctx.sends.get(mid)
+            if node is None:
+                raise RuntimeError(f"autograd context {ctx.id} on worker '{_c.my_name()}' has no "
+                                   f"send node for message {mid}")
+            if node.freed:
+                raise RuntimeError(
+                    f"worker '{_c.my_name()}': the graph of autograd context {ctx.id} on this "
+                    "worker was already freed by a previous distributed backward. Specify "
+                    "retain_graph=True if you need to backward through the graph a second time.")
+            sends.append(node)
+        self.sends = sends
+        self.expected = set(send_ids)
+        task = self.task = GraphTask(retain_graph, False, accumulate=ctx.accumulate)
+        task.dist_pass = self
+        task.compute_dependencies(sends + [edge[0] for edge, _ in roots])
+
+    # -- feeding (any thread) --
+    def feed(self, msg_id, g):
+        with self.lock:
+            if self.finished:
+                return
+            self.inbox.append((msg_id, g))
+            if self.running:
+                return
+            self.running = True
+        self._drain()
+
+    def _drain(self):
+        task, stack = self.task, _current_tasks.stack
+        while True:
+            with self.lock:
+                items, self.inbox = self.inbox, []
+                if not items or self.finished:
+                    self.running = False
+                    break
+            try:
+                for msg_id, g in items:
+                    if msg_id is None:
+                        self._add_roots(g)
+                        continue
+                    if msg_id not in self.expected:
+                        raise RuntimeError(f"unexpected or repeated gradient for send node "
+                                           f"{msg_id} in autograd context {self.ctx.id}")
+                    self.expected.discard(msg_id)
+                    node = self.ctx.sends[msg_id]
+                    task.add_gradient(node, 0, g)
+                    task.mark_ready(node)
+                stack.append(task)
+                try:
+                    task.execute()
+                finally:
+                    stack.pop()
+            except BaseException as e:  # noqa: BLE001 - the pass fails with the node's error
+                self.fail(e)
+                with self.lock:
+                    self.running = False
+                return
+        self._maybe_complete()
+
+    def _add_roots(self, root_edges):
+        task = self.task
+        for (node, nr), g in root_edges:
+            task.add_gradient(node, nr, g)
+        marked = set()
+        for (node, _), _ in root_edges:
+            if node not in marked and task.dependencies.get(node, 0) == 0:
+                marked.add(node)
+                task.mark_ready(node)
+
+    # -- shipping (called by RecvNode.apply inside execute) --
+    def ship(self, recv, g):
+        agent = _c._agent()
+        with self.lock:
+            self.outstanding += 1
+        prev, _c._tls.current = _c._tls.current, None  # plain data: no recording
+        try:
+            fut = agent.call(recv.src_rank, _deliver, (self.ctx.id, self.id, recv.msg_id, g),
+                             None, 0)
+        finally:
+            _c._tls.current = prev
+        fut.add_done_callback(self._shipped)
+
+    def _shipped(self, fut):
+        exc = fut.exception()
+        if exc is not None:
+            self.fail(exc)
+            return
+        with self.lock:
+            self.outstanding -= 1
+        self._maybe_complete()
+
+    # -- completion --
+    def _maybe_complete(self):
+        with self.lock:
+            if self.finished or self.running or self.inbox or self.expected or self.outstanding:
+                return
+            self.finished = True
+        if not self.retain:
+            for node in self.sends:
+                node.freed = True
+        with self.ctx.lock:
+            self.ctx.passes.pop(self.id, None)
+        self.done._complete(None, None)
+
+    def fail(self, exc):
+        with self.lock:
+            if self.finished:
+                return
+            self.finished = True
+        with self.ctx.lock:
+            self.ctx.passes.pop(self.id, None)
+            self.ctx.aborted.add(self.id)
+        self.done._complete(None, exc)
+
+    abort = fail
+
+
+# ---------------------------------------------------------------------- remote handlers
+@async_execution
+def _run_pass(context_id, pass_id, send_ids, retain_graph):
+    """Runs on a worker: set up its part of a pass; the reply is its completion."""
+    ctx = _c.get_context(context_id)
+    if ctx is None:
+        raise RuntimeError(f"worker '{_c.my_name()}' has no autograd context {context_id} "
+                           "(released?)")
+    try:
+        with ctx.lock:
+            if pass_id in ctx.aborted:
+                raise RuntimeError(f"distributed backward pass {pass_id} was abandoned")
+            p = _Pass(ctx, pass_id, send_ids, retain_graph)
+            ctx.passes[pass_id] = p
+            early = ctx.early.pop(pass_id, ())
+    except BaseException as e:
+        raise _named(e) from None
+    for mid, g in early:
+        p.feed(mid, g)
+    p._maybe_complete()
+    out = Future()
+
+    def relay(f):
+        exc = f.exception()
+        out._complete(None, _named(exc) if exc is not None else None)
+    p.done.add_done_callback(relay)
+    return out
+
+
+def _deliver(context_id, pass_id, msg_id, grad):
+    """A gradient for send node ``msg_id``; late ones (released context, abandoned pass) drop."""
+    ctx = _c.get_context(context_id)
+    if ctx is None:
+        return False
+    with ctx.lock:
+        p = ctx.passes.get(pass_id)
+        if p is None:
+            if pass_id in ctx.aborted:
+                return False
+            ctx.early.setdefault(pass_id, []).append((msg_id, grad))
+            return True
+    p.feed(msg_id, grad)
+    return True
+
+
+def _abort_pass(context_id, pass_id):
+    ctx = _c.get_context(context_id)
+    if ctx is None:
+        return False
+    with ctx.lock:
+        p = ctx.passes.pop(pass_id, None)
+        ctx.aborted.add(pass_id)
+        ctx.early.pop(pass_id, None)
+    if p is not None:
+        p.fail(RuntimeError(f"distributed backward pass {pass_id} was abandoned by the coordinator"))
+    return True
+
+
+# ---------------------------------------------------------------------- the coordinator
+def _as_tuple(x):
+    if isinstance(x, Tensor):
+        return (x,)
+    return tuple(x)
+
+
+def plan(context_id, root_nodes):
+    """{owner rank: [send msg ids that will receive a gradient]} for a pass from ``root_nodes``."""
+    info, stack = {}, []
+    for node in root_nodes:
+        for r in _c.reachable_recvs(node, context_id):
+            for entry in r.upstream:
+                info.setdefault(entry[0], entry)
+            stack.append(r.msg_id)
+    expected, seen = defaultdict(list), set()
+    while stack:
+        mid = stack.pop()
+        if mid in seen:
+            continue
+        seen.add(mid)
+        entry = info.get(mid)
+        if entry is None:
+            raise RuntimeError(f"distributed autograd: no record of the send node of message {mid}")
+        expected[entry[1]].append(mid)
+        stack.extend(entry[2])
+    return expected
+
+
+def backward(context_id, roots, retain_graph=False):
+    """Run a distributed backward from ``roots`` (scalars) in context ``context_id``.
+
+    Leaf gradients accumulate in the context on each worker (see :func:`get_gradients`);
+    returns once every worker finished its part, raises the first failure.
+    """
+    ctx = _c.require_context(context_id)
+    roots = _as_tuple(roots)
+    if not roots:
+        raise RuntimeError("No tensors provided to backward")
+    for i, t in enumerate(roots):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"element {i} of roots is a {type(t).__name__}, not a Tensor")
+        if not t._requires_grad:
+            raise RuntimeError(f"element {i} of tensors does not require grad and does not "
+                               "have a grad_fn")
+    grads = _make_root_grads(roots, (None,) * len(roots), False)
+    root_edges = [(t._grad_edge(), g) for t, g in zip(roots, grads)]
+    expected = plan(context_id, [edge[0] for edge, _ in root_edges])
+    agent = _c._agent()
+    me = _c.my_rank()
+    pass_id = _c.new_id()
+    p = _Pass(ctx, pass_id, expected.pop(me, ()), retain_graph, root_edges)
+    with ctx.lock:
+        ctx.passes[pass_id] = p
+    parts = {}
+    prev, _c._tls.current = _c._tls.current, None
+    try:
+        for rank, ids in expected.items():
+            parts[rank] = agent.call(rank, _run_pass, (context_id, pass_id, ids, retain_graph),
+                                     None, 0)
+    finally:
+        _c._tls.current = prev
+    p.feed(None, root_edges)
+    p._maybe_complete()
+    parts[me] = p.done
+    _wait_all(agent, context_id, pass_id, parts, p)
+
+
+def _wait_all(agent, context_id, pass_id, parts, local):
+    pending = dict(parts)
+    error = None
+    while pending and error is None:
+        rank, fut = next(iter(pending.items()))
+        fut._wait_done(_SLICE)
+        for r, f in list(pending.items()):
+            if f.done():
+                del pending[r]
+                exc = f.exception()
+                if exc is not None and error is None:
+                    error = exc
+    if error is None:
+        return
+    local.fail(error)
+    acks = []
+    prev, _c._tls.current = _c._tls.current, None
+    try:
+        for r in pending:
+            if r != agent.rank and r not in agent._dead:
+                acks.append(agent.call(r, _abort_pass, (context_id, pass_id), None, -1))
+    finally:
+        _c._tls.current = prev
+    for a in acks:
+        try:
+            a.wait(5.0)
+        except Exception:  # noqa: BLE001 - best effort: the error below is what matters
+            pass
+    raise error
+
+
+# ---------------------------------------------------------------------- context release
+def _release_remote(context_id, caller):
+    """Runs on a worker: release here, then on the peers it exchanged with (acknowledged)."""
+    _release_everywhere(context_id, exclude={caller})
+    return True
+
+
+def _release_everywhere(context_id, exclude=(), raise_errors=True):
+    ctx = _c.release_local(context_id)
+    if ctx is None:
+        return
+    agent = _c._agent()
+    if agent is None or not agent.running:
+        return
+    me = agent.name
+    futs = []
+    prev, _c._tls.current = _c._tls.current, None
+    try:
+        for peer in sorted(ctx.workers - set(exclude) - {me}):
+            futs.append((peer, agent.call(peer, _release_remote, (context_id, me))))
+    finally:
+        _c._tls.current = prev
+    first = None
+    for peer, f in futs:
+        try:
+            f.wait()
+        except WorkerUnreachableError as e:
+            log.warning("releasing autograd context %s: %s", context_id, e)
+        except Exception as e:  # noqa: BLE001
+            if first is None:
+                first = e
+    if first is not None and raise_errors:
+        raise first
+
+
+def live_contexts():
+    """Runs on each worker for :func:`debug_live_contexts`."""
+    _c.install()
+    return _c.live_context_ids()

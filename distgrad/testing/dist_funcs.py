@@ -1,0 +1,122 @@
+"""Functions the distributed autograd tests and benchmark run on workers (allowlisted: distgrad.*).
+
+Parameters live in a per-process store under a key, so a test can rebuild the
+same model in one process and compare gradients.
+"""
+import os
+import signal
+import threading
+
+import numpy as np
+
+import distgrad
+from distgrad.autograd.function import Function
+
+_store = {}
+_lock = threading.Lock()
+
+
+def make_params(key, seed, shapes):
+    """Create parameters (requires_grad) from ``seed``; return their values."""
+    rng = np.random.default_rng(seed)
+    params = [distgrad.tensor(rng.standard_normal(s) * 0.5, requires_grad=True) for s in shapes]
+    with _lock:
+        _store[key] = params
+    return [p.detach().numpy() for p in params]
+
+
+def params(key):
+    return _store[key]
+
+
+def layer(x, w, b):
+    return distgrad.tanh(x @ w + b)
+
+
+def stage(key, x):
+    """tanh layers with the stored parameters ``key`` (pairs weight, bias)."""
+    ps = _store[key]
+    for i in range(0, len(ps), 2):
+        x = layer(x, ps[i], ps[i + 1])
+    return x
+
+
+def stage_pair(key, x):
+    """Returns the same result twice (a tensor that travels back twice)."""
+    y = stage(key, x)
+    return y, y
+
+
+def mul_add(a, b):
+    return a * b + a
+
+
+def chain(key, x, nxt, key2):
+    """A stage here, one on ``nxt`` (nested RPC), then combine with a local use."""
+    from distgrad.rpc import api
+    h = stage(key, x)
+    z = api.rpc_sync(nxt, stage, (key2, h))
+    return z * 2.0 + h
+
+
+def diamond(key, x, other, key_b, key_c):
+    """``a`` here feeds two calls to ``other``: its subgraph receives two gradients."""
+    from distgrad.rpc import api
+    a = stage(key, x)
+    b = api.rpc_sync(other, stage, (key_b, a))
+    c = api.rpc_sync(other, stage, (key_c, a))
+    return b * c
+
+
+def bounce(key, x, back_to, key2):
+    """Calls back into the caller (a cycle between two workers)."""
+    from distgrad.rpc import api
+    h = stage(key, x)
+    return api.rpc_sync(back_to, stage, (key2, h)) + h
+
+
+def unused_call(key, x, other, key2):
+    """Sends a tensor whose result is not used: no gradient will ever come for it."""
+    from distgrad.rpc import api
+    h = stage(key, x)
+    api.rpc_sync(other, stage, (key2, h))
+    return h
+
+
+def grads_of(context_id, key):
+    """Gradients of the stored parameters ``key`` in a distributed context (None if absent)."""
+    from distgrad.distributed import autograd as dist_autograd
+    g = dist_autograd.get_gradients(context_id)
+    return [g[p].numpy() if p in g else None for p in _store[key]]
+
+
+def dot_grads_of_grad_attr(key):
+    return [None if p.grad is None else p.grad.numpy() for p in _store[key]]
+
+
+class _FailInBackward(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        raise ValueError("boom in backward")
+
+
+class _DieInBackward(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fail_in_backward(key, x):
+    return _FailInBackward.apply(stage(key, x))
+
+
+def die_in_backward(key, x):
+    return _DieInBackward.apply(stage(key, x))

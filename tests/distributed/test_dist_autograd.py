@@ -1,0 +1,240 @@
+"""Distributed autograd: gradients across worker processes equal those of one process."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import distgrad
+from distgrad.distributed import autograd as dist_autograd
+from distgrad.distributed import rpc
+from distgrad.testing import dist_funcs as f
+
+pytestmark = pytest.mark.timeout(60)
+
+S1 = [(4, 5), (5,), (5, 5), (5,)]
+S2 = [(5, 3), (3,)]
+
+
+def _params(where, key, seed, shapes):
+    """Same parameters on ``where`` (under key) and here (under key + '@local')."""
+    rpc.rpc_sync(where, f.make_params, (key, seed, shapes))
+    f.make_params(key + "@local", seed, shapes)
+    return f.params(key + "@local")
+
+
+def _close(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g is not None, "missing gradient"
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9)
+
+
+def _ref(key, build):
+    """Run ``build()`` (single process) and return .grad of the local copy of ``key``'s params."""
+    ps = f.params(key + "@local")
+    for p in ps:
+        p.grad = None
+    build().backward()
+    return [p.grad.numpy() for p in ps]
+
+
+@pytest.fixture
+def world2(rpc_world):
+    return rpc_world(2)
+
+
+def _x(seed=0, shape=(3, 4)):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def test_two_stage_pipeline_matches_one_process(world2):
+    _params("worker1", "s1", 1, S1)
+    f.make_params("s2", 2, S2)
+    x = distgrad.tensor(_x(), requires_grad=True)
+    with dist_autograd.context() as cid:
+        y = rpc.rpc_sync("worker1", f.stage, ("s1", x))
+        assert y.grad_fn.name() == "RecvRpcBackward"
+        loss = f.stage("s2", y).sum()
+        dist_autograd.backward(cid, [loss])
+        g_here = dist_autograd.get_gradients(cid)
+        g_w1 = rpc.rpc_sync("worker1", f.grads_of, (cid, "s1"))
+        assert x.grad is None and all(p.grad is None for p in f.params("s2"))
+        gx = g_here[x].numpy()
+        g2 = [g_here[p].numpy() for p in f.params("s2")]
+    xl = distgrad.tensor(_x(), requires_grad=True)
+    want1 = _ref("s1", lambda: f.stage("s2", f.stage("s1@local", xl)).sum())
+    _close(g_w1, want1)
+    _close([gx], [xl.grad.numpy()])
+    _close(g2, [p.grad.numpy() for p in f.params("s2")])
+    assert rpc.rpc_sync("worker1", f.dot_grads_of_grad_attr, ("s1",)) == [None] * 4
+
+
+@pytest.mark.timeout(60)
+def test_chain_nested_diamond_twice_and_shared_parameter(rpc_world):
+    rpc_world(3)
+    # three-worker chain with a nested RPC (worker1 -> worker2) and a local reuse on worker1
+    _params("worker1", "c1", 3, S1)
+    _params("worker2", "c2", 4, [(5, 5), (5,)])
+    x = distgrad.tensor(_x(1), requires_grad=True)
+    with dist_autograd.context() as cid:
+        out = rpc.rpc_sync("worker1", f.chain, ("c1", x, "worker2", "c2"))
+        dist_autograd.backward(cid, [(out * out).sum()])
+        got1 = rpc.rpc_sync("worker1", f.grads_of, (cid, "c1"))
+        got2 = rpc.rpc_sync("worker2", f.grads_of, (cid, "c2"))
+        gx = dist_autograd.get_gradients(cid)[x].numpy()
+    xl = distgrad.tensor(_x(1), requires_grad=True)
+
+    def chain_local():
+        h = f.stage("c1@local", xl)
+        o = f.stage("c2@local", h) * 2.0 + h
+        return (o * o).sum()
+    _close(got1, _ref("c1", chain_local))
+    xl.grad = None
+    _close(got2, _ref("c2", chain_local))
+    _close([gx], [xl.grad.numpy()])
+
+    # a diamond across workers: a tensor of worker1 used by two calls to worker2
+    _params("worker1", "d1", 5, S1)
+    _params("worker2", "db", 6, [(5, 5), (5,)])
+    _params("worker2", "dc", 7, [(5, 5), (5,)])
+    with dist_autograd.context() as cid:
+        out = rpc.rpc_sync("worker1", f.diamond, ("d1", distgrad.tensor(_x(2)), "worker2", "db", "dc"))
+        dist_autograd.backward(cid, [out.sum()])
+        got = [rpc.rpc_sync("worker1", f.grads_of, (cid, "d1")),
+               rpc.rpc_sync("worker2", f.grads_of, (cid, "db")),
+               rpc.rpc_sync("worker2", f.grads_of, (cid, "dc"))]
+
+    def diamond_local():
+        a = f.stage("d1@local", distgrad.tensor(_x(2)))
+        return (f.stage("db@local", a) * f.stage("dc@local", a)).sum()
+    for key, g in zip(("d1", "db", "dc"), got):
+        _close(g, _ref(key, diamond_local))
+
+    # a result that returns to the coordinator twice (RRef fetched twice, and a pair)
+    _params("worker2", "t1", 8, S1)
+    with dist_autograd.context() as cid:
+        rref = rpc.remote("worker2", f.stage, ("t1", distgrad.tensor(_x(3))))
+        y1, y2 = rref.to_here(), rref.to_here()
+        p1, p2 = rpc.rpc_sync("worker2", f.stage_pair, ("t1", distgrad.tensor(_x(4))))
+        dist_autograd.backward(cid, [(y1 * y2).sum() + (p1 * p2 * 3.0).sum()])
+        got = rpc.rpc_sync("worker2", f.grads_of, (cid, "t1"))
+    _close(got, _ref("t1", lambda: (f.stage("t1@local", distgrad.tensor(_x(3))) ** 2).sum()
+                     + (f.stage("t1@local", distgrad.tensor(_x(4))) ** 2 * 3.0).sum()))
+
+    # a coordinator parameter used in calls to two workers
+    w = distgrad.tensor(_x(5, (4, 4)), requires_grad=True)
+    with dist_autograd.context() as cid:
+        a = rpc.rpc_sync("worker1", f.mul_add, (w, distgrad.tensor(_x(6, (4, 4)))))
+        b = rpc.rpc_sync("worker2", f.mul_add, (w, distgrad.tensor(_x(7, (4, 4)))))
+        dist_autograd.backward(cid, [(a * b).sum()])
+        gw = dist_autograd.get_gradients(cid)[w].numpy()
+    wl = distgrad.tensor(_x(5, (4, 4)), requires_grad=True)
+    (f.mul_add(wl, distgrad.tensor(_x(6, (4, 4)))) * f.mul_add(wl, distgrad.tensor(_x(7, (4, 4))))).sum().backward()
+    _close([gw], [wl.grad.numpy()])
+    assert all(v == [] for v in dist_autograd.debug_live_contexts().values())
+
+
+def test_cycle_between_workers_and_unused_results_do_not_hang(world2):
+    _params("worker1", "b1", 9, S1)
+    _params("worker2", "b2", 10, [(5, 5), (5,)])
+    _params("worker1", "b3", 18, [(5, 5), (5,)])
+    x = distgrad.tensor(_x(8))
+    with dist_autograd.context() as cid:
+        # worker1 -> worker2 -> worker1 -> coordinator, with a result worker1 never uses
+        out = rpc.rpc_sync("worker2", f.bounce, ("b2", rpc.rpc_sync("worker1", f.stage, ("b1", x)),
+                                                 "worker1", "b3"))
+        unused = rpc.rpc_sync("worker1", f.unused_call, ("b1", x, "worker2", "b2"))
+        assert unused.requires_grad
+        t0 = time.monotonic()
+        dist_autograd.backward(cid, [out.sum()])
+        assert time.monotonic() - t0 < 5.0
+        got1 = rpc.rpc_sync("worker1", f.grads_of, (cid, "b1"))
+        got2 = rpc.rpc_sync("worker2", f.grads_of, (cid, "b2"))
+        got3 = rpc.rpc_sync("worker1", f.grads_of, (cid, "b3"))
+
+    def local():
+        h1 = f.stage("b1@local", x)
+        h2 = f.stage("b2@local", h1)
+        return (f.stage("b3@local", h2) + h2).sum()
+    _close(got1, _ref("b1", local))
+    _close(got2, _ref("b2", local))
+    _close(got3, _ref("b3", local))
+
+
+def test_retain_graph_accumulates_and_second_backward_names_the_worker(world2):
+    _params("worker1", "r1", 11, S1)
+    x = distgrad.tensor(_x(9))
+    with dist_autograd.context() as cid:
+        y = rpc.rpc_sync("worker1", f.stage, ("r1", x))
+        loss = y.sum()  # no saved tensors on the coordinator: the worker must notice
+        dist_autograd.backward(cid, [loss], retain_graph=True)
+        once = rpc.rpc_sync("worker1", f.grads_of, (cid, "r1"))
+        dist_autograd.backward(cid, [loss], retain_graph=True)
+        twice = rpc.rpc_sync("worker1", f.grads_of, (cid, "r1"))
+        _close(twice, [2 * g for g in once])
+        dist_autograd.backward(cid, [loss])  # frees the graph everywhere
+        with pytest.raises(RuntimeError, match=r"(?s)worker1.*retain_graph=True"):
+            dist_autograd.backward(cid, [loss])
+    _close(once, _ref("r1", lambda: f.stage("r1@local", x).sum()))
+    assert dist_autograd.debug_live_contexts() == {"worker0": [], "worker1": [], "worker2": []}
+
+
+def test_concurrent_contexts_from_threads_do_not_mix(world2):
+    _params("worker1", "m1", 12, S1)
+    f.make_params("m2", 13, S2)
+    results, errors = {}, []
+
+    def run(k):
+        try:
+            x = distgrad.tensor(_x(20 + k))
+            with dist_autograd.context() as cid:
+                y = rpc.rpc_sync("worker1", f.stage, ("m1", x))
+                loss = (f.stage("m2", y) * (k + 1)).sum()
+                dist_autograd.backward(cid, [loss])
+                results[k] = (rpc.rpc_sync("worker1", f.grads_of, (cid, "m1")),
+                              [dist_autograd.get_gradients(cid)[p].numpy() for p in f.params("m2")])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert not errors, errors
+    f.make_params("m2@local", 13, S2)
+    for k in range(6):
+        x = distgrad.tensor(_x(20 + k))
+        for p in f.params("m2@local"):
+            p.grad = None
+        _close(results[k][0], _ref("m1", lambda: (f.stage("m2@local", f.stage("m1@local", x)) * (k + 1)).sum()))
+        _close(results[k][1], [p.grad.numpy() for p in f.params("m2@local")])
+
+
+def test_error_in_worker_backward_reaches_coordinator_and_context_releases(world2):
+    _params("worker1", "e1", 14, S1)
+    _params("worker2", "e2", 15, S1)
+    with dist_autograd.context() as cid:
+        a = rpc.rpc_sync("worker1", f.fail_in_backward, ("e1", distgrad.tensor(_x(30))))
+        b = rpc.rpc_sync("worker2", f.stage, ("e2", distgrad.tensor(_x(31))))
+        with pytest.raises(ValueError, match=r"(?s)worker1.*boom in backward"):
+            dist_autograd.backward(cid, [(a * b).sum()])
+    assert all(v == [] for v in dist_autograd.debug_live_contexts().values())
+    with dist_autograd.context() as cid:  # the world still works
+        b = rpc.rpc_sync("worker2", f.stage, ("e2", distgrad.tensor(_x(31))))
+        dist_autograd.backward(cid, [b.sum()])
+
+
+@pytest.mark.timeout(60)
+def test_worker_killed_mid_backward_is_an_error_within_heartbeat_bound(rpc_world):
+    rpc_world(2)
+    _params("worker1", "k1", 16, S1)
+    _params("worker2", "k2", 17, S1)
+    with dist_autograd.context() as cid:
+        a = rpc.rpc_sync("worker1", f.die_in_backward, ("k1", distgrad.tensor(_x(32))))
+        b = rpc.rpc_sync("worker2", f.stage, ("k2", distgrad.tensor(_x(33))))
+        t0 = time.monotonic()
+        with pytest.raises(rpc.WorkerUnreachableError, match="worker1"):
+            dist_autograd.backward(cid, [(a * b).sum()])
+        assert time.monotonic() - t0 < 10.0
+    assert rpc.rpc_sync("worker2", dist_autograd._engine.live_contexts) == []
