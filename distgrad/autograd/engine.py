@@ -268,9 +268,13 @@ class GraphTask:
         # does; one errstate for the whole pass, since one per node would cost more than the node.
         errstate = np.errstate(divide="ignore", invalid="ignore", over="ignore")
         errstate.__enter__()
+        chained = None  # the next node, when it is known to be the highest-priority ready one
         try:
-            while heap:
-                node = pop(heap)[2]
+            while chained is not None or heap:
+                if chained is not None:
+                    node, chained = chained, None
+                else:
+                    node = pop(heap)[2]
                 grads = buffers.pop(node, None)
                 if grads is None:
                     grads = [None] * len(node._out_meta or (None,))
@@ -325,8 +329,14 @@ class GraphTask:
                                 if ready_leaves is None:
                                     ready_leaves = []
                                 ready_leaves.append((nxt, g))
+                        elif chained is None:
+                            chained = nxt
                         else:
                             push(heap, (-nxt._seq, next(tiebreak), nxt))
+                if chained is not None and heap and heap[0][0] < -chained._seq:
+                    # Something already queued outranks it: keep PyTorch's order.
+                    push(heap, (-chained._seq, next(tiebreak), chained))
+                    chained = None
                 if ready_leaves:
                     # With this node's outputs and buffers released, a gradient that only
                     # this frame refers to is a fresh buffer that `.grad` may take over
