@@ -36,7 +36,6 @@ import errno
 import itertools
 import logging
 import os
-import tempfile
 import threading
 import time
 import traceback
@@ -54,6 +53,7 @@ from .pool import HandlerPool
 from .rendezvous import RendezvousServer, join, resolve_address
 from .resolve import ref_of, resolve
 from .rref import OwnerTable, RRef
+from .tempdirs import owned_tempdir
 from .worker_info import WorkerInfo
 
 __all__ = ["Agent", "current_agent", "set_message_interceptor", "get_message_interceptor"]
@@ -167,7 +167,7 @@ class Agent:
             self._router = self._socket(zmq.ROUTER, server=True)
             self._router.router_mandatory = 1
             if opts.transport == "ipc":
-                self._ipc_dir = opts.ipc_dir or tempfile.mkdtemp(prefix="dg-rpc-")
+                self._ipc_dir = opts.ipc_dir or owned_tempdir("dg-rpc-")
                 ep = f"ipc://{self._ipc_dir}/{uuid.uuid4().hex[:12]}.sock"
             else:
                 ep = f"tcp://{opts.bind_addr}:0"

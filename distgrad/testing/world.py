@@ -4,7 +4,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import zmq
 from distgrad.rpc import api
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.rendezvous import RendezvousServer
+from distgrad.rpc.tempdirs import owned_tempdir
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -34,7 +34,7 @@ class World:
         self.names = [f"worker{i}" for i in range(n + 1)]
         self.procs = {}
         self.logs = {}
-        self.dir = tempfile.mkdtemp(prefix="dgw-", dir="/tmp" if os.path.isdir("/tmp") else None)
+        self.dir = owned_tempdir("dgw-", "/tmp" if os.path.isdir("/tmp") else None)
         self._ctx = None
         self.shutdown_error = None
 
