@@ -120,3 +120,57 @@ def fail_in_backward(key, x):
 
 def die_in_backward(key, x):
     return _DieInBackward.apply(stage(key, x))
+
+
+# ---------------------------------------------------------------------- hooks by reference
+_log = []
+
+
+def log():
+    """Return and clear this process's hook log."""
+    out = list(_log)
+    _log.clear()
+    return out
+
+
+def times_ten(grad):
+    _log.append("tensor_ref")
+    return grad * 10.0
+
+
+def node_pre_log(grad_outputs):
+    _log.append("node_pre_ref")
+
+
+def module_bwd_log(module, grad_input, grad_output):
+    _log.append(("module_bwd_ref", type(module).__name__))
+
+
+def module_fwd_scale(module, args, output):
+    _log.append(("module_fwd_ref", type(module).__name__))
+    return output * 2.0
+
+
+def raise_in_hook(grad):
+    raise KeyError("hook failed on purpose")
+
+
+def pack_log(t):
+    _log.append("pack")
+    return t
+
+
+def unpack_log(t):
+    _log.append("unpack")
+    return t
+
+
+def stage_rref_tensor(key, x):
+    """A stage whose output stays here (for rpc.remote): hooks can target it."""
+    return stage(key, x)
+
+
+def grads_of_module(module_rref, context_id):
+    from distgrad.distributed import autograd as dist_autograd
+    g = dist_autograd.get_gradients(context_id)
+    return [g[p].numpy() for p in module_rref.local_value().parameters()]

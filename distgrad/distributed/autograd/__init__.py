@@ -8,11 +8,11 @@
 
 Leaf gradients of a distributed pass accumulate in the context of each worker
 (not in ``.grad``), so passes of several contexts never mix. See ``engine.py`` for
-the message flow of a backward and ``context.py`` for the recording of sends/recvs.
+the message flow of a backward and ``container.py`` for the recording of sends/recvs.
 """
-from . import context as _context
+from . import container as _context
 from . import engine as _engine
-from .context import DistAutogradContext, current_context_id
+from .container import DistAutogradContext, current_context_id
 
 __all__ = ["context", "backward", "get_gradients", "DistAutogradContext",
            "debug_live_contexts", "current_context_id", "is_available"]

@@ -186,7 +186,8 @@ class RecvNode(Node):
             raise RuntimeError("a tensor received over RPC inside a distributed autograd context "
                                "can only be differentiated with "
                                "distgrad.distributed.autograd.backward")
-        dist_pass.ship(self, grads[0])
+        if dist_pass.ctx.id == self.context_id:  # a recv of another context leads nowhere here
+            dist_pass.ship(self, grads[0])
         return ()
 
 
@@ -303,17 +304,28 @@ class _Interceptor:
 
 
 class _RequestScope:
-    __slots__ = ("cid", "prev")
+    """The handler of a request runs in the sender's context (and its saved-tensor hooks)."""
+    __slots__ = ("cid", "prev", "saved")
 
     def __init__(self, cid):
         self.cid = cid
+        self.saved = None
 
     def __enter__(self):
         self.prev = _tls.current
         _tls.current = self.cid
         _tls.reply_ctx = None
+        if self.cid is not None:
+            ctx = get_context(self.cid)
+            pair = ctx.hooks.get("saved") if ctx is not None else None
+            if pair is not None:
+                from distgrad.autograd.saved import hooks_state
+                hooks_state.stack.append(pair)
+                self.saved = hooks_state
 
     def __exit__(self, *exc):
+        if self.saved is not None:
+            self.saved.stack.pop()
         _tls.current = self.prev
         _tls.reply_ctx = self.cid
         return False

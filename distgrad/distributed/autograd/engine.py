@@ -36,7 +36,7 @@ from distgrad.rpc.errors import WorkerUnreachableError
 from distgrad.rpc.functions import async_execution
 from distgrad.rpc.futures import Future
 
-from . import context as _c
+from . import container as _c
 
 log = logging.getLogger("distgrad.distributed.autograd")
 

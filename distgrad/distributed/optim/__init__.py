@@ -1,0 +1,4 @@
+"""``torch.distributed.optim`` for distgrad: :class:`DistributedOptimizer`."""
+from .optimizer import DistributedOptimizer
+
+__all__ = ["DistributedOptimizer"]

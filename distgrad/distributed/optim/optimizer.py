@@ -1,0 +1,89 @@
+"""``DistributedOptimizer``: one local optimizer per parameter owner, stepped per context.
+
+``step(context_id)`` applies, on every owner at once, the gradients that context
+accumulated there (never ``.grad``), so concurrent contexts each step with their own.
+"""
+import threading
+
+from distgrad.distributed.autograd import container as _c
+from distgrad.rpc import api as _rpc
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _LocalOptimizer:
+    """Lives on a parameter owner; applies a context's gradients with a local optimizer."""
+
+    _lock = threading.Lock()  # as PyTorch: one step at a time per process (.grad is shared)
+
+    def __init__(self, optimizer_cls, param_rrefs, args, kwargs):
+        self.params = [r.local_value() for r in param_rrefs]
+        self.optim = optimizer_cls(self.params, *args, **kwargs)
+
+    def step(self, context_id):
+        from distgrad.autograd.tensor import _make
+        ctx = _c.get_context(context_id)
+        grads = {}
+        if ctx is not None:
+            with ctx.lock:
+                grads = dict(ctx.grads)
+        with self._lock:
+            saved = [p._grad for p in self.params]
+            try:
+                for p in self.params:
+                    g = grads.get(p)
+                    p._grad = _make(g.copy()) if g is not None else None
+                self.optim.step()
+            finally:
+                for p, g in zip(self.params, saved):
+                    p._grad = g
+
+
+def _new_local_optimizer(optimizer_cls, param_rrefs, args, kwargs):
+    return _LocalOptimizer(optimizer_cls, param_rrefs, args, kwargs)
+
+
+def _step(opt_rref, context_id):
+    opt_rref.local_value().step(context_id)
+
+
+class DistributedOptimizer:
+    """``DistributedOptimizer(optimizer_class, params_rref, *args, **kwargs)``.
+
+    ``params_rref``: RRefs to parameters on any workers (e.g. ``RemoteModule.remote_parameters()``
+    plus ``RRef(p)`` for local ones); ``optimizer_class`` travels by reference.
+    """
+
+    def __init__(self, optimizer_class, params_rref, *args, **kwargs):
+        by_owner = {}
+        for r in params_rref:
+            by_owner.setdefault(r.owner_name(), []).append(r)
+        prev, _c._tls.current = _c._tls.current, None
+        try:
+            self.remote_optimizers = [
+                _rpc.remote(owner, _new_local_optimizer, (optimizer_class, rrefs, args, kwargs))
+                for owner, rrefs in by_owner.items()]
+            for o in self.remote_optimizers:  # surface a bad optimizer argument here
+                if o._created is not None:
+                    o._created.wait()
+        finally:
+            _c._tls.current = prev
+
+    def step(self, context_id):
+        """Apply ``context_id``'s gradients on every owner; raise the first failure."""
+        _c.require_context(context_id)
+        prev, _c._tls.current = _c._tls.current, None
+        try:
+            futs = [_rpc.rpc_async(o.owner_name(), _step, (o, context_id))
+                    for o in self.remote_optimizers]
+        finally:
+            _c._tls.current = prev
+        first = None
+        for f in futs:
+            try:
+                f.wait()
+            except Exception as e:  # noqa: BLE001 - wait for all, then raise
+                if first is None:
+                    first = e
+        if first is not None:
+            raise first
