@@ -65,8 +65,11 @@ class OpNode(Node):
             needs = tuple(nxt is not None for nxt, _ in self._next)
             return self._vjp_all(xp, grads, meta, needs, *vals)
         g = grads[0]
-        return tuple([vjp(xp, g, meta, *vals) if edge[0] is not None else None
-                      for vjp, edge in zip(self._vjps, self._next)])
+        # A plain loop: a comprehension costs a frame of its own on every node.
+        out = []
+        for vjp, edge in zip(self._vjps, self._next):
+            out.append(vjp(xp, g, meta, *vals) if edge[0] is not None else None)
+        return out
 
     def _release(self):
         self._released = True
@@ -164,10 +167,13 @@ def record(cls, out, inputs, saved=(), meta=None):
     node = _new_node(cls, edges, meta, ((out.shape, out.dtype),))
     t._grad_fn = node
     t._requires_grad = True
-    if cls._result_saved:
-        node._saved = tuple([SavedTensor(s, False) for s in saved]) + (SavedTensor(t, True),)
-    elif saved:
-        node._saved = tuple([SavedTensor(s, False) for s in saved])
+    if saved or cls._result_saved:
+        kept = []
+        for s in saved:
+            kept.append(SavedTensor(s, False))
+        if cls._result_saved:
+            kept.append(SavedTensor(t, True))
+        node._saved = kept
     else:
         node._saved = ()
     return t
