@@ -174,3 +174,9 @@ def grads_of_module(module_rref, context_id):
     from distgrad.distributed import autograd as dist_autograd
     g = dist_autograd.get_gradients(context_id)
     return [g[p].numpy() for p in module_rref.local_value().parameters()]
+
+
+def make_mlp(d, layers):
+    """``layers`` x (Linear(d, d), Tanh) as a Sequential (a RemoteModule constructor)."""
+    from distgrad import nn
+    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(d, d), nn.Tanh())])

@@ -1,0 +1,232 @@
+"""Benchmark: a distributed training step against the same model in one process.
+
+A two-stage MLP pipeline: stage one (4 Linear+tanh layers) lives on worker1 as a
+RemoteModule, stage two (4 Linear+tanh layers and a squared loss) on the
+coordinator; one step = forward through both stages, distributed backward,
+DistributedOptimizer(SGD).step, context release. The floor is the same model and
+step in one process (and the raw pyzmq round trip, for the added time), all
+measured in the same run; ``torch.distributed.autograd`` runs the same pipeline
+when PyTorch is installed.
+
+Targets: added time at B32-D64 at most 4 raw pyzmq round trips; at most 1.05x at
+B256-D512; less added time than PyTorch's on both.
+
+    python scripts/bench_dist.py [--quick] [--no-torch]
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# One BLAS thread per process: with two processes on the same cores, OpenBLAS threads
+# spinning in one process steal the CPU the other one computes on (both sides alike).
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_rpc import RawClient, _free_port  # noqa: E402 - the same floor as the RPC benchmark
+
+CONFIGS = ((32, 64), (256, 512))
+LAYERS = 4
+
+
+def _mlp(nn, d):
+    from distgrad.testing.dist_funcs import make_mlp
+    return make_mlp(d, LAYERS)
+
+
+def _median_interleaved(fns, reps, batches):
+    times = {k: [] for k in fns}
+    for _ in range(batches):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            times[k].append((time.perf_counter() - t) / reps)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# ---------------------------------------------------------------------- distgrad
+def bench_distgrad(reps, batches):
+    import distgrad
+    from distgrad import nn
+    from distgrad.distributed import autograd as dist_autograd
+    from distgrad.distributed import rpc
+    from distgrad.distributed.nn import RemoteModule
+    from distgrad.distributed.optim import DistributedOptimizer
+    from distgrad.testing.dist_funcs import make_mlp
+    from distgrad.testing.world import World
+
+    raw = RawClient()
+    world = World(1, transport="tcp", num_worker_threads=4).start()
+    out = {}
+    try:
+        small = np.ones(16, dtype=np.float32)
+        out["raw_rt"] = _median_interleaved({"r": lambda: raw(small)}, 500, batches)["r"]
+        for b, d in CONFIGS:
+            rng = np.random.default_rng(0)
+            x = distgrad.tensor(rng.standard_normal((b, d)).astype(np.float32))
+            stage1 = RemoteModule("worker1", make_mlp, args=(d, LAYERS))
+            stage2 = _mlp(nn, d)
+            params = stage1.remote_parameters() + [rpc.RRef(p) for p in stage2.parameters()]
+            dopt = DistributedOptimizer(distgrad.optim.SGD, params, lr=1e-3)
+            local1, local2 = _mlp(nn, d), _mlp(nn, d)
+            lopt = distgrad.optim.SGD(list(local1.parameters()) + list(local2.parameters()),
+                                      lr=1e-3)
+
+            def dist_step():
+                with dist_autograd.context() as cid:
+                    loss = (stage2(stage1(x)) ** 2).mean()
+                    dist_autograd.backward(cid, [loss])
+                    dopt.step(cid)
+
+            def local_step():
+                lopt.zero_grad()
+                loss = (local2(local1(x)) ** 2).mean()
+                loss.backward()
+                lopt.step()
+            for _ in range(20):
+                dist_step(), local_step()
+            r = max(3, reps // (1 if d < 256 else 10))
+            res = _median_interleaved({"dist": dist_step, "local": local_step}, r, batches)
+            out[(b, d)] = res
+        return out
+    finally:
+        world.close()
+        raw.close()
+
+
+# ---------------------------------------------------------------------- PyTorch
+_TORCH_STAGE = None
+
+
+def _torch_make_stage(d):
+    import torch
+    global _TORCH_STAGE
+    torch.manual_seed(0)
+    mods = []
+    for _ in range(LAYERS):
+        mods += [torch.nn.Linear(d, d), torch.nn.Tanh()]
+    _TORCH_STAGE = torch.nn.Sequential(*mods)
+    from torch.distributed.rpc import RRef
+    return [RRef(p) for p in _TORCH_STAGE.parameters()]
+
+
+def _torch_forward(x):
+    return _TORCH_STAGE(x)
+
+
+def _torch_worker(port):
+    import torch
+    import torch.distributed.rpc as trpc
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    trpc.init_rpc("worker1", rank=1, world_size=2)
+    trpc.shutdown()
+
+
+def bench_torch(reps, batches):
+    try:
+        import torch
+        import torch.distributed.autograd as tda
+        import torch.distributed.rpc as trpc
+        from torch.distributed.optim import DistributedOptimizer
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    port = _free_port()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    p = mp.get_context("spawn").Process(target=_torch_worker, args=(port,), daemon=True)
+    p.start()
+    trpc.init_rpc("worker0", rank=0, world_size=2)
+    out = {}
+    try:
+        for b, d in CONFIGS:
+            x = torch.randn(b, d)
+            prefs = trpc.rpc_sync("worker1", _torch_make_stage, (d,))
+            stage2 = torch.nn.Sequential(*[m for _ in range(LAYERS)
+                                           for m in (torch.nn.Linear(d, d), torch.nn.Tanh())])
+            dopt = DistributedOptimizer(torch.optim.SGD,
+                                        prefs + [trpc.RRef(q) for q in stage2.parameters()],
+                                        lr=1e-3)
+            local1 = torch.nn.Sequential(*[m for _ in range(LAYERS)
+                                           for m in (torch.nn.Linear(d, d), torch.nn.Tanh())])
+            local2 = torch.nn.Sequential(*[m for _ in range(LAYERS)
+                                           for m in (torch.nn.Linear(d, d), torch.nn.Tanh())])
+            lopt = torch.optim.SGD(list(local1.parameters()) + list(local2.parameters()), lr=1e-3)
+
+            def dist_step():
+                with tda.context() as cid:
+                    h = trpc.rpc_sync("worker1", _torch_forward, (x,))
+                    loss = (stage2(h) ** 2).mean()
+                    tda.backward(cid, [loss])
+                    dopt.step(cid)
+
+            def local_step():
+                lopt.zero_grad()
+                (local2(local1(x)) ** 2).mean().backward()
+                lopt.step()
+            for _ in range(20):
+                dist_step(), local_step()
+            r = max(3, reps // (1 if d < 256 else 10))
+            out[(b, d)] = _median_interleaved({"dist": dist_step, "local": local_step}, r, batches)
+        return out
+    finally:
+        trpc.shutdown()
+        p.join(30)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args()
+    reps, batches = (30, 5) if args.quick else (100, 9)
+    dg = bench_distgrad(reps, batches)
+    th = None if args.no_torch else bench_torch(reps, batches)
+    rt = dg["raw_rt"]
+    print(f"raw pyzmq round trip: {rt * 1e6:.1f} us")
+    print(f"{'config':<12}{'local ms':>10}{'dist ms':>10}{'added ms':>10}{'added/RT':>10}"
+          f"{'ratio':>8}{'torch local':>13}{'torch dist':>12}{'torch added':>13}{'t ratio':>9}")
+    result = {"bench": "dist", "raw_rt_us": rt * 1e6, "configs": {}}
+    ok = True
+    for b, d in CONFIGS:
+        r = dg[(b, d)]
+        added = r["dist"] - r["local"]
+        ratio = r["dist"] / r["local"]
+        t = th[(b, d)] if th else None
+        t_added = t["dist"] - t["local"] if t else None
+        t_ratio = t["dist"] / t["local"] if t else None
+        ts = (f"{t['local'] * 1e3:13.3f}{t['dist'] * 1e3:12.3f}{t_added * 1e3:13.3f}{t_ratio:9.2f}"
+              if t else f"{'n/a':>13}{'n/a':>12}{'n/a':>13}{'n/a':>9}")
+        print(f"B{b}-D{d:<7}{r['local'] * 1e3:10.3f}{r['dist'] * 1e3:10.3f}{added * 1e3:10.3f}"
+              f"{added / rt:10.1f}{ratio:8.3f}{ts}")
+        key = f"B{b}-D{d}"
+        result["configs"][key] = {"local_ms": r["local"] * 1e3, "dist_ms": r["dist"] * 1e3,
+                                  "added_ms": added * 1e3, "added_round_trips": added / rt,
+                                  "ratio": ratio,
+                                  "torch_local_ms": t["local"] * 1e3 if t else None,
+                                  "torch_dist_ms": t["dist"] * 1e3 if t else None,
+                                  "torch_added_ms": t_added * 1e3 if t else None,
+                                  "torch_ratio": t_ratio}
+        if d < 256:
+            ok = ok and added / rt <= 4
+        else:
+            ok = ok and ratio <= 1.05
+        if t:
+            ok = ok and added < t_added
+    result["targets_met"] = bool(ok)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
