@@ -239,6 +239,8 @@ def _prod_vjp(xp, g, m, x, r):
     if not (xr == 0).any():
         rk = r if m["keepdim"] else xp.reshape(r, m["kept"])
         return ge * xp.conj(rk / x)
+    if xp.is_tensor_backend():
+        return ge * xp.conj(_prod_of_others(x, m["dim"]))
     # With zeros, the product of all the other elements, from exclusive cumulative products.
     dims = m["dim"]
     flat = np.moveaxis(xr, dims, range(xr.ndim - len(dims), xr.ndim))
@@ -250,6 +252,28 @@ def _prod_vjp(xp, g, m, x, r):
     others = (left * right).reshape(lead + tuple(xr.shape[i] for i in dims))
     others = np.moveaxis(others, range(xr.ndim - len(dims), xr.ndim), dims)
     return ge * np.conj(others)
+
+
+def _prod_of_others(x, dims):
+    """For each element, the product of the others over ``dims``, differentiably.
+
+    Used under ``create_graph=True`` when zeros forbid ``result / x``: every element
+    is replaced by 1 in its own row of an (n, n) expansion, then rows are multiplied
+    (O(n^2) memory over the reduced size, fine for the second-order path).
+    """
+    from . import shape as _shape
+    from .indexing import where
+    d = x._data
+    moved = _shape.movedim(x, list(dims), list(range(d.ndim - len(dims), d.ndim)))
+    lead = moved._data.shape[:d.ndim - len(dims)]
+    reduced = moved._data.shape[d.ndim - len(dims):]
+    n = int(np.prod(reduced)) if reduced else 1
+    flat = _shape.reshape(moved, lead + (n,))
+    rows = _shape.expand(_shape.unsqueeze(flat, -2), lead + (n, n))
+    eye = _make(np.broadcast_to(np.eye(n, dtype=bool), lead + (n, n)))
+    others = prod(where(eye, _make(np.ones((), dtype=d.dtype)), rows), -1)
+    others = _shape.reshape(others, lead + reduced)
+    return _shape.movedim(others, list(range(d.ndim - len(dims), d.ndim)), list(dims))
 
 
 ProdBackward0 = defop("ProdBackward0", saved=("self", "result"), vjps=(_prod_vjp,))

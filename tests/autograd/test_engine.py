@@ -284,3 +284,17 @@ def test_next_functions_of_scalar_overloads_match_torch():
         return [[None if n is None else type(n).__name__
                  for n, _ in eval(e, scope).grad_fn.next_functions] for e in exprs]
     assert shapes(distgrad) == shapes(torch)
+
+
+@needs_torch
+@pytest.mark.parametrize("dim", [None, 0, 1])
+def test_second_order_of_prod_with_zeros_matches_torch(dim):
+    values = [[2.0, 0.0, 3.0], [0.0, 0.0, 1.0]] if dim != 0 else [[2.0, 0.0, 3.0], [0.5, 4.0, 1.0]]
+    results = []
+    for m in (distgrad, torch):
+        x = m.tensor(values, dtype=m.float64, requires_grad=True)
+        p = x.prod() if dim is None else x.prod(dim)
+        (g,) = m.autograd.grad(p.sum(), x, create_graph=True)
+        (gg,) = m.autograd.grad((g * g).sum(), x)
+        results.append(gg.detach().numpy().copy())
+    np.testing.assert_allclose(results[0], results[1])
