@@ -20,10 +20,12 @@ def _angle_vjp(xp, g, m, x):
     xr = x._data if isinstance(x, Tensor) else x
     if xr.dtype.kind != "c":
         return g * 0
-    mag2 = np.abs(xr) ** 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        val = g * x * 1j / mag2
-    return xp.mask(val, mag2 != 0)
+    nonzero = xr != 0
+    # |x|^2 through xp, so the rule stays differentiable under create_graph.
+    mag2 = xp.real(x * xp.conj(x))
+    if not nonzero.all():
+        mag2 = xp.where(nonzero, mag2, 1.0)
+    return xp.mask(g * x * 1j / mag2, nonzero)
 
 
 AngleBackward0 = defop("AngleBackward0", saved=("self",), vjps=(_angle_vjp,))

@@ -33,9 +33,11 @@ def _t(x):
 def sgn(a):
     if a._data.dtype.kind != "c":
         return unary.sign(a)
-    mag = np.abs(a._data)
-    safe = _make(np.where(mag == 0, 1, mag).astype(a._data.real.dtype))
-    return mask(a / safe, mag != 0)
+    nonzero = a._data != 0
+    mag = unary.abs(a)  # differentiable, so second order through |z| is right
+    if not nonzero.all():
+        mag = indexing.where(_make(nonzero), mag, 1.0)
+    return mask(a / mag, nonzero)
 
 
 def where(cond, a, b):

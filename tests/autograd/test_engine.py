@@ -298,3 +298,16 @@ def test_second_order_of_prod_with_zeros_matches_torch(dim):
         (gg,) = m.autograd.grad((g * g).sum(), x)
         results.append(gg.detach().numpy().copy())
     np.testing.assert_allclose(results[0], results[1])
+
+
+@needs_torch
+@pytest.mark.parametrize("fn", [lambda z: (z.abs() ** 3).sum(), lambda z: (z.angle() * z.abs()).sum(),
+                                lambda z: (z * z.conj()).real.sum() * z.exp().abs().sum()])
+def test_second_order_complex_matches_torch(fn):
+    results = []
+    for m in (distgrad, torch):
+        z = m.tensor([1 + 2j, -0.5 + 0.3j, 0.7 - 1j], dtype=m.complex128, requires_grad=True)
+        (g,) = m.autograd.grad(fn(z), z, create_graph=True)
+        (gg,) = m.autograd.grad((g * g.conj()).real.sum(), z)
+        results.append(gg.detach().numpy().copy())
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-10)
