@@ -51,7 +51,7 @@ def get_gradients(context_id):
     from distgrad.autograd.tensor import _make
     ctx = _context.require_context(context_id)
     with ctx.lock:
-        return {t: _make(g) for t, g in ctx.grads.items()}
+        return {t: _make(_context.read_only(g)) for t, g in ctx.grads.items()}
 
 
 def _retrieve_context(context_id):

@@ -75,9 +75,17 @@ class DistAutogradContext:
         return self.id
 
     def accumulate(self, variable, g):
+        # No copy: the engine never writes into a gradient it passed on, and readers get
+        # read-only views (get_gradients, DistributedOptimizer), so the array stays ours.
         with self.lock:
             old = self.grads.get(variable)
-            self.grads[variable] = g.copy() if old is None else old + g
+            self.grads[variable] = g if old is None else old + g
+
+
+def read_only(a):
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def current_context_id():

@@ -68,6 +68,8 @@ class _Pass:
         self.running = False
         self.finished = False
         self.outstanding = 0
+        self.unstarted = None  # coordinator: {rank: send ids} of parts its first gradient starts
+        self.parts = None
         self.done = Future()
         sends = []
         for mid in send_ids:
@@ -143,12 +145,19 @@ class _Pass:
     # -- shipping (called by RecvNode.apply inside execute) --
     def ship(self, recv, g):
         agent = _c._agent()
+        rank = recv.src_rank
         with self.lock:
-            self.outstanding += 1
+            ids = self.unstarted.pop(rank, None) if self.unstarted else None
+            if ids is None:
+                self.outstanding += 1
         prev, _c._tls.current = _c._tls.current, None  # plain data: no recording
         try:
-            fut = agent.call(recv.src_rank, _deliver, (self.ctx.id, self.id, recv.msg_id, g),
-                             None, 0)
+            if ids is not None:  # the coordinator starts that worker's part with this gradient
+                self.parts[rank] = agent.call(rank, _run_pass, (self.ctx.id, self.id, ids,
+                                                                self.retain, [recv.msg_id, g]),
+                                              None, 0)
+                return
+            fut = agent.call(rank, _deliver, (self.ctx.id, self.id, recv.msg_id, g), None, 0)
         finally:
             _c._tls.current = prev
         fut.add_done_callback(self._shipped)
@@ -190,8 +199,9 @@ class _Pass:
 
 # ---------------------------------------------------------------------- remote handlers
 @async_execution
-def _run_pass(context_id, pass_id, send_ids, retain_graph):
-    """Runs on a worker: set up its part of a pass; the reply is its completion."""
+def _run_pass(context_id, pass_id, send_ids, retain_graph, first=None):
+    """Runs on a worker: set up its part of a pass (``first``: [msg id, gradient] to start
+    with); the reply is its completion."""
     ctx = _c.get_context(context_id)
     if ctx is None:
         raise RuntimeError(f"worker '{_c.my_name()}' has no autograd context {context_id} "
@@ -202,9 +212,11 @@ def _run_pass(context_id, pass_id, send_ids, retain_graph):
                 raise RuntimeError(f"distributed backward pass {pass_id} was abandoned")
             p = _Pass(ctx, pass_id, send_ids, retain_graph)
             ctx.passes[pass_id] = p
-            early = ctx.early.pop(pass_id, ())
+            early = ctx.early.pop(pass_id, [])
     except BaseException as e:
         raise _named(e) from None
+    if first is not None:
+        early.append(tuple(first))
     for mid, g in early:
         p.feed(mid, g)
     p._maybe_complete()
@@ -254,13 +266,14 @@ def _as_tuple(x):
 
 
 def plan(context_id, root_nodes):
-    """{owner rank: [send msg ids that will receive a gradient]} for a pass from ``root_nodes``."""
-    info, stack = {}, []
+    """({owner rank: [send msg ids that will receive a gradient]}, ranks the roots feed directly)."""
+    info, stack, direct = {}, [], set()
     for node in root_nodes:
         for r in _c.reachable_recvs(node, context_id):
             for entry in r.upstream:
                 info.setdefault(entry[0], entry)
             stack.append(r.msg_id)
+            direct.add(r.src_rank)
     expected, seen = defaultdict(list), set()
     while stack:
         mid = stack.pop()
@@ -272,7 +285,7 @@ def plan(context_id, root_nodes):
             raise RuntimeError(f"distributed autograd: no record of the send node of message {mid}")
         expected[entry[1]].append(mid)
         stack.extend(entry[2])
-    return expected
+    return expected, direct
 
 
 def backward(context_id, roots, retain_graph=False):
@@ -293,42 +306,61 @@ def backward(context_id, roots, retain_graph=False):
                                "have a grad_fn")
     grads = _make_root_grads(roots, (None,) * len(roots), False)
     root_edges = [(t._grad_edge(), g) for t, g in zip(roots, grads)]
-    expected = plan(context_id, [edge[0] for edge, _ in root_edges])
+    expected, direct = plan(context_id, [edge[0] for edge, _ in root_edges])
     agent = _c._agent()
     me = _c.my_rank()
     pass_id = _c.new_id()
     p = _Pass(ctx, pass_id, expected.pop(me, ()), retain_graph, root_edges)
+    # A worker the roots feed directly learns its part with its first gradient (one
+    # message instead of two); the others are told now.
+    p.parts = parts = {}
+    p.unstarted = {r: ids for r, ids in expected.items() if r in direct}
     with ctx.lock:
         ctx.passes[pass_id] = p
-    parts = {}
     prev, _c._tls.current = _c._tls.current, None
     try:
         for rank, ids in expected.items():
-            parts[rank] = agent.call(rank, _run_pass, (context_id, pass_id, ids, retain_graph),
-                                     None, 0)
+            if rank not in direct:
+                parts[rank] = agent.call(rank, _run_pass,
+                                         (context_id, pass_id, ids, retain_graph), None, 0)
     finally:
         _c._tls.current = prev
     p.feed(None, root_edges)
     p._maybe_complete()
-    parts[me] = p.done
     _wait_all(agent, context_id, pass_id, parts, p)
 
 
 def _wait_all(agent, context_id, pass_id, parts, local):
-    pending = dict(parts)
-    error = None
-    while pending and error is None:
-        rank, fut = next(iter(pending.items()))
+    """Wait for the local part, then for every worker's; stop at the first error.
+
+    ``parts`` grows while the local part runs (workers started by their first gradient).
+    """
+    error, finished = None, set()
+    me = agent.rank
+    while error is None:
+        if local.done.done():
+            error = local.done.exception()
+            if error is not None:
+                break
+            pending = [(r, f) for r, f in list(parts.items()) if r not in finished]
+            if not pending:
+                return
+            fut = pending[0][1]
+        else:
+            pending = [(r, f) for r, f in list(parts.items()) if r not in finished]
+            fut = local.done
         fut._wait_done(_SLICE)
-        for r, f in list(pending.items()):
+        for r, f in pending:
             if f.done():
-                del pending[r]
-                exc = f.exception()
-                if exc is not None and error is None:
-                    error = exc
-    if error is None:
-        return
+                finished.add(r)
+                if f.exception() is not None:
+                    error = f.exception()
+                    break
     local.fail(error)
+    with local.lock:
+        if local.unstarted:
+            local.unstarted.clear()
+    pending = {r: f for r, f in list(parts.items()) if r not in finished and r != me}
     acks = []
     prev, _c._tls.current = _c._tls.current, None
     try:

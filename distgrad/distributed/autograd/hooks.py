@@ -210,13 +210,6 @@ def register_global_module_hook(kind, hook, workers=None):
     return _finish(spec, [n for n, _ in futs], [f.wait() for _, f in futs])
 
 
-def _name_modules(module_rref, prefix):
-    module = module_rref.local_value()
-    for name, sub in module.named_modules():
-        _names[id(sub)] = f"{prefix}.{name}" if name else prefix
-    return True
-
-
 # ---------------------------------------------------------------------- saved tensors
 def _install_saved_hooks(context_id, pack_ref, unpack_ref):
     ctx = _c.get_context(context_id, create=True)

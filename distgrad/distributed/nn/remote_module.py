@@ -4,19 +4,31 @@
 >>> with dist_autograd.context() as cid:                                   # doctest: +SKIP
 ...     y = layer(x)               # runs on worker1; recorded for the distributed backward
 """
+from distgrad.distributed.autograd import container as _c
 from distgrad.distributed.autograd import hooks as _hooks
 from distgrad.rpc import api as _rpc
 from distgrad.rpc.rref import RRef
 
 __all__ = ["RemoteModule"]
 
+# On the owner: the modules of RemoteModules by key. Calls name the key, not the RRef:
+# an RRef argument costs fork bookkeeping messages on every call.
+_modules = {}
 
-def _create(module_cls, args, kwargs):
-    return module_cls(*args, **kwargs)
+
+def _create(key, module_cls, args, kwargs, name):
+    module = _modules[key] = module_cls(*args, **kwargs)
+    for sub_name, sub in module.named_modules():
+        _hooks._names[id(sub)] = f"{name}.{sub_name}" if sub_name else name
+    return module
 
 
-def _forward(module_rref, args, kwargs):
-    return module_rref.local_value()(*args, **kwargs)
+def _forward(key, args, kwargs):
+    return _modules[key](*args, **kwargs)
+
+
+def _drop(key):
+    _modules.pop(key, None)
 
 
 def _parameter_rrefs(module_rref, recurse):
@@ -40,17 +52,27 @@ class RemoteModule:
             raise ValueError(f"distgrad runs on CPU only, got device {device!r}")
         self.on = worker
         self.device = "cpu"
-        self.module_rref = _rpc.remote(worker, _create, (module_cls, tuple(args or ()),
-                                                         dict(kwargs or {})))
-        _rpc.rpc_sync(worker, _hooks._name_modules, (self.module_rref, module_cls.__name__))
+        self._key = None
+        key = _c.new_id()
+        self.module_rref = _rpc.remote(worker, _create, (key, module_cls, tuple(args or ()),
+                                                         dict(kwargs or {}), module_cls.__name__))
+        self.module_rref._created.wait()  # raises the constructor's error here
+        self._key = key
 
     def forward(self, *args, **kwargs):
-        return _rpc.rpc_sync(self.on, _forward, (self.module_rref, args, kwargs))
+        return _rpc.rpc_sync(self.on, _forward, (self._key, args, kwargs))
 
     __call__ = forward
 
     def forward_async(self, *args, **kwargs):
-        return _rpc.rpc_async(self.on, _forward, (self.module_rref, args, kwargs))
+        return _rpc.rpc_async(self.on, _forward, (self._key, args, kwargs))
+
+    def __del__(self):
+        try:
+            if self._key is not None:
+                _rpc.rpc_async(self.on, _drop, (self._key,))
+        except Exception:  # noqa: BLE001 - the world is gone: nothing left to free
+            pass
 
     def remote_parameters(self, recurse=True):
         """RRefs to the module's parameters (e.g. for :class:`DistributedOptimizer`)."""

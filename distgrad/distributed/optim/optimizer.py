@@ -32,19 +32,27 @@ class _LocalOptimizer:
             try:
                 for p in self.params:
                     g = grads.get(p)
-                    p._grad = _make(g.copy()) if g is not None else None
+                    p._grad = _make(_c.read_only(g)) if g is not None else None
                 self.optim.step()
             finally:
                 for p, g in zip(self.params, saved):
                     p._grad = g
 
 
-def _new_local_optimizer(optimizer_cls, param_rrefs, args, kwargs):
-    return _LocalOptimizer(optimizer_cls, param_rrefs, args, kwargs)
+_optimizers = {}  # on each owner: key -> _LocalOptimizer (calls name keys, not RRefs)
 
 
-def _step(opt_rref, context_id):
-    opt_rref.local_value().step(context_id)
+def _new_local_optimizer(key, optimizer_cls, param_rrefs, args, kwargs):
+    _optimizers[key] = _LocalOptimizer(optimizer_cls, param_rrefs, args, kwargs)
+    return True
+
+
+def _step(key, context_id):
+    _optimizers[key].step(context_id)
+
+
+def _drop(key):
+    _optimizers.pop(key, None)
 
 
 class DistributedOptimizer:
@@ -58,27 +66,43 @@ class DistributedOptimizer:
         by_owner = {}
         for r in params_rref:
             by_owner.setdefault(r.owner_name(), []).append(r)
+        self._key = key = _c.new_id()
+        me = _c.my_name()
+        self._owners = [o for o in by_owner if o != me]
+        self._local = None
+        if me in by_owner:
+            self._local = _LocalOptimizer(optimizer_class, by_owner[me], args, kwargs)
         prev, _c._tls.current = _c._tls.current, None
         try:
-            self.remote_optimizers = [
-                _rpc.remote(owner, _new_local_optimizer, (optimizer_class, rrefs, args, kwargs))
-                for owner, rrefs in by_owner.items()]
-            for o in self.remote_optimizers:  # surface a bad optimizer argument here
-                if o._created is not None:
-                    o._created.wait()
+            futs = [_rpc.rpc_async(o, _new_local_optimizer,
+                                   (key, optimizer_class, by_owner[o], args, kwargs))
+                    for o in self._owners]
+            for f in futs:  # surface a bad optimizer argument here
+                f.wait()
         finally:
             _c._tls.current = prev
+
+    def __del__(self):
+        try:
+            for o in self._owners:
+                _rpc.rpc_async(o, _drop, (self._key,))
+        except Exception:  # noqa: BLE001 - the world is gone: nothing left to free
+            pass
 
     def step(self, context_id):
         """Apply ``context_id``'s gradients on every owner; raise the first failure."""
         _c.require_context(context_id)
         prev, _c._tls.current = _c._tls.current, None
         try:
-            futs = [_rpc.rpc_async(o.owner_name(), _step, (o, context_id))
-                    for o in self.remote_optimizers]
+            futs = [_rpc.rpc_async(o, _step, (self._key, context_id)) for o in self._owners]
         finally:
             _c._tls.current = prev
         first = None
+        if self._local is not None:
+            try:
+                self._local.step(context_id)
+            except Exception as e:  # noqa: BLE001 - wait for the others, then raise
+                first = e
         for f in futs:
             try:
                 f.wait()
