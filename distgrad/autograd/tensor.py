@@ -393,6 +393,8 @@ class Size(tuple):
 
 
 def _init(t, data, grad_fn, output_nr, requires_grad, vc):
+    if type(data) is not np.ndarray:  # NumPy gives scalars for 0-d results; keep arrays
+        data = np.asarray(data)
     t._data = data
     t._grad_fn = grad_fn
     t._output_nr = output_nr

@@ -32,10 +32,8 @@ def sgn(a):
     if a.dtype.kind != "c":
         return np.sign(a)
     mag = np.abs(a)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = a / mag
-    out[mag == 0] = 0
-    return out
+    zero = mag == 0
+    return np.where(zero, 0, a / np.where(zero, 1, mag)).astype(a.dtype, copy=False)
 
 
 _add_reduce = np.add.reduce

@@ -76,8 +76,10 @@ TanhBackward0 = defop("TanhBackward0", saved=("result",),
                       vjps=(lambda xp, g, m, r: g * xp.conj(1 - r * r),))
 SigmoidBackward0 = defop("SigmoidBackward0", saved=("result",),
                          vjps=(lambda xp, g, m, r: g * xp.conj(r * (1 - r)),))
-ReluBackward0 = defop("ReluBackward0", saved=("result",),
-                      vjps=(lambda xp, g, m, r: xp.mask(g, _raw(r) > 0),))
+# Under create_graph, sign(result) (= the mask, as result >= 0) keeps the first
+# gradient attached to the graph with a zero derivative, as PyTorch's threshold_backward.
+ReluBackward0 = defop("ReluBackward0", saved=("result",), vjps=(
+    lambda xp, g, m, r: g * xp.sign(r) if xp.is_tensor_backend() else xp.mask(g, r > 0),))
 ErfBackward0 = defop("ErfBackward0", saved=("self",),
                      vjps=(lambda xp, g, m, x: g * (_TWO_OVER_SQRT_PI * xp.exp(-(x * x))),))
 # floor, ceil, round, trunc, sign: zero almost everywhere, as in PyTorch.
