@@ -135,3 +135,12 @@ def test_methods_and_functions_share_names_with_torch():
     if torch is not None:
         for name in names:
             assert hasattr(torch.Tensor, name), name
+
+
+def test_zero_dim_results_are_arrays():
+    a, b = distgrad.tensor(2.0), distgrad.tensor(3.0)
+    for t in (a / b, a * b, -a, a.exp(), a > b, distgrad.maximum(a, b)):
+        assert isinstance(t.numpy(), np.ndarray) and t.shape == ()
+    c = a * b
+    c.add_(1)
+    assert c.item() == 7.0 and c._version == 1
