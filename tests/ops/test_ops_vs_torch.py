@@ -234,3 +234,17 @@ def test_integer_promotion_matches_torch():
     check_op(lambda m, a: a + 1.5, [ints], grad=False)
     check_op(lambda m, a, b: a + b, [np.array(2.0), (3,)], dtype=np.float32,
              requires_grad=[True, True])
+
+
+FLOAT32_CASES = [c for c in REAL_CASES if c[0] != "nll_loss_weight"]  # that case builds float64
+
+
+@pytest.mark.parametrize("name,fn,shapes", FLOAT32_CASES, ids=[c[0] for c in FLOAT32_CASES])
+def test_real_op_float32_keeps_dtypes(name, fn, shapes):
+    """The default dtype: forward dtypes, gradient dtypes and values as PyTorch's."""
+    check_op(fn, shapes, dtype=np.float32, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name,fn,shapes", COMPLEX_CASES, ids=[c[0] for c in COMPLEX_CASES])
+def test_complex64_op(name, fn, shapes):
+    check_op(fn, shapes, dtype=np.complex64, atol=1e-4, rtol=1e-3)
