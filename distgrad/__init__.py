@@ -26,6 +26,7 @@ from .ops.shape import *  # noqa: F401,F403
 from .ops.softmax import *  # noqa: F401,F403
 from .ops.unary import *  # noqa: F401,F403
 from .ops.unary import gelu as _gelu
+from .serialization import load, save
 from . import autograd
 from . import nn
 from . import utils
