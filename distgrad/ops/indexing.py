@@ -4,6 +4,8 @@ maximum/minimum, masked_fill.
 Basic indexing (ints, slices, None, Ellipsis) returns a view; advanced indexing
 copies, and its gradient accumulates over repeated indices.
 """
+from collections import namedtuple
+
 import numpy as np
 
 from ..autograd.tensor import Tensor, _make, _wrap_dim
@@ -11,7 +13,8 @@ from .promotion import operands, as_tensor_operand
 from .registry import defop, record, record_view
 
 __all__ = ["getitem", "index_put", "index_select", "gather", "where", "maximum", "minimum",
-           "masked_fill", "masked_select", "take_along_dim", "scatter_add", "fmax", "fmin"]
+           "masked_fill", "masked_select", "take_along_dim", "scatter_add", "fmax", "fmin",
+           "sort", "argsort", "topk"]
 
 
 def convert_key(key):
@@ -222,3 +225,37 @@ def masked_select(input, mask):
     m = mask._data if isinstance(mask, Tensor) else np.asarray(mask)
     shape = np.broadcast_shapes(input._data.shape, m.shape)
     return getitem(input.expand(shape), np.broadcast_to(m, shape))
+
+
+sort_result = namedtuple("sort", ["values", "indices"])
+topk_result = namedtuple("topk", ["values", "indices"])
+
+
+def argsort(input, dim=-1, descending=False, stable=False):
+    d = input._data
+    dim = _wrap_dim(dim, d.ndim)
+    if d.ndim == 0:
+        return _make(np.zeros((), dtype=np.int64))
+    key = -d if descending and d.dtype.kind != "b" else d
+    idx = np.argsort(key, axis=dim, kind="stable")
+    if descending and d.dtype.kind == "b":
+        idx = np.flip(np.argsort(d, axis=dim, kind="stable"), axis=dim)
+    return _make(idx.astype(np.int64))
+
+
+def sort(input, dim=-1, descending=False, stable=False):
+    """Values (differentiable, through gather) and indices along ``dim``."""
+    if input._data.ndim == 0:
+        return sort_result(input.clone(), _make(np.zeros((), dtype=np.int64)))
+    indices = argsort(input, dim, descending, stable)
+    return sort_result(gather(input, dim, indices), indices)
+
+
+def topk(input, k, dim=-1, largest=True, sorted=True):  # noqa: A002
+    d = input._data
+    dim = _wrap_dim(dim, d.ndim)
+    if not 0 <= k <= (d.shape[dim] if d.ndim else 1):
+        raise RuntimeError(f"selected index k out of range (k={k}, size {d.shape[dim]})")
+    order = argsort(input, dim, descending=largest)
+    indices = _make(np.take(order._data, np.arange(k), axis=dim))
+    return topk_result(gather(input, dim, indices), indices)

@@ -22,7 +22,7 @@ _METHODS = {
             "split", "chunk", "unbind", "clone", "contiguous", "flip", "movedim", "narrow",
             "repeat", "tile", "reshape_as", "sum_to_size"],
     indexing: ["index_select", "gather", "masked_fill", "masked_select", "maximum", "minimum",
-               "take_along_dim", "scatter_add", "fmax", "fmin"],
+               "take_along_dim", "scatter_add", "fmax", "fmin", "sort", "argsort", "topk"],
     complex_ops: ["conj", "conj_physical", "angle"],
     softmax: ["softmax", "log_softmax"],
     conversion: ["to"],
@@ -83,6 +83,14 @@ def _type_method(dtype_name):
         return conversion.to(self, getattr(_dt, dtype_name))
     method.__name__ = dtype_name
     return method
+
+
+def _type(self, dtype=None, non_blocking=False):
+    """``x.type()`` names the tensor type; ``x.type(dtype)`` converts, as in PyTorch."""
+    if dtype is None:
+        from ..autograd.tensor import _describe
+        return _describe(self._data).split(" ")[0]
+    return conversion.to(self, dtype)
 
 
 def _new_factory(factory):
@@ -174,6 +182,7 @@ def install():
     T.cfloat = _type_method("complex64")
     T.cdouble = _type_method("complex128")
     T.type_as = lambda self, other: conversion.to(self, other.dtype)
+    T.type = _type
     T.cpu = lambda self, memory_format=None: self
     T.new_zeros = _new_factory(creation.zeros)
     T.new_ones = _new_factory(creation.ones)
