@@ -21,6 +21,7 @@ from .ops.conversion import *  # noqa: F401,F403
 from .ops.creation import *  # noqa: F401,F403
 from .ops.indexing import *  # noqa: F401,F403
 from .ops.linalg import matmul, mm, bmm, dot, mv, outer  # noqa: F401
+from .ops.einsum import einsum  # noqa: F401
 from .ops.reduction import *  # noqa: F401,F403
 from .ops.shape import *  # noqa: F401,F403
 from .ops.softmax import *  # noqa: F401,F403

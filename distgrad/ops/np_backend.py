@@ -159,3 +159,7 @@ def flip_cumsum(g, axis):
 def erf(a):
     from .unary import _erf_array
     return _erf_array(a)
+
+
+def einsum(equation, *operands):
+    return np.einsum(equation, *operands, optimize=True)

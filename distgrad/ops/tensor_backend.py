@@ -138,5 +138,10 @@ def flip_cumsum(g, axis):
     return shape.flip(reduction.cumsum(shape.flip(g, axis), axis), axis)
 
 
+def einsum(equation, *operands):
+    from .einsum import einsum as _einsum
+    return _einsum(equation, *operands)
+
+
 def is_tensor_backend():
     return True
