@@ -17,9 +17,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 # One BLAS thread per process: with two processes on the same cores, OpenBLAS threads
@@ -33,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_rpc import RawClient, _free_port  # noqa: E402 - the same floor as the RPC benchmark
+# The same floor, torch worker and interleaved timing as the RPC benchmark.
+from bench_rpc import RawClient, _free_port, _interleaved, _torch_worker  # noqa: E402
 
 CONFIGS = ((32, 64), (256, 512))
 LAYERS = 4
@@ -42,17 +41,6 @@ LAYERS = 4
 def _mlp(nn, d):
     from distgrad.testing.dist_funcs import make_mlp
     return make_mlp(d, LAYERS)
-
-
-def _median_interleaved(fns, reps, batches):
-    times = {k: [] for k in fns}
-    for _ in range(batches):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            times[k].append((time.perf_counter() - t) / reps)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 # ---------------------------------------------------------------------- distgrad
@@ -71,7 +59,7 @@ def bench_distgrad(reps, batches):
     out = {}
     try:
         small = np.ones(16, dtype=np.float32)
-        out["raw_rt"] = _median_interleaved({"r": lambda: raw(small)}, 500, batches)["r"]
+        out["raw_rt"] = _interleaved({"r": lambda: raw(small)}, 500, batches)["r"]
         for b, d in CONFIGS:
             rng = np.random.default_rng(0)
             x = distgrad.tensor(rng.standard_normal((b, d)).astype(np.float32))
@@ -97,7 +85,7 @@ def bench_distgrad(reps, batches):
             for _ in range(20):
                 dist_step(), local_step()
             r = max(3, reps // (1 if d < 256 else 10))
-            res = _median_interleaved({"dist": dist_step, "local": local_step}, r, batches)
+            res = _interleaved({"dist": dist_step, "local": local_step}, r, batches)
             out[(b, d)] = res
         return out
     finally:
@@ -123,15 +111,6 @@ def _torch_make_stage(d):
 
 def _torch_forward(x):
     return _TORCH_STAGE(x)
-
-
-def _torch_worker(port):
-    import torch
-    import torch.distributed.rpc as trpc
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    trpc.init_rpc("worker1", rank=1, world_size=2)
-    trpc.shutdown()
 
 
 def bench_torch(reps, batches):
@@ -178,7 +157,7 @@ def bench_torch(reps, batches):
             for _ in range(20):
                 dist_step(), local_step()
             r = max(3, reps // (1 if d < 256 else 10))
-            out[(b, d)] = _median_interleaved({"dist": dist_step, "local": local_step}, r, batches)
+            out[(b, d)] = _interleaved({"dist": dist_step, "local": local_step}, r, batches)
         return out
     finally:
         trpc.shutdown()

@@ -94,32 +94,27 @@ def dot_grads_of_grad_attr(key):
     return [None if p.grad is None else p.grad.numpy() for p in _store[key]]
 
 
-class _FailInBackward(Function):
+class _Misbehave(Function):
+    """Identity whose backward raises (``"raise"``) or kills this process (``"die"``)."""
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, how):
+        ctx.how = how
         return x * 1.0
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.how == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
         raise ValueError("boom in backward")
 
 
-class _DieInBackward(Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1.0
-
-    @staticmethod
-    def backward(ctx, g):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def fail_in_backward(key, x):
-    return _FailInBackward.apply(stage(key, x))
+    return _Misbehave.apply(stage(key, x), "raise")
 
 
 def die_in_backward(key, x):
-    return _DieInBackward.apply(stage(key, x))
+    return _Misbehave.apply(stage(key, x), "die")
 
 
 # ---------------------------------------------------------------------- hooks by reference
@@ -180,3 +175,9 @@ def make_mlp(d, layers):
     """``layers`` x (Linear(d, d), Tanh) as a Sequential (a RemoteModule constructor)."""
     from distgrad import nn
     return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(d, d), nn.Tanh())])
+
+
+def slow_stage(key, x, seconds):
+    import time
+    time.sleep(seconds)
+    return stage(key, x)

@@ -238,3 +238,20 @@ def test_worker_killed_mid_backward_is_an_error_within_heartbeat_bound(rpc_world
             dist_autograd.backward(cid, [(a * b).sum()])
         assert time.monotonic() - t0 < 10.0
     assert rpc.rpc_sync("worker2", dist_autograd._engine.live_contexts) == []
+
+
+def test_context_released_while_its_rpc_runs_is_harmless(world2):
+    _params("worker1", "l1", 19, S1)
+    x = distgrad.tensor(_x(40), requires_grad=True)
+    with dist_autograd.context() as cid:
+        fut = rpc.rpc_async("worker1", f.slow_stage, ("l1", x, 0.5))
+    assert dist_autograd.debug_live_contexts() == {"worker0": [], "worker1": [], "worker2": []}
+    y = fut.wait()  # the reply of a released context: plain data, nothing recorded
+    assert y.requires_grad and y.grad_fn is None
+    assert dist_autograd.debug_live_contexts() == {"worker0": [], "worker1": [], "worker2": []}
+    with pytest.raises(RuntimeError, match="Could not find autograd context"):
+        dist_autograd.get_gradients(cid)
+    with dist_autograd.context() as cid:
+        y = rpc.rpc_sync("worker1", f.stage, ("l1", x))
+        dist_autograd.backward(cid, [y.sum()])
+        assert x in dist_autograd.get_gradients(cid)

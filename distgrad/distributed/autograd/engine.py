@@ -392,24 +392,37 @@ def _release_everywhere(context_id, exclude=(), raise_errors=True):
     if agent is None or not agent.running:
         return
     me = agent.name
-    futs = []
-    prev, _c._tls.current = _c._tls.current, None
+    peers = sorted(ctx.workers - set(exclude) - {me})
+    futs, first = [], None
+    prev, _c._tls.current = _c._tls.current, None  # release messages belong to no context
     try:
-        for peer in sorted(ctx.workers - set(exclude) - {me}):
-            futs.append((peer, agent.call(peer, _release_remote, (context_id, me))))
+        if len(peers) == 1:  # the common case: a blocking call is the cheapest round trip
+            futs.append((peers[0], _Sync(agent, peers[0], (context_id, me))))
+        else:
+            for peer in peers:
+                futs.append((peer, agent.call(peer, _release_remote, (context_id, me))))
+        for peer, f in futs:
+            try:
+                f.wait()
+            except WorkerUnreachableError as e:
+                log.warning("releasing autograd context %s: %s", context_id, e)
+            except Exception as e:  # noqa: BLE001
+                if first is None:
+                    first = e
     finally:
         _c._tls.current = prev
-    first = None
-    for peer, f in futs:
-        try:
-            f.wait()
-        except WorkerUnreachableError as e:
-            log.warning("releasing autograd context %s: %s", context_id, e)
-        except Exception as e:  # noqa: BLE001
-            if first is None:
-                first = e
     if first is not None and raise_errors:
         raise first
+
+
+class _Sync:
+    """A release made with a blocking call, read like a finished Future."""
+
+    def __init__(self, agent, peer, args):
+        self.agent, self.peer, self.args = agent, peer, args
+
+    def wait(self):
+        return self.agent.call_sync(self.peer, _release_remote, self.args)
 
 
 def live_contexts():
