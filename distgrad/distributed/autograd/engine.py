@@ -70,6 +70,8 @@ class _Pass:
         self.outstanding = 0
         self.unstarted = None  # coordinator: {rank: send ids} of parts its first gradient starts
         self.parts = None
+        self.deferred = None   # coordinator: starts held back until the roots' execute() returns
+        self.defer_thread = None
         self.done = Future()
         sends = []
         for mid in send_ids:
@@ -153,9 +155,14 @@ class _Pass:
         prev, _c._tls.current = _c._tls.current, None  # plain data: no recording
         try:
             if ids is not None:  # the coordinator starts that worker's part with this gradient
-                self.parts[rank] = agent.call(rank, _run_pass, (self.ctx.id, self.id, ids,
-                                                                self.retain, [recv.msg_id, g]),
-                                              None, 0)
+                args = (self.ctx.id, self.id, ids, self.retain, [recv.msg_id, g])
+                if self.deferred is not None and threading.get_ident() == self.defer_thread \
+                        and not self.task._heap:
+                    # Nothing local is left to run: start it once execute() returns (maybe
+                    # with a blocking call, the cheapest round trip; see backward()).
+                    self.deferred.append((rank, args))
+                    return
+                self.parts[rank] = agent.call(rank, _run_pass, args, None, 0)
                 return
             fut = agent.call(rank, _deliver, (self.ctx.id, self.id, recv.msg_id, g), None, 0)
         finally:
@@ -325,9 +332,36 @@ def backward(context_id, roots, retain_graph=False):
                                          (context_id, pass_id, ids, retain_graph), None, 0)
     finally:
         _c._tls.current = prev
-    p.feed(None, root_edges)
+    p.deferred, p.defer_thread = [], threading.get_ident()
+    try:
+        p.feed(None, root_edges)
+    finally:
+        deferred, p.deferred, p.defer_thread = p.deferred, None, None
     p._maybe_complete()
+    _start_deferred(agent, p, parts, deferred)
     _wait_all(agent, context_id, pass_id, parts, p)
+
+
+def _start_deferred(agent, p, parts, deferred):
+    """Start the parts held back by the roots' execute(): when it is the only part left, with
+    a blocking call (its reply is that part's completion; a failure or a dead worker ends
+    it), otherwise asynchronously."""
+    prev, _c._tls.current = _c._tls.current, None
+    try:
+        deferred = deferred or ()
+        if len(deferred) == 1 and not parts and p.done.done() and p.done.exception() is None:
+            rank, args = deferred[0]
+            fut = parts[rank] = Future()
+            try:
+                agent.call_sync(rank, _run_pass, args, None, 0)
+                fut._complete(None, None)
+            except BaseException as e:  # noqa: BLE001 - reported by _wait_all
+                fut._complete(None, e)
+            return
+        for rank, args in deferred:
+            parts[rank] = agent.call(rank, _run_pass, args, None, 0)
+    finally:
+        _c._tls.current = prev
 
 
 def _wait_all(agent, context_id, pass_id, parts, local):
