@@ -8,11 +8,14 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    entries gives exactly the send nodes that will receive a gradient (one each),
    grouped by owner. Send nodes that no gradient can reach (a result the loss does
    not use) are never waited for.
-2. ``_run_pass(ctx, pass, coordinator, send ids, retain)`` goes to every owner
+2. ``_run_pass(ctx, pass, send ids, retain[, first gradient])`` goes to every owner
    other than the coordinator (an asynchronous handler: its reply is the owner's
-   completion). Each process runs one :class:`GraphTask` whose roots are exactly its
-   expected send nodes (plus, on the coordinator, the roots), so nodes shared by
-   several of them wait for all their gradients.
+   completion). An owner the roots feed directly gets it together with its first
+   gradient, when the coordinator's engine reaches that recv node (one message, and
+   a blocking call when it is the last thing left); the others get it at once. Each
+   process runs one :class:`GraphTask` whose roots are exactly its expected send
+   nodes (plus, on the coordinator, the roots), so nodes shared by several of them
+   wait for all their gradients and nobody waits for a gradient that cannot come.
 3. Gradients flow: when an engine runs a recv node it ships the gradient to the
    sender (``_deliver``), whose pass adds it at the send node and executes what
    became ready. Gradients that arrive before their ``_run_pass`` are kept.
