@@ -181,3 +181,15 @@ def slow_stage(key, x, seconds):
     import time
     time.sleep(seconds)
     return stage(key, x)
+
+
+def node_post_log(grad_inputs, grad_outputs):
+    _log.append("node_post_ref")
+
+
+def module_fwd_pre_log(module, args):
+    _log.append(("module_fwd_pre_ref", type(module).__name__))
+
+
+def module_bwd_pre_log(module, grad_output):
+    _log.append(("module_bwd_pre_ref", type(module).__name__))

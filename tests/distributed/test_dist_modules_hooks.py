@@ -77,13 +77,14 @@ def test_tensor_and_node_hooks_across_processes_order_and_replacement(rpc_world)
                dh.register_tensor_hook(rref, "distgrad.testing.dist_funcs:times_ten"),
                dh.register_node_hook(rref, node_cb),
                dh.register_node_prehook(rref, node_cb and node_pre_cb),
-               dh.register_node_prehook(rref, dh.by_reference(f.node_pre_log))]
+               dh.register_node_prehook(rref, dh.by_reference(f.node_pre_log)),
+               dh.register_node_hook(rref, dh.by_reference(f.node_post_log))]
     with dist_autograd.context() as cid:
         y = rref.to_here()
         dist_autograd.backward(cid, [(y * y).sum()], retain_graph=True)
         got = rpc.rpc_sync("worker1", f.grads_of, (cid, "h1"))
     assert calls == [("tensor", (3, 5)), "node_pre", "node"]
-    assert rpc.rpc_sync("worker1", f.log) == ["tensor_ref", "node_pre_ref"]
+    assert rpc.rpc_sync("worker1", f.log) == ["tensor_ref", "node_pre_ref", "node_post_ref"]
     ps = f.params("h1@local")
     out = f.stage("h1@local", x)
     out.register_hook(lambda g: g * 30.0)
@@ -117,6 +118,8 @@ def test_module_hooks_both_ways_and_global_gradient_flow(rpc_world):
          rm1.register_forward_hook(dh.by_reference(f.module_fwd_scale)),
          rm1.register_full_backward_pre_hook(bwd_pre),
          rm1.register_full_backward_hook(bwd),
+         rm2.register_forward_pre_hook(dh.by_reference(f.module_fwd_pre_log)),
+         rm2.register_full_backward_pre_hook(dh.by_reference(f.module_bwd_pre_log)),
          rm2.register_full_backward_hook("distgrad.testing.dist_funcs:module_bwd_log")]
     ref = distgrad.nn.Linear(4, 5)
     _copy_into(ref, [r.to_here().detach().numpy() for r in rm1.remote_parameters()])
@@ -127,7 +130,9 @@ def test_module_hooks_both_ways_and_global_gradient_flow(rpc_world):
         dist_autograd.backward(cid, [rm2(y).sum()])
         g1 = rpc.rpc_sync("worker1", f.grads_of_module, (rm1.get_module_rref(), cid))
     assert seen[1:] == [("pre", "worker1:Linear"), ("bwd", "worker1:Linear", (3, 5))]
-    assert rpc.rpc_sync("worker2", f.log) == [("module_bwd_ref", "Linear")]
+    assert rpc.rpc_sync("worker2", f.log) == [("module_fwd_pre_ref", "Linear"),
+                                              ("module_bwd_pre_ref", "Linear"),
+                                              ("module_bwd_ref", "Linear")]
     assert rpc.rpc_sync("worker1", f.log) == [("module_fwd_ref", "Linear")]
     # reference: forward output doubled by the forward hook, grad_output doubled by the pre-hook
     w2 = rm2.remote_parameters()[0].to_here().detach().numpy()
