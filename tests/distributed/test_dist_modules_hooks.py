@@ -79,6 +79,7 @@ def test_tensor_and_node_hooks_across_processes_order_and_replacement(rpc_world)
                dh.register_node_prehook(rref, node_cb and node_pre_cb),
                dh.register_node_prehook(rref, dh.by_reference(f.node_pre_log)),
                dh.register_node_hook(rref, dh.by_reference(f.node_post_log))]
+    dh.retain_grad(rref)
     with dist_autograd.context() as cid:
         y = rref.to_here()
         dist_autograd.backward(cid, [(y * y).sum()], retain_graph=True)
@@ -88,7 +89,9 @@ def test_tensor_and_node_hooks_across_processes_order_and_replacement(rpc_world)
     ps = f.params("h1@local")
     out = f.stage("h1@local", x)
     out.register_hook(lambda g: g * 30.0)
+    out.retain_grad()
     (out * out).sum().backward()
+    _close(dh.remote_grad(rref).numpy(), out.grad.numpy())  # retain_grad sees the hooked grad
     for g, p in zip(got, ps):
         _close(g, p.grad.numpy())
     for h in handles:

@@ -24,7 +24,8 @@ from distgrad.rpc.resolve import ref_of
 from . import container as _c
 
 __all__ = ["by_reference", "RemoteHookHandle", "register_tensor_hook", "register_node_prehook",
-           "register_node_hook", "register_global_module_hook", "register_saved_tensors_hooks"]
+           "register_node_hook", "retain_grad", "remote_grad", "register_module_hook",
+           "register_global_module_hook", "register_saved_tensors_hooks"]
 
 _ids = itertools.count(1)
 _callbacks = {}        # on the registering process: hook id -> callable
@@ -165,6 +166,26 @@ def register_node_prehook(tensor_rref, hook):
 def register_node_hook(tensor_rref, hook):
     """``hook(grad_inputs, grad_outputs) -> tuple | None`` on the tensor's ``grad_fn``."""
     return _register_on_tensor(tensor_rref, hook, "node")
+
+
+def _retain_grad(rref):
+    rref.local_value().retain_grad()
+    return True
+
+
+def _grad_of(rref):
+    g = rref.local_value().grad
+    return None if g is None else g.detach()
+
+
+def retain_grad(tensor_rref):
+    """``retain_grad()`` on the owner's (non-leaf) tensor: its ``.grad`` there is kept."""
+    _rpc.rpc_sync(tensor_rref.owner_name(), _retain_grad, (tensor_rref,))
+
+
+def remote_grad(tensor_rref):
+    """The ``.grad`` of the tensor an RRef refers to, fetched from its owner."""
+    return _rpc.rpc_sync(tensor_rref.owner_name(), _grad_of, (tensor_rref,))
 
 
 # ---------------------------------------------------------------------- modules
