@@ -12,10 +12,11 @@ the message flow of a backward and ``container.py`` for the recording of sends/r
 """
 from . import container as _context
 from . import engine as _engine
+from . import hooks  # noqa: F401 - cross-process hooks: dist_autograd.hooks.register_*
 from .container import DistAutogradContext, current_context_id
 
 __all__ = ["context", "backward", "get_gradients", "DistAutogradContext",
-           "debug_live_contexts", "current_context_id", "is_available"]
+           "debug_live_contexts", "current_context_id", "is_available", "hooks"]
 
 
 def is_available():
