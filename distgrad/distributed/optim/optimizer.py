@@ -92,9 +92,12 @@ class DistributedOptimizer:
     def step(self, context_id):
         """Apply ``context_id``'s gradients on every owner; raise the first failure."""
         _c.require_context(context_id)
+        # All owners but the last step asynchronously, overlapping the local step; the
+        # last one is a blocking call, whose reply comes straight to this thread (an
+        # asynchronous reply costs a wake-up of the RPC thread and then of this one).
         prev, _c._tls.current = _c._tls.current, None
         try:
-            futs = [_rpc.rpc_async(o, _step, (self._key, context_id)) for o in self._owners]
+            futs = [_rpc.rpc_async(o, _step, (self._key, context_id)) for o in self._owners[:-1]]
         finally:
             _c._tls.current = prev
         first = None
@@ -103,6 +106,14 @@ class DistributedOptimizer:
                 self._local.step(context_id)
             except Exception as e:  # noqa: BLE001 - wait for the others, then raise
                 first = e
+        if self._owners:
+            prev, _c._tls.current = _c._tls.current, None
+            try:
+                _rpc.rpc_sync(self._owners[-1], _step, (self._key, context_id))
+            except Exception as e:  # noqa: BLE001 - wait for all, then raise
+                first = first or e
+            finally:
+                _c._tls.current = prev
         for f in futs:
             try:
                 f.wait()
