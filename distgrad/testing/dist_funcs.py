@@ -6,6 +6,7 @@ same model in one process and compare gradients.
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 
@@ -106,6 +107,9 @@ class _Misbehave(Function):
     def backward(ctx, g):
         if ctx.how == "die":
             os.kill(os.getpid(), signal.SIGKILL)
+        if ctx.how == "hang":
+            time.sleep(3.0)
+            return g
         raise ValueError("boom in backward")
 
 
@@ -115,6 +119,11 @@ def fail_in_backward(key, x):
 
 def die_in_backward(key, x):
     return _Misbehave.apply(stage(key, x), "die")
+
+
+def hang_in_backward(key, x):
+    """A backward that outlives a short RPC timeout while the worker stays alive."""
+    return _Misbehave.apply(stage(key, x), "hang")
 
 
 # ---------------------------------------------------------------------- hooks by reference

@@ -240,6 +240,20 @@ def test_worker_killed_mid_backward_is_an_error_within_heartbeat_bound(rpc_world
     assert rpc.rpc_sync("worker2", dist_autograd._engine.live_contexts) == []
 
 
+@pytest.mark.timeout(60)
+def test_worker_part_that_never_finishes_times_out_naming_the_worker(rpc_world):
+    rpc_world(1, rpc_timeout=1.5)
+    _params("worker1", "h1", 21, S1)
+    with dist_autograd.context() as cid:
+        y = rpc.rpc_sync("worker1", f.hang_in_backward, ("h1", distgrad.tensor(_x(41))))
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="worker1"):
+            dist_autograd.backward(cid, [(y * distgrad.ones(1, requires_grad=True)).sum()])
+        assert time.monotonic() - t0 < 3.0
+    time.sleep(2.0)  # the hung part ends on a released context: harmless
+    assert rpc.rpc_sync("worker1", dist_autograd._engine.live_contexts) == []
+
+
 def test_context_released_while_its_rpc_runs_is_harmless(world2):
     _params("worker1", "l1", 19, S1)
     x = distgrad.tensor(_x(40), requires_grad=True)

@@ -165,9 +165,9 @@ class _Pass:
                     # with a blocking call, the cheapest round trip; see backward()).
                     self.deferred.append((rank, args))
                     return
-                self.parts[rank] = agent.call(rank, _run_pass, args, None, 0)
+                self.parts[rank] = agent.call(rank, _run_pass, args, None, -1)
                 return
-            fut = agent.call(rank, _deliver, (self.ctx.id, self.id, recv.msg_id, g), None, 0)
+            fut = agent.call(rank, _deliver, (self.ctx.id, self.id, recv.msg_id, g), None, -1)
         finally:
             _c._tls.current = prev
         fut.add_done_callback(self._shipped)
@@ -332,7 +332,7 @@ def backward(context_id, roots, retain_graph=False):
         for rank, ids in expected.items():
             if rank not in direct:
                 parts[rank] = agent.call(rank, _run_pass,
-                                         (context_id, pass_id, ids, retain_graph), None, 0)
+                                         (context_id, pass_id, ids, retain_graph), None, -1)
     finally:
         _c._tls.current = prev
     p.deferred, p.defer_thread = [], threading.get_ident()
@@ -343,6 +343,11 @@ def backward(context_id, roots, retain_graph=False):
     p._maybe_complete()
     _start_deferred(agent, p, parts, deferred)
     _wait_all(agent, context_id, pass_id, parts, p)
+
+
+# Every message of a pass uses the RPC default timeout (``rpc_timeout``, 60 s unless
+# configured): a worker that stays alive (heartbeats answered) but never finishes its
+# part fails the pass with a timeout naming it, instead of hanging the coordinator.
 
 
 def _start_deferred(agent, p, parts, deferred):
@@ -356,13 +361,13 @@ def _start_deferred(agent, p, parts, deferred):
             rank, args = deferred[0]
             fut = parts[rank] = Future()
             try:
-                agent.call_sync(rank, _run_pass, args, None, 0)
+                agent.call_sync(rank, _run_pass, args, None, -1)
                 fut._complete(None, None)
             except BaseException as e:  # noqa: BLE001 - reported by _wait_all
                 fut._complete(None, e)
             return
         for rank, args in deferred:
-            parts[rank] = agent.call(rank, _run_pass, args, None, 0)
+            parts[rank] = agent.call(rank, _run_pass, args, None, -1)
     finally:
         _c._tls.current = prev
 
