@@ -354,8 +354,7 @@ class Tensor:
         return "tensor(" + body + "".join(", " + e for e in extras) + ")"
 
     def __reduce_ex__(self, protocol):
-        # Local pickling (copy.deepcopy, state_dict saved with pickle) is allowed;
-        # the RPC wire never uses it (see distgrad/rpc).
+        # For copy.copy; the RPC wire and checkpoints have their own codec (rpc/wire.py).
         return (_rebuild, (self._data.copy(), self._requires_grad))
 
     def __deepcopy__(self, memo):

