@@ -1,0 +1,30 @@
+"""Collection-wide settings.
+
+The RPC and distributed tests need pyzmq and msgpack, which ``pip install -e .``
+installs with distgrad. Run with an interpreter that lacks them (a system pytest on
+a source checkout, say), those directories are reported as skipped, with the reason,
+instead of failing to import and stopping the whole run.
+"""
+import importlib.util
+
+import pytest
+
+_MISSING = [name for name in ("zmq", "msgpack") if importlib.util.find_spec(name) is None]
+_NEEDS_RPC = ("rpc", "distributed")
+_SKIPPED_KEY = pytest.StashKey[list]()
+
+
+def pytest_ignore_collect(collection_path, config):
+    if _MISSING and collection_path.parent.name in _NEEDS_RPC and collection_path.suffix == ".py":
+        config.stash.setdefault(_SKIPPED_KEY, []).append(collection_path.name)
+        return True
+    return None
+
+
+def pytest_collection_finish(session):
+    skipped = session.config.stash.get(_SKIPPED_KEY, [])
+    if skipped:
+        session.config.get_terminal_writer().line(
+            f"SKIPPED {len(skipped)} RPC/distributed test files: "
+            f"{', '.join(_MISSING)} not installed (pip install -e '.[test]' installs them)",
+            yellow=True)
