@@ -243,13 +243,6 @@ class GraphTask:
     def mark_ready(self, node):
         heapq.heappush(self._heap, (-node._seq, next(self._tiebreak), node))
 
-    def release_dependency(self, node):
-        deps = self.dependencies
-        remaining = deps.get(node, 0) - 1
-        deps[node] = remaining
-        if remaining <= 0:
-            self.mark_ready(node)
-
     # -- execution --
     def execute(self):
         """Run every ready node until none is left (the hot loop: keep it flat)."""
@@ -412,7 +405,7 @@ def _to_user(g):
     return g if (g is None or isinstance(g, Tensor)) else _make(g)
 
 
-def _from_user(value, like):
+def _from_user(value):
     if value is None or _state.grad_enabled:
         return value
     if isinstance(value, Tensor):
@@ -432,7 +425,7 @@ def _call_tensor_pre_hooks(node, grads):
                     if not isinstance(result, Tensor):
                         raise TypeError(f"hook returned a {type(result).__name__}, "
                                         "expected a Tensor or None")
-                    g = _from_user(result, g)
+                    g = _from_user(result)
             grads[nr] = g
     retains = node._retains_grad_hooks
     if retains:
@@ -450,7 +443,7 @@ def _call_node_pre_hooks(node, grads):
             if len(result) != len(grads):
                 raise RuntimeError(f"hook returned {len(result)} gradients for {node.name()}, "
                                    f"expected {len(grads)}")
-            grads = [_from_user(r, g) for r, g in zip(result, grads)]
+            grads = [_from_user(r) for r in result]
     return grads
 
 
@@ -463,7 +456,7 @@ def _call_node_post_hooks(node, outputs, grads):
             if len(result) != len(outputs):
                 raise RuntimeError(f"hook returned {len(result)} gradients for {node.name()}, "
                                    f"expected {len(outputs)}")
-            outputs = tuple(_from_user(r, o) for r, o in zip(result, outputs))
+            outputs = tuple(_from_user(r) for r in result)
     return outputs
 
 

@@ -119,9 +119,6 @@ class Node:
         hooks = self._tensor_pre_hooks.get(output_nr)
         return tuple(hooks.values()) if hooks else ()
 
-    def _has_any_pre_hooks(self):
-        return bool(self._tensor_pre_hooks or self._retains_grad_hooks or self._pre_hooks)
-
 
 # Concurrent backward passes may accumulate into the same leaf; PyTorch locks too.
 _accumulate_lock = threading.Lock()

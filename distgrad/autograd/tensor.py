@@ -344,8 +344,8 @@ class Tensor:
         body = np.array2string(self._data, separator=", ", precision=4, prefix="tensor(",
                                threshold=1000, edgeitems=3)
         extras = []
-        if self._data.dtype != _dt.get_default_dtype().numpy and self._data.dtype.kind != "i" \
-                and self._data.dtype.kind != "b" or self._data.dtype in (np.int32, np.int16, np.int8, np.uint8):
+        # As PyTorch: the dtype is shown unless it is the default float, int64 or bool.
+        if self._data.dtype not in (_dt.get_default_dtype().numpy, np.int64, np.bool_):
             extras.append(f"dtype={self.dtype!r}")
         if self._grad_fn is not None:
             extras.append(f"grad_fn=<{type(self._grad_fn).__name__}>")

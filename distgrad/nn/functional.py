@@ -73,7 +73,7 @@ def _reduce(loss, reduction):
     raise ValueError(f"{reduction} is not a valid value for reduction")
 
 
-def _check_same_shape(input, target, name):
+def _check_same_shape(input, target):
     if input.shape != target.shape:
         import warnings
         warnings.warn(f"Using a target size ({target.shape}) that is different to the input size "
@@ -83,13 +83,13 @@ def _check_same_shape(input, target, name):
 
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
-    _check_same_shape(input, target, "mse_loss")
+    _check_same_shape(input, target)
     diff = input - target
     return _reduce(diff * diff, _legacy_reduction(size_average, reduce, reduction))
 
 
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
-    _check_same_shape(input, target, "l1_loss")
+    _check_same_shape(input, target)
     return _reduce(unary.abs(input - target), _legacy_reduction(size_average, reduce, reduction))
 
 

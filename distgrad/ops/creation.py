@@ -142,8 +142,7 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
             dtype = _dt.get_default_dtype().to_complex()
     if isinstance(fill_value, Tensor):
         fill_value = fill_value.item()
-    return _finish(np.full(_size((size,) if isinstance(size, int) else (size,)),
-                           fill_value, dtype=_float_dtype(dtype)), requires_grad)
+    return _finish(np.full(_size((size,)), fill_value, dtype=_float_dtype(dtype)), requires_grad)
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False):

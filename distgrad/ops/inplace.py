@@ -9,7 +9,7 @@ as in PyTorch, so the gradient reaches the base's earlier history correctly.
 import numpy as np
 
 from ..autograd.grad_mode import _state
-from ..autograd.node import Node, next_sequence_nr
+from ..autograd.node import Node, init_node, next_sequence_nr
 from ..autograd.tensor import Tensor, _make
 from .promotion import as_tensor_operand
 from .registry import defop, record, _new_node
@@ -150,13 +150,12 @@ AsStridedBackward0 = defop("AsStridedBackward0", vjps=(_as_view_grad,))
 
 def _rebase_view(view, base, node):
     copy = object.__new__(CopySlices)
-    Node.__init__(copy)
+    base_edge = base._grad_edge() if base._requires_grad else (None, 0)
+    init_node(copy, (base_edge,) + node._next[1:], next_sequence_nr(),
+              ((base._data.shape, base._data.dtype),))
     copy.fn = node
     copy.view_fn = view._view_fn
     copy.base_shape = base._data.shape
-    base_edge = base._grad_edge() if base._requires_grad else (None, 0)
-    copy._next = (base_edge,) + node._next[1:]
-    copy._out_meta = ((base._data.shape, base._data.dtype),)
     base._grad_fn = copy
     base._output_nr = 0
     base._requires_grad = True

@@ -43,6 +43,18 @@ _INPLACE = {
 }
 
 
+# x op y, y op x (reflected) and x op= y (the in-place method, where PyTorch has one)
+_BINARY_OPERATORS = {
+    "add": (arithmetic.add, "add_"), "sub": (arithmetic.sub, "sub_"),
+    "mul": (arithmetic.mul, "mul_"), "truediv": (arithmetic.div, "div_"),
+    "floordiv": (arithmetic.floor_divide, None), "mod": (arithmetic.remainder, None),
+    "pow": (arithmetic.pow, "pow_"), "matmul": (linalg.matmul, None),
+}
+
+_TYPE_METHODS = {"float": "float32", "double": "float64", "half": "float16", "long": "int64",
+                 "int": "int32", "bool": "bool", "cfloat": "complex64", "cdouble": "complex128"}
+
+
 def _inplace_method(name, fn):
     def method(self, *args, **kwargs):
         return inplace.apply_inplace(self, fn, *args, **kwargs)
@@ -127,27 +139,11 @@ def install():
     T.normal_ = _normal_
     T.__getitem__ = indexing.getitem
     T.__setitem__ = _setitem
-    T.__add__ = arithmetic.add
-    T.__radd__ = _reflected(arithmetic.add)
-    T.__iadd__ = T.add_
-    T.__sub__ = arithmetic.sub
-    T.__rsub__ = _reflected(arithmetic.sub)
-    T.__isub__ = T.sub_
-    T.__mul__ = arithmetic.mul
-    T.__rmul__ = _reflected(arithmetic.mul)
-    T.__imul__ = T.mul_
-    T.__truediv__ = arithmetic.div
-    T.__rtruediv__ = _reflected(arithmetic.div)
-    T.__itruediv__ = T.div_
-    T.__floordiv__ = arithmetic.floor_divide
-    T.__rfloordiv__ = _reflected(arithmetic.floor_divide)
-    T.__mod__ = arithmetic.remainder
-    T.__rmod__ = _reflected(arithmetic.remainder)
-    T.__pow__ = arithmetic.pow
-    T.__rpow__ = _reflected(arithmetic.pow)
-    T.__ipow__ = T.pow_
-    T.__matmul__ = linalg.matmul
-    T.__rmatmul__ = _reflected(linalg.matmul)
+    for op, (fn, inplace_name) in _BINARY_OPERATORS.items():
+        setattr(T, f"__{op}__", fn)
+        setattr(T, f"__r{op}__", _reflected(fn))
+        if inplace_name is not None:
+            setattr(T, f"__i{op}__", getattr(T, inplace_name))
     T.__neg__ = arithmetic.neg
     T.__pos__ = lambda self: self
     T.__abs__ = unary.abs
@@ -171,16 +167,8 @@ def install():
     T.real = property(complex_ops.real)
     T.imag = property(complex_ops.imag)
     T.where = lambda self, condition, other: indexing.where(condition, self, other)
-    T.softmax = lambda self, dim, dtype=None: softmax.softmax(self, dim, dtype)
-    T.log_softmax = lambda self, dim, dtype=None: softmax.log_softmax(self, dim, dtype)
-    T.float = _type_method("float32")
-    T.double = _type_method("float64")
-    T.half = _type_method("float16")
-    T.long = _type_method("int64")
-    T.int = _type_method("int32")
-    T.bool = _type_method("bool")
-    T.cfloat = _type_method("complex64")
-    T.cdouble = _type_method("complex128")
+    for method, dtype_name in _TYPE_METHODS.items():
+        setattr(T, method, _type_method(dtype_name))
     T.type_as = lambda self, other: conversion.to(self, other.dtype)
     T.type = _type
     T.cpu = lambda self, memory_format=None: self

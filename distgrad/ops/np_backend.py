@@ -5,19 +5,15 @@
 """
 import numpy as np
 
-from ..autograd.broadcast import sum_to_shape
 
 exp = np.exp
 log = np.log
 sin = np.sin
 cos = np.cos
 sqrt = np.sqrt
-abs = np.abs  # noqa: A001
 where = np.where
-maximum = np.maximum
 matmul = np.matmul
 real = np.real
-imag = np.imag
 sign = np.sign
 tanh = np.tanh
 
@@ -70,9 +66,6 @@ def zeros(shape, like):
     return np.zeros(shape, dtype=like.dtype)
 
 
-def cast(a, like):
-    return a.astype(like.dtype, copy=False)
-
 
 def index_add(base_shape, key, g, accumulate):
     """Zeros of ``base_shape`` with ``g`` put at ``key``; repeated indices accumulate."""
@@ -117,26 +110,11 @@ def scatter_add_along(shape, idx, g, axis):
     return out
 
 
-def unbroadcast(a, shape):
-    return sum_to_shape(a, shape)
-
 
 def mask(a, cond):
     """``a`` where ``cond`` else 0 (``cond`` is a constant boolean array)."""
     return np.where(cond, a, 0).astype(a.dtype, copy=False)
 
-
-def exclusive_cumprod_pair(a, axis):
-    """Products of everything before and after each element along ``axis``."""
-    ones_shape = list(a.shape)
-    ones_shape[axis] = 1
-    one = np.ones(ones_shape, dtype=a.dtype)
-    left = np.cumprod(np.concatenate([one, np.take(a, range(a.shape[axis] - 1), axis=axis)],
-                                     axis=axis), axis=axis)
-    rev = np.flip(a, axis=axis)
-    right = np.flip(np.cumprod(np.concatenate(
-        [one, np.take(rev, range(a.shape[axis] - 1), axis=axis)], axis=axis), axis=axis), axis=axis)
-    return left, right
 
 
 def is_tensor_backend():

@@ -143,15 +143,6 @@ def _new_node(cls, edges, meta, out_meta):
     return node
 
 
-def needs_grad(inputs):
-    if not _state.grad_enabled:
-        return False
-    for x in inputs:
-        if x is not None and x._requires_grad:
-            return True
-    return False
-
-
 def record(cls, out, inputs, saved=(), meta=None):
     """Wrap ``out`` (an ndarray) as the result of op ``cls`` applied to tensor ``inputs``.
 

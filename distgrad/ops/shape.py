@@ -322,13 +322,11 @@ def vstack(tensors):
 
 
 def _split_vjp(xp, grads, m, needs):
-    pieces = []
-    for g, shape in zip(grads, m["shapes"]):
-        pieces.append(g if g is not None else None)
-    if all(p is None for p in pieces):
+    """Join the pieces' gradients, with zeros for pieces that got none."""
+    like = next((g for g in grads if g is not None), None)
+    if like is None:
         return (None,)
-    like = next(p for p in pieces if p is not None)
-    pieces = [p if p is not None else xp.zeros(shape, like) for p, shape in zip(pieces, m["shapes"])]
+    pieces = [g if g is not None else xp.zeros(shape, like) for g, shape in zip(grads, m["shapes"])]
     return (xp.concatenate(pieces, m["dim"]),)
 
 

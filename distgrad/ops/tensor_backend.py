@@ -15,15 +15,12 @@ log = unary.log
 sin = unary.sin
 cos = unary.cos
 sqrt = unary.sqrt
-abs = unary.abs  # noqa: A001
 tanh = unary.tanh
 erf = unary.erf
 sign = unary.sign
 matmul = linalg.matmul
 real = _complex.real
-imag = _complex.imag
 conj = _complex.conj
-maximum = indexing.maximum
 
 
 def _t(x):
@@ -80,9 +77,6 @@ def zeros(shape_, like):
     return _make(np.zeros(shape_, dtype=like._data.dtype))
 
 
-def cast(a, like):
-    return a.to(like.dtype)
-
 
 def mask(a, cond):
     cond = np.asarray(cond)
@@ -129,9 +123,6 @@ def split_at(a, offsets, axis):
     bounds = [0] + [int(o) for o in offsets] + [n]
     return shape.split(a, [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)], axis)
 
-
-def unbroadcast(a, shape_):
-    return shape.sum_to_size(a, shape_)
 
 
 def flip_cumsum(g, axis):

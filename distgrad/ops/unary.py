@@ -36,9 +36,7 @@ def _defunary(name, forward, node, quiet=False):
     saves_input = "self" in node._saved_names
 
     def op(input):
-        x = input._data
-        if x.dtype.kind in "biu":
-            x = _floating(input)
+        x = _floating(input)
         if quiet:
             res = forward(x)
         else:
