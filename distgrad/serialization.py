@@ -1,16 +1,15 @@
-"""``distgrad.save`` / ``distgrad.load``: checkpoints in the RPC wire format (no pickle).
+"""``distgrad.save`` / ``distgrad.load``: checkpoints in the value codec's format (no pickle).
 
-A file is one msgpack array ``[magic, version, body, [buffer, ...]]`` where ``body``
-and the buffers are exactly what :func:`distgrad.rpc.wire.encode` produces for the
-object: tensors, arrays, containers (dict, list, tuple), numbers, strings, dtypes.
-Loading can therefore never run code, as ``torch.load(weights_only=True)`` promises:
-functions and other objects are refused on save (TypeError naming the type) and on
-load (the codec has no resolver here).
+A file is one msgpack array ``[magic, version, data]`` where ``data`` is what
+:func:`distgrad.codec.dumps` makes of the object: tensors, arrays, containers
+(dict, list, tuple), numbers, strings, dtypes. Loading can therefore never run
+code, as ``torch.load(weights_only=True)`` promises: functions and other objects
+are refused on save (TypeError naming the type) and on load.
 """
 __all__ = ["save", "load"]
 
 _MAGIC = "distgrad-checkpoint"
-_VERSION = 1
+_VERSION = 2
 
 
 def _is_path(f):
@@ -20,37 +19,39 @@ def _is_path(f):
 def save(obj, f):
     """Write ``obj`` (a state_dict, tensors, containers) to a path or a binary file."""
     import msgpack
-    from .rpc import wire  # imported here: the RPC layer (and pyzmq) load on first use
+    from . import codec
     try:
-        body, buffers = wire.encode(obj)
-    except TypeError as e:  # the codec's message names the type; say who refused it
-        raise TypeError(f"distgrad.save: {e}") from None
-    data = msgpack.packb([_MAGIC, _VERSION, body, [bytes(memoryview(b)) for b in buffers]])
+        data = codec.dumps(obj)
+    except (TypeError, codec.CodecError) as e:  # the codec's message names the type
+        raise type(e)(f"distgrad.save: {e}") from None
+    blob = msgpack.packb([_MAGIC, _VERSION, data])
     if _is_path(f):
         with open(f, "wb") as fh:
-            fh.write(data)
+            fh.write(blob)
     else:
-        f.write(data)
+        f.write(blob)
 
 
 def load(f, map_location=None, weights_only=True):
     """Read what :func:`save` wrote; tensors come back writable and detached from the file."""
     import msgpack
-    from .rpc import wire
-    from .rpc.errors import ProtocolError
+    from . import codec
+    name = getattr(f, "name", f)
     if _is_path(f):
         with open(f, "rb") as fh:
-            data = fh.read()
+            blob = fh.read()
     else:
-        data = f.read()
+        blob = f.read()
     try:
-        magic, version, body, buffers = msgpack.unpackb(data, raw=False)
+        magic, version, data = msgpack.unpackb(blob, raw=False)
     except Exception:  # noqa: BLE001 - any malformation is the same error for the user
-        raise ProtocolError(f"{getattr(f, 'name', f)!r} is not a distgrad checkpoint") from None
+        raise RuntimeError(f"{name!r} is not a distgrad checkpoint") from None
     if magic != _MAGIC or version != _VERSION:
-        raise ProtocolError(f"{getattr(f, 'name', f)!r} is not a distgrad checkpoint "
-                            f"(version {_VERSION})")
-    return _writable(wire.decode(body, buffers))
+        raise RuntimeError(f"{name!r} is not a distgrad checkpoint of version {_VERSION}")
+    try:
+        return _writable(codec.loads(data))
+    except codec.CodecError as e:
+        raise RuntimeError(f"{name!r} is a damaged distgrad checkpoint: {e}") from None
 
 
 def _writable(obj):

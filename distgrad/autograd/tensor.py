@@ -13,6 +13,7 @@ import numpy as np
 from . import dtype as _dt
 from .grad_mode import _state, inference_threads as _inference_threads
 from ..utils.hooks import RemovableHandle
+from .. import codec as _codec
 
 __all__ = ["Tensor", "is_tensor"]
 
@@ -354,7 +355,7 @@ class Tensor:
         return "tensor(" + body + "".join(", " + e for e in extras) + ")"
 
     def __reduce_ex__(self, protocol):
-        # For copy.copy; the RPC wire and checkpoints have their own codec (rpc/wire.py).
+        # For copy.copy; the RPC wire and checkpoints have their own codec (distgrad/codec.py).
         return (_rebuild, (self._data.copy(), self._requires_grad))
 
     def __deepcopy__(self, memo):
@@ -466,3 +467,19 @@ def _describe(array):
 
 def is_tensor(obj):
     return isinstance(obj, Tensor)
+
+
+# ---------------------------------------------------------------- the value codec
+# Tensors travel (RPC, checkpoints, the activation store) as their array plus
+# requires_grad; a received tensor is a new leaf over a read-only view of the bytes.
+def _encode_tensor(t, enc):
+    return enc.array(np.asarray(t._data)) + [bool(t._requires_grad)]
+
+
+def _decode_tensor(payload, dec):
+    if type(payload) is not list or len(payload) != 4:
+        raise _codec.CodecError("malformed tensor")
+    return Tensor._wrap(dec.array(payload), requires_grad=payload[3] is True)
+
+
+_codec.register(Tensor, 6, _encode_tensor, _decode_tensor)

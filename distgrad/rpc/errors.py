@@ -5,6 +5,8 @@ it so torch-style ``except RuntimeError`` keeps working.
 """
 import builtins
 
+from .. import codec
+
 __all__ = ["RpcError", "RpcTimeoutError", "WorkerUnreachableError", "ProtocolError",
            "RefusedCallError", "RemoteError", "rebuild_exception"]
 
@@ -63,3 +65,12 @@ def rebuild_exception(type_name, module, message, tb_text, worker):
         if isinstance(cls, type) and issubclass(cls, RpcError) and cls is not RemoteError:
             return cls(text)
     return RemoteError(f"{module}.{type_name}: {text}", remote_type=f"{module}.{type_name}")
+
+
+def _decode_exception(payload, dec):
+    type_name, module, message, tb_text = payload
+    return rebuild_exception(type_name, module, message, tb_text, "?")
+
+
+# An exception returned as a value (not raised) travels like an ERROR reply's body.
+codec.register(BaseException, 9, lambda e, enc: describe_exception(e, ""), _decode_exception)

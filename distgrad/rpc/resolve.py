@@ -8,7 +8,9 @@ cannot be used as a trampoline to something it merely imported.
 """
 import importlib
 import sys
+import types
 
+from .. import codec
 from .errors import RefusedCallError
 
 __all__ = ["ref_of", "resolve", "module_allowed"]
@@ -64,3 +66,23 @@ def resolve(ref, allowed):
     if not callable(obj):
         raise RefusedCallError(f"{ref!r} is not callable")
     return obj
+
+
+def _encode_function(fn, enc):
+    if not getattr(enc.context, "functions_by_reference", False):
+        raise TypeError(f"{fn!r} cannot be sent or saved here: functions and classes "
+                        "travel by reference over RPC only")
+    return ref_of(fn)
+
+
+def _decode_function(ref, dec):
+    resolver = getattr(dec.context, "resolve", None)
+    if resolver is None:
+        raise codec.CodecError("functions are not accepted here")
+    if type(ref) is not str:
+        raise codec.CodecError("malformed function reference")
+    return resolver(ref)
+
+
+codec.register((types.FunctionType, types.BuiltinFunctionType, type), 12, _encode_function,
+               _decode_function)

@@ -13,6 +13,7 @@ value is ready.
 import threading
 import weakref
 
+from .. import codec
 from .errors import RpcTimeoutError
 
 __all__ = ["RRef", "OwnerTable"]
@@ -192,3 +193,20 @@ class RRef:
     def __repr__(self):
         kind = "OwnerRRef" if self.is_owner() else "UserRRef"
         return f"{kind}(owner={self._owner}, rref_id={self._rid}, fork_id={self._fid})"
+
+
+def _encode_rref(rref, enc):
+    ctx = enc.context
+    if ctx is None or getattr(ctx, "encode_rref", None) is None:
+        raise TypeError("RRef arguments need a running RPC agent")
+    return ctx.encode_rref(rref)
+
+
+def _decode_rref(payload, dec):
+    ctx = dec.context
+    if ctx is None or getattr(ctx, "decode_rref", None) is None:
+        raise codec.CodecError("RRef received outside an RPC agent")
+    return ctx.decode_rref(payload)
+
+
+codec.register(RRef, 7, _encode_rref, _decode_rref)

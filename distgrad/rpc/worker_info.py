@@ -1,4 +1,5 @@
 """WorkerInfo: a worker's name and rank, as in ``torch.distributed.rpc.WorkerInfo``."""
+from .. import codec
 
 
 class WorkerInfo:
@@ -16,3 +17,11 @@ class WorkerInfo:
 
     def __repr__(self):
         return f"WorkerInfo(id={self.id}, name={self.name})"
+
+
+def _decode(payload, dec):
+    name, wid = payload
+    return WorkerInfo(name, wid)
+
+
+codec.register(WorkerInfo, 8, lambda w, enc: [w.name, w.id], _decode)

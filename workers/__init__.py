@@ -1,1 +1,0 @@
-"""Entry points of distgrad's processes."""
