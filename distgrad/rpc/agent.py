@@ -53,7 +53,7 @@ from .pool import HandlerPool
 from .rendezvous import RendezvousServer, join, resolve_address
 from .resolve import ref_of, resolve
 from .rref import OwnerTable, RRef
-from .tempdirs import owned_tempdir
+from ..utils.tempdirs import owned_tempdir
 from .worker_info import WorkerInfo
 
 __all__ = ["Agent", "current_agent", "set_message_interceptor", "get_message_interceptor"]

@@ -1,18 +1,21 @@
-"""Temp directories owned by a process, and the clean-up of those whose owner died.
+"""Temp files and directories owned by a process, and the sweeping of those whose owner died.
 
-A process that crashes cannot remove its ipc:// socket directory. Each
-directory's name carries its owner's pid; whoever makes a new one first removes
-the directories of owners that are gone, so nothing piles up in /tmp.
+A process that crashes cannot remove what it made: its ipc:// socket directory,
+its offloaded activations, its shared-memory segments. Each such path's name
+carries its owner's pid (``<prefix><pid>-...``); whoever makes a new one first
+removes the paths of owners that are gone, so nothing piles up in /tmp or
+/dev/shm.
 """
 import os
 import re
 import shutil
 import tempfile
 
-__all__ = ["owned_tempdir", "sweep_stale"]
+__all__ = ["owned_tempdir", "owned_name", "sweep_stale", "pid_alive"]
 
 
-def _alive(pid):
+def pid_alive(pid):
+    """Whether a process with this pid exists (of any user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -23,7 +26,7 @@ def _alive(pid):
 
 
 def sweep_stale(prefix, root=None):
-    """Remove ``<root>/<prefix><pid>-*`` directories whose owner process has exited."""
+    """Remove ``<root>/<prefix><pid>-*`` files and directories whose owner has exited."""
     root = root or tempfile.gettempdir()
     pattern = re.compile(re.escape(prefix) + r"(\d+)-")
     try:
@@ -32,11 +35,23 @@ def sweep_stale(prefix, root=None):
         return
     for name in names:
         m = pattern.match(name)
-        if m and not _alive(int(m.group(1))):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        if m and not pid_alive(int(m.group(1))):
+            path = os.path.join(root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+def owned_name(prefix):
+    """The name prefix of a path this process owns: ``<prefix><pid>-``."""
+    return f"{prefix}{os.getpid()}-"
 
 
 def owned_tempdir(prefix, root=None):
     """A new temp directory named after this process, after sweeping dead owners' ones."""
     sweep_stale(prefix, root)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
+    return tempfile.mkdtemp(prefix=owned_name(prefix), dir=root)

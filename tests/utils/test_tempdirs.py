@@ -3,12 +3,16 @@ import os
 import subprocess
 import sys
 
-from distgrad.rpc.tempdirs import owned_tempdir, sweep_stale
+import pytest
+
+from distgrad.utils.tempdirs import owned_tempdir, sweep_stale
+
+pytestmark = pytest.mark.timeout(60)
 
 
 def test_dead_owners_directories_are_swept(tmp_path):
     # A child makes a directory and dies without cleaning up, as a crash would.
-    code = ("import sys; from distgrad.rpc.tempdirs import owned_tempdir; "
+    code = ("import sys; from distgrad.utils.tempdirs import owned_tempdir; "
             "print(owned_tempdir('dgtest-', sys.argv[1]))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                          text=True, timeout=60, check=True).stdout.strip()
@@ -18,3 +22,15 @@ def test_dead_owners_directories_are_swept(tmp_path):
     assert os.path.isdir(mine)
     sweep_stale("dgtest-", str(tmp_path))  # never removes a live owner's directory
     assert os.path.isdir(mine)
+
+
+def test_dead_owners_files_are_swept_too(tmp_path):
+    code = "import os; print(os.getpid())"
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True).stdout.strip()
+    stale = tmp_path / f"dgtest-{dead}-segment"
+    stale.write_bytes(b"x")
+    live = tmp_path / f"dgtest-{os.getpid()}-segment"
+    live.write_bytes(b"x")
+    sweep_stale("dgtest-", str(tmp_path))
+    assert not stale.exists() and live.exists()
