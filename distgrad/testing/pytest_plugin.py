@@ -7,7 +7,7 @@ Loaded in every pytest run, so it imports nothing heavy until the fixture is use
         from distgrad.distributed import rpc
         assert rpc.rpc_sync("worker1", operator.add, (1, 2)) == 3
 
-Workers are separate processes (``python -m workers.worker``) named ``worker1`` ..
+Workers are separate processes (``python -m distgrad worker``) named ``worker1`` ..
 ``workerN``; the test process joins as ``worker0``. Endpoints are ipc:// paths in a
 fresh temp dir or tcp port 0, so ``pytest -n auto`` is safe. At teardown the world
 shuts down gracefully, then every child is killed after a grace period and

@@ -12,7 +12,7 @@ import zmq
 from distgrad.rpc import api
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.rendezvous import RendezvousServer
-from distgrad.rpc.tempdirs import owned_tempdir
+from distgrad.utils.tempdirs import owned_tempdir
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -65,7 +65,7 @@ class World:
         name = self.names[rank]
         log_path = os.path.join(self.dir, f"{name}.log")
         self.logs[name] = log_path
-        cmd = [sys.executable, "-m", "workers.worker", "--name", name, "--rank", str(rank),
+        cmd = [sys.executable, "-m", "distgrad", "worker", "--name", name, "--rank", str(rank),
                "--world-size", str(self.n + 1), "--init-method", self.init_method,
                "--transport", self.transport]
         for m in self.options.get("allowed_modules", ()):

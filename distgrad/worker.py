@@ -1,0 +1,150 @@
+"""A worker process: joins an RPC world and serves until the world shuts down.
+
+    python -m distgrad worker --name worker1 --rank 1 --world-size 3 \\
+        --master-addr 127.0.0.1 --master-port 29500
+
+Every option falls back to an environment variable (shown in ``--help``), so
+Slurm, ssh and Kubernetes launchers can start workers without flags. The
+working directory is on the import path, as for ``python script.py``, so
+``--allow mymodel`` finds ``mymodel.py`` next to where the worker starts.
+"""
+import argparse
+import logging
+import os
+import signal
+import sys
+
+__all__ = ["add_arguments", "run", "main"]
+
+HELP = "run an RPC worker until the world shuts down"
+
+
+def _env(name, default=None):
+    v = os.environ.get(name)
+    return v if v not in (None, "") else default
+
+
+def _in_range(kind, low, high=None, name=None):
+    """argparse type: a number of ``kind`` in [low, high] with a message naming the option."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: must be {bound}")
+        return value
+    parse.__name__ = name or kind.__name__
+    return parse
+
+
+def add_arguments(p):
+    env = _env
+    p.add_argument("--name", default=env("WORKER_NAME") or env("NAME"),
+                   help="this worker's name, unique in the world (env: WORKER_NAME or NAME)")
+    p.add_argument("--rank", type=_in_range(int, 0), default=env("RANK"),
+                   help="this worker's rank, 0 <= rank < world size (env: RANK)")
+    p.add_argument("--world-size", type=_in_range(int, 1), default=env("WORLD_SIZE"),
+                   help="number of processes in the world, the coordinator included "
+                        "(env: WORLD_SIZE)")
+    p.add_argument("--master-addr", default=env("MASTER_ADDR"),
+                   help="host of the rendezvous, run by rank 0 (env: MASTER_ADDR)")
+    p.add_argument("--master-port", type=_in_range(int, 1, 65535, "port"),
+                   default=env("MASTER_PORT"),
+                   help="TCP port of the rendezvous, 1-65535 (env: MASTER_PORT)")
+    p.add_argument("--init-method", default=env("DISTGRAD_COORDINATOR"),
+                   help="tcp://host:port or ipc:///path of the rendezvous; overrides "
+                        "--master-addr/--master-port (env: DISTGRAD_COORDINATOR)")
+    p.add_argument("--transport", choices=("tcp", "ipc"), default=env("DISTGRAD_TRANSPORT", "tcp"),
+                   help="this worker's own endpoint: tcp on --bind-addr, or an ipc socket "
+                        "(default: %(default)s; env: DISTGRAD_TRANSPORT)")
+    p.add_argument("--bind-addr", default=env("DISTGRAD_BIND_ADDR", "127.0.0.1"),
+                   help="address the tcp endpoint binds to (default: %(default)s; env: "
+                        "DISTGRAD_BIND_ADDR)")
+    p.add_argument("--allow", action="append", default=[], metavar="MODULE",
+                   help="a module whose functions and classes may run here, with its "
+                        "submodules; repeatable (env: DISTGRAD_ALLOWED_MODULES, "
+                        "comma-separated)")
+    p.add_argument("--num-threads", type=_in_range(int, 1), default=16,
+                   help="handler threads kept ready (default: %(default)s)")
+    p.add_argument("--rpc-timeout", type=_in_range(float, 0.0), default=60.0, metavar="SECONDS",
+                   help="default timeout of this worker's own calls, in seconds; 0 waits "
+                        "forever (default: %(default)s)")
+    p.add_argument("--rendezvous-timeout", type=_in_range(float, 0.1), metavar="SECONDS",
+                   default=float(env("DISTGRAD_RENDEZVOUS_TIMEOUT", 60.0)),
+                   help="how long to wait for the whole world to join, in seconds "
+                        "(default: %(default)s; env: DISTGRAD_RENDEZVOUS_TIMEOUT)")
+    p.add_argument("--log-level", default=env("DISTGRAD_LOG_LEVEL", "INFO"),
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper,
+                   help="(default: %(default)s; env: DISTGRAD_LOG_LEVEL)")
+    return p
+
+
+def _die_with_parent():
+    """Linux: get SIGKILL when the parent dies, so a crashed test leaves no orphan."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:
+            os._exit(1)
+    except Exception:  # noqa: BLE001 - not Linux: the parent reaps us instead
+        pass
+
+
+def _check(args, parser):
+    missing = [flag for flag, v in (("--name", args.name), ("--rank", args.rank),
+                                    ("--world-size", args.world_size)) if v is None]
+    if missing:
+        parser.error(f"{', '.join(missing)} required (or the environment variables named in --help)")
+    if args.rank >= args.world_size:
+        parser.error(f"--rank {args.rank} is out of range for --world-size {args.world_size}")
+    if args.init_method is None and (args.master_addr is None) != (args.master_port is None):
+        parser.error("--master-addr and --master-port go together")
+
+
+def run(args, parser=None):
+    parser = parser or add_arguments(argparse.ArgumentParser(prog="distgrad worker"))
+    _check(args, parser)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s {args.name} %(levelname)s %(name)s: %(message)s")
+    if os.environ.get("DISTGRAD_PDEATHSIG"):
+        _die_with_parent()
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python script.py` puts the script's folder first
+    from distgrad.rpc import api
+    from distgrad.rpc.options import RpcBackendOptions
+    init_method = args.init_method
+    if init_method is None and args.master_addr:
+        init_method = f"tcp://{args.master_addr}:{args.master_port}"
+    allowed = list(args.allow) + [m for m in _env("DISTGRAD_ALLOWED_MODULES", "").split(",") if m]
+    pub, sec = _env("DISTGRAD_CURVE_PUBLIC_KEY"), _env("DISTGRAD_CURVE_SECRET_KEY")
+    opts = RpcBackendOptions(
+        init_method=init_method or "env://", transport=args.transport, bind_addr=args.bind_addr,
+        allowed_modules=allowed, num_worker_threads=args.num_threads, rpc_timeout=args.rpc_timeout,
+        rendezvous_timeout=args.rendezvous_timeout,
+        curve_public_key=pub.encode() if pub else None, curve_secret_key=sec.encode() if sec else None)
+    log = logging.getLogger("distgrad.rpc")
+    try:
+        api.init_rpc(args.name, rank=args.rank, world_size=args.world_size, rpc_backend_options=opts)
+    except Exception as e:  # noqa: BLE001 - one line that says why, not a traceback
+        log.error("could not join the world: %s", e)
+        return 1
+    log.info("serving as rank %d of %d", args.rank, args.world_size)
+    try:
+        api.shutdown(graceful=True)  # a barrier: returns once the whole world shuts down
+    except Exception as e:  # noqa: BLE001 - e.g. the coordinator died: exit, don't hang
+        log.error("shutdown failed: %s", e)
+        return 1
+    log.info("world shut down; exiting")
+    return 0
+
+
+def main(argv=None):
+    parser = add_arguments(argparse.ArgumentParser(prog="distgrad worker", description=HELP))
+    return run(parser.parse_args(argv), parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
