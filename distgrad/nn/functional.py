@@ -10,11 +10,15 @@ from ..autograd.tensor import Tensor, _make
 from ..ops import creation, indexing, reduction, shape, softmax as _softmax, unary
 from ..ops.linalg import linear
 from ..ops.registry import defop, record
+from ..ops.attention import scaled_dot_product_attention
+from .multi_head_attention import canonical_mask as _canonical_mask, multi_head_attention_forward
+from .multi_head_attention import none_or_dtype as _none_or_dtype
 
 __all__ = ["linear", "relu", "relu_", "gelu", "tanh", "sigmoid", "silu", "softplus", "leaky_relu",
            "elu", "dropout", "softmax", "log_softmax", "mse_loss", "l1_loss", "nll_loss",
            "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits",
            "layer_norm", "embedding", "normalize", "one_hot", "pad"]
+__all__ += ["scaled_dot_product_attention", "multi_head_attention_forward"]
 
 tanh = unary.tanh
 sigmoid = unary.sigmoid

@@ -2,6 +2,9 @@
 from .module import Module
 from .linear import Identity, Linear
 from .activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
+from .activation import MultiheadAttention
+from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
+                          TransformerEncoder, TransformerEncoderLayer)
 from .container import ModuleDict, ModuleList, Sequential
 from .dropout import Dropout
 from .normalization import LayerNorm
@@ -11,3 +14,5 @@ from .loss import CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
 __all__ = ["Module", "Identity", "Linear", "GELU", "LeakyReLU", "LogSoftmax", "ReLU", "Sigmoid",
            "Softmax", "Tanh", "ModuleDict", "ModuleList", "Sequential", "Dropout", "LayerNorm",
            "Embedding", "CrossEntropyLoss", "L1Loss", "MSELoss", "NLLLoss"]
+__all__ += ["MultiheadAttention", "Transformer", "TransformerEncoder", "TransformerDecoder",
+            "TransformerEncoderLayer", "TransformerDecoderLayer"]
