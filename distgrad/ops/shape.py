@@ -114,10 +114,13 @@ def flatten(input, start_dim=0, end_dim=-1):
 def unflatten(input, dim, sizes):
     d = input._data
     dim = _wrap_dim(dim, d.ndim)
-    sizes = list(sizes)
+    provided, sizes = list(sizes), list(sizes)
     if -1 in sizes:
         known = int(np.prod([s for s in sizes if s != -1]))
-        sizes[sizes.index(-1)] = d.shape[dim] // known
+        sizes[sizes.index(-1)] = d.shape[dim] // known if known else 0
+    if int(np.prod(sizes)) != d.shape[dim]:
+        raise RuntimeError(f"unflatten: Provided sizes {provided} don't multiply up to the "
+                           f"size of dim {dim} ({d.shape[dim]}) in the input tensor")
     return reshape(input, d.shape[:dim] + tuple(sizes) + d.shape[dim + 1:])
 
 
