@@ -179,8 +179,8 @@ class TransformerDecoder(Module):
         return output
 
 
-class _FeedForwardLayer(Module):
-    """What the encoder and decoder layers share: the feed-forward block and activation."""
+class _TransformerLayer(Module):
+    """What the encoder and decoder layers share: self-attention block, feed-forward block."""
 
     def _init_feed_forward(self, d_model, dim_feedforward, dropout, activation, bias, dtype):
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
@@ -193,8 +193,13 @@ class _FeedForwardLayer(Module):
     def _feed_forward(self, x):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
 
-class TransformerEncoderLayer(_FeedForwardLayer):
+
+class TransformerEncoderLayer(_TransformerLayer):
     """Self-attention then feed-forward, each with a residual connection and LayerNorm
     (after each block, or before it with ``norm_first``)."""
 
@@ -232,16 +237,11 @@ class TransformerEncoderLayer(_FeedForwardLayer):
             x = self.norm2(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           need_weights=False, is_causal=is_causal)[0]
-        return self.dropout1(x)
-
     def _ff_block(self, x):
         return self.dropout2(self._feed_forward(x))
 
 
-class TransformerDecoderLayer(_FeedForwardLayer):
+class TransformerDecoderLayer(_TransformerLayer):
     """Self-attention, attention over the encoder's ``memory``, then feed-forward; each
     with a residual connection and LayerNorm."""
 
@@ -278,11 +278,6 @@ class TransformerDecoderLayer(_FeedForwardLayer):
                                                memory_is_causal))
             x = self.norm3(x + self._ff_block(x))
         return x
-
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           is_causal=is_causal, need_weights=False)[0]
-        return self.dropout1(x)
 
     def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal=False):
         x = self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
