@@ -12,8 +12,10 @@ from ..ops.linalg import linear
 from ..ops.registry import defop, record
 from ..ops import embedding_bag as _embedding_bag
 from ..ops.attention import scaled_dot_product_attention
-from .multi_head_attention import canonical_mask as _canonical_mask, multi_head_attention_forward
-from .multi_head_attention import none_or_dtype as _none_or_dtype
+from .multi_head_attention import multi_head_attention_forward
+# PyTorch's private names, which transformer code written against torch calls as F._...
+from .multi_head_attention import canonical_mask as _canonical_mask  # noqa: F401
+from .multi_head_attention import none_or_dtype as _none_or_dtype  # noqa: F401
 
 __all__ = ["linear", "relu", "relu_", "gelu", "tanh", "sigmoid", "silu", "softplus", "leaky_relu",
            "elu", "dropout", "softmax", "log_softmax", "mse_loss", "l1_loss", "nll_loss",

@@ -54,7 +54,8 @@ def _shape_check(query, key, value, key_padding_mask, attn_mask, num_heads):
     if query.dim() == 3:
         if key.dim() != 3 or value.dim() != 3:
             raise AssertionError("For batched (3-D) `query`, expected `key` and `value` to be 3-D "
-                                 f"but found {key.dim()}-D and {value.dim()}-D tensors respectively")
+                                 f"but found {key.dim()}-D and {value.dim()}-D tensors "
+                                 "respectively")
         if key_padding_mask is not None and key_padding_mask.dim() != 2:
             raise AssertionError("For batched (3-D) `query`, expected `key_padding_mask` to be "
                                  f"`None` or 2-D but found {key_padding_mask.dim()}-D tensor "

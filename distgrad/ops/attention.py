@@ -156,7 +156,8 @@ def _additive_mask(attn_mask, is_causal, target_len, source_len, dtype):
         if m.dtype == np.bool_:
             mask = _make(np.where(m, 0, -np.inf).astype(dtype))
         else:
-            mask = attn_mask if m.dtype == dtype else conversion.to(attn_mask, _dt.from_numpy_dtype(dtype))
+            mask = attn_mask if m.dtype == dtype else \
+                conversion.to(attn_mask, _dt.from_numpy_dtype(dtype))
         bias = mask if bias is None else mask + bias
     return bias
 

@@ -400,7 +400,8 @@ def test_sdpa_errors():
     with pytest.raises(RuntimeError, match="same dtype"):
         F.scaled_dot_product_attention(q, q.double(), q)
     with pytest.raises(RuntimeError, match="attn_mask dtype"):
-        F.scaled_dot_product_attention(q, q, q, attn_mask=distgrad.zeros(4, 4, dtype=distgrad.int64))
+        F.scaled_dot_product_attention(q, q, q,
+                                       attn_mask=distgrad.zeros(4, 4, dtype=distgrad.int64))
     with pytest.raises(RuntimeError, match="attn_mask of shape \\[4, 3\\]"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=distgrad.zeros(4, 3))
     with pytest.raises(RuntimeError, match="should not be set when is_causal"):

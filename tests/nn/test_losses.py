@@ -48,9 +48,10 @@ FUNCTIONAL = {
         p, t, weight=w, reduction=r), [PROBS, TARGET01, WEIGHT[0]], [True, True, False]),
     "bce_logits": (lambda m, r, x, t: m.nn.functional.binary_cross_entropy_with_logits(
         x, t, reduction=r), [(4, 3), TARGET01], None),
-    "bce_logits_weights": (lambda m, r, x, t, w, pw: m.nn.functional.binary_cross_entropy_with_logits(
-        x, t, weight=w, pos_weight=pw, reduction=r), [(4, 3), TARGET01, WEIGHT, WEIGHT[0] * 1.5],
-        [True, True, False, False]),
+    "bce_logits_weights": (
+        lambda m, r, x, t, w, pw: m.nn.functional.binary_cross_entropy_with_logits(
+            x, t, weight=w, pos_weight=pw, reduction=r),
+        [(4, 3), TARGET01, WEIGHT, WEIGHT[0] * 1.5], [True, True, False, False]),
     "kl_div_batchmean": (lambda m, r, x, t: m.nn.functional.kl_div(
         x, t, reduction="batchmean" if r == "mean" else r), [_log_probs((4, 3), 1),
                                                               np.exp(_log_probs((4, 3), 2))], None),

@@ -185,7 +185,8 @@ def test_full_transformer_matches_torch(batch_first):
 
     def kwargs(lib):
         return {"tgt_mask": lib.nn.Transformer.generate_square_subsequent_mask(T),
-                "src_key_padding_mask": lib.tensor(np.array([[False] * S, [False] * 3 + [True] * 2]))}
+                "src_key_padding_mask": lib.tensor(np.array([[False] * S,
+                                                             [False] * 3 + [True] * 2]))}
     compare(ours, theirs, [seq(rng, S, batch_first), seq(rng, T, batch_first)], kwargs)
 
 
