@@ -289,6 +289,10 @@ def test_argument_errors():
     with pytest.raises(AssertionError, match="query should be unbatched 2D or batched 3D"):
         y = distgrad.randn(1, L, N, E)
         mha(y, y, y)
+    with pytest.raises(AssertionError, match="expected `key` and `value` to be 3-D"):
+        mha(x, x[0], x[0])
+    with pytest.raises(AssertionError, match="expected `attn_mask` to be `None`, 2-D or 3-D"):
+        mha(x[:, 0], x[:, 0], x[:, 0], attn_mask=distgrad.zeros(L))
     with pytest.raises(RuntimeError, match="Need attn_mask if specifying the is_causal hint"):
         mha(x, x, x, is_causal=True)
     with pytest.warns(UserWarning, match="mismatched key_padding_mask and attn_mask"):
