@@ -19,7 +19,10 @@ the codec can encode; ``enc.array(a)`` stores an array and returns its
 reference, ``enc.context`` is what the caller of :func:`encode` passed);
 ``decode(payload, dec)`` rebuilds the object (``dec.array(ref)``,
 ``dec.context``). A type whose encoder needs a context (an RRef needs an RPC
-agent) raises ``TypeError`` without one.
+agent) raises ``TypeError`` without one. A context may also move large arrays
+out of band: ``context.external_array(a)`` returns a msgpack-able reference (or
+None to decline) and the decoding side's ``context.external_buffer(ref)``
+returns the bytes (RPC's shared-memory path).
 
 Nothing is pickled or evaluated. Unknown types raise ``TypeError`` on encode,
 unknown extension codes :class:`CodecError` on decode. Untrusted input is
@@ -147,6 +150,11 @@ class Encoder:
             a = np.ascontiguousarray(a)  # the only copy: non-contiguous input
         if a.nbytes < INLINE_MAX:
             return [dt.str, list(a.shape), a.tobytes()]
+        external = getattr(self.context, "external_array", None)
+        if external is not None:  # e.g. RPC's shared-memory path for large arrays
+            where = external(a)
+            if where is not None:
+                return [dt.str, list(a.shape), where]
         buffers = self.buffers
         buffers.append(a.reshape(-1).view(np.uint8))
         return [dt.str, list(a.shape), len(buffers) - 1]
@@ -278,6 +286,8 @@ class Decoder:
         elif type(where) is int and 0 <= where < len(self.buffers):
             buf = self.buffers[where]
             buf = buf.buffer if hasattr(buf, "buffer") else buf  # a zmq.Frame
+        elif type(where) is list and getattr(self.context, "external_buffer", None) is not None:
+            buf = self.context.external_buffer(where)  # what the encoder's external_array made
         else:
             raise CodecError(f"array buffer {where!r} does not exist")
         n = 1

@@ -1,12 +1,16 @@
-"""RPC over ZeroMQ: wire codec, agent, rendezvous, futures and RRefs.
+"""RPC over ZeroMQ: framing, transport, calls, dispatch, RRefs, and the agent that wires them.
 
-The public, PyTorch-named surface is ``distgrad.distributed.rpc``.
+The public, PyTorch-named surface is ``distgrad.distributed.rpc``; see
+``agent.py`` for the layers and ``PROTOCOL.md`` for the wire format.
 """
-from .agent import current_agent, get_message_interceptor, set_message_interceptor
+from . import interceptors
+from .allowlist import entry_point
 from .api import (BackendType, get_worker_info, init_rpc, is_available, remote, rpc_async,
                   rpc_sync, shutdown)
-from .errors import (ProtocolError, RefusedCallError, RemoteError, RpcError, RpcTimeoutError,
-                     WorkerUnreachableError)
+from .current import current_agent
+from .dispatch import Request
+from .errors import (BackpressureError, ProtocolError, RefusedCallError, RemoteError, RpcError,
+                     RpcTimeoutError, WorkerUnreachableError)
 from .futures import Future
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions, generate_curve_keypair
 from .rref import RRef

@@ -1,9 +1,10 @@
 """The process-level RPC API (``torch.distributed.rpc``'s functions)."""
 import enum
 import os
+import sys
 
-from . import agent as _agent_mod
-from .agent import Agent, current_agent
+from . import current
+from .agent import Agent
 from .options import RpcBackendOptions
 
 __all__ = ["init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
@@ -21,7 +22,23 @@ def is_available():
 
 def _env_int(name):
     v = os.environ.get(name)
-    return int(v) if v not in (None, "") else None
+    if v in (None, ""):
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={v!r} is not an integer") from None
+
+
+def _caller_module(depth):
+    """The module of the code that called init_rpc (trusted: every process runs it)."""
+    try:
+        name = sys._getframe(depth).f_globals.get("__name__")
+    except ValueError:
+        return None
+    if not isinstance(name, str) or name == "distgrad" or name.startswith("distgrad."):
+        return None
+    return name
 
 
 def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options=None,
@@ -30,7 +47,9 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
 
     ``rank``/``world_size`` default to the ``RANK``/``WORLD_SIZE`` environment
     variables; the rendezvous address comes from ``rpc_backend_options.init_method``
-    or ``MASTER_ADDR``/``MASTER_PORT`` (or ``DISTGRAD_COORDINATOR``).
+    or ``MASTER_ADDR``/``MASTER_PORT`` (or ``DISTGRAD_COORDINATOR``). The module
+    that calls ``init_rpc`` is trusted for calls from peers (its functions may be
+    called remotely), as are ``rpc_backend_options.allowed_modules``.
     """
     if isinstance(backend, int) and not isinstance(backend, bool) and world_size is None:
         backend, rank, world_size = None, backend, rank  # init_rpc(name, rank, world_size)
@@ -40,23 +59,28 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
         world_size = _env_int("WORLD_SIZE")
     if rank is None or world_size is None:
         raise ValueError("init_rpc needs rank and world_size (arguments or RANK/WORLD_SIZE)")
-    if current_agent() is not None and current_agent().running:
+    a = current.current_agent()
+    if a is not None and a.running:
         raise RuntimeError("init_rpc was already called in this process (call shutdown first)")
     agent = Agent(name, rank, world_size, rpc_backend_options or RpcBackendOptions())
+    caller = _caller_module(2)
+    if caller is not None:
+        agent.allowlist.extend([caller])
     agent.start(_rendezvous_server)
-    _agent_mod.install(agent)
+    current.install(agent)
 
 
 def _need():
-    a = current_agent()
+    a = current.current_agent()
     if a is None or not a.running:
-        raise RuntimeError("RPC has not been initialized. Call distgrad.distributed.rpc.init_rpc first.")
+        raise RuntimeError("RPC has not been initialized. Call "
+                           "distgrad.distributed.rpc.init_rpc first.")
     return a
 
 
 def shutdown(graceful=True, timeout=0):
     """Leave the world; graceful waits for every worker's outstanding work (a barrier)."""
-    a = current_agent()
+    a = current.current_agent()
     if a is None:
         return
     a.shutdown(graceful=graceful, timeout=timeout or None)

@@ -29,6 +29,11 @@ class Future:
     def done(self):
         return self._result is not _PENDING
 
+    def has_callbacks(self):
+        """Whether completing this Future runs callbacks (so it should not run on the I/O
+        thread)."""
+        return bool(self._callbacks)
+
     def _complete(self, result, exc):
         with self._cb_lock:
             if self._result is not _PENDING:
@@ -52,7 +57,8 @@ class Future:
     def _try_set_exception(self, exc):
         return self._complete(None, exc)
 
-    def _wait_done(self, timeout=None):
+    def wait_done(self, timeout=None):
+        """Wait until done or ``timeout`` seconds pass; return whether it is done (no raise)."""
         if self._result is _PENDING:
             if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
                 return False
@@ -61,7 +67,7 @@ class Future:
 
     def wait(self, timeout=None):
         """Block until done (or ``timeout`` seconds); return the value or raise its error."""
-        if not self._wait_done(timeout):
+        if not self.wait_done(timeout):
             from .errors import RpcTimeoutError
             raise RpcTimeoutError(f"Future not completed within {timeout} s")
         return self.value()

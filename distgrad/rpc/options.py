@@ -2,12 +2,7 @@
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-__all__ = ["RpcBackendOptions", "TensorPipeRpcBackendOptions", "DEFAULT_ALLOWED_MODULES",
-           "generate_curve_keypair"]
-
-#: Modules whose callables a worker runs by default: the package itself and the
-#: side-effect-free ``operator`` module (``_operator`` is where its functions live).
-DEFAULT_ALLOWED_MODULES = ("distgrad", "operator", "_operator")
+__all__ = ["RpcBackendOptions", "TensorPipeRpcBackendOptions", "generate_curve_keypair"]
 
 
 @dataclass
@@ -18,13 +13,24 @@ class RpcBackendOptions:
     ``"tcp://host:port"`` or ``"ipc:///path"``: where the rendezvous runs.
     ``transport``: ``"tcp"`` or ``"ipc"`` for this process's own endpoint.
     ``rpc_timeout``: default per-call timeout in seconds (0 = no timeout).
-    ``num_worker_threads``: handler threads kept ready (at most 4 start eagerly);
-    more start whenever every thread is busy, so nested calls cannot deadlock.
-    ``allowed_modules``: extra module names (and their submodules) whose callables
-    may be run on this worker, on top of :data:`DEFAULT_ALLOWED_MODULES`.
+    ``num_worker_threads``: handler threads kept ready; more start whenever every
+    thread is busy, so nested calls cannot deadlock.
+    ``allowed_modules``: module names (and their submodules) whose functions and
+    classes peers may call here, on top of distgrad's own entry points and the
+    module that called ``init_rpc`` (see ``allowlist.py``).
     ``curve_public_key``/``curve_secret_key``: a shared world key pair (Z85 bytes,
     from :func:`generate_curve_keypair`); with it every socket uses CURVE and only
     processes holding the secret key can connect.
+    ``heartbeat_interval``/``heartbeat_timeout``: seconds between ZMTP heartbeats,
+    and how long a stopped or unreachable peer may stay silent before it is
+    reported dead (a killed one is reported within ~0.2 s).
+    ``max_message_size``: largest accepted message part in bytes (a peer sending
+    more is disconnected); ``max_inflight_per_worker``: calls to one worker in
+    flight at once before a further call waits (``backpressure="block"``) or
+    raises :class:`BackpressureError` (``"raise"``).
+    ``shm_threshold``: arrays of at least this many bytes travel through shared
+    memory to peers proven to share it (0 turns the path off);
+    ``shm_pool_bytes``: the most shared memory this process lends at once.
     """
     num_worker_threads: int = 16
     rpc_timeout: float = 60.0
@@ -37,7 +43,11 @@ class RpcBackendOptions:
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 3.0
     rendezvous_timeout: float = 60.0
-    max_message_size: int = 4 << 30
+    max_message_size: int = 1 << 30
+    max_inflight_per_worker: int = 1024
+    backpressure: str = "block"
+    shm_threshold: int = 1 << 20
+    shm_pool_bytes: int = 1 << 30
     ipc_dir: Optional[str] = None
     device_maps: dict = field(default_factory=dict)  # accepted for torch compatibility
     devices: Sequence = ()
@@ -45,10 +55,23 @@ class RpcBackendOptions:
     def __post_init__(self):
         if self.transport not in ("tcp", "ipc"):
             raise ValueError(f"transport must be 'tcp' or 'ipc', not {self.transport!r}")
+        if self.backpressure not in ("block", "raise"):
+            raise ValueError(f"backpressure must be 'block' or 'raise', not {self.backpressure!r}")
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
             raise ValueError("curve_public_key and curve_secret_key must be given together")
-        if self.heartbeat_timeout <= self.heartbeat_interval:
-            raise ValueError("heartbeat_timeout must exceed heartbeat_interval")
+        for name, low in (("rpc_timeout", 0), ("heartbeat_interval", 0.01),
+                          ("heartbeat_timeout", 0.1), ("rendezvous_timeout", 0.1),
+                          ("num_worker_threads", 1), ("max_message_size", 1024),
+                          ("max_inflight_per_worker", 1), ("shm_threshold", 0),
+                          ("shm_pool_bytes", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+                raise ValueError(f"RpcBackendOptions.{name} must be a number >= {low}, "
+                                 f"not {value!r}")
+        if self.heartbeat_timeout < 2 * self.heartbeat_interval:
+            raise ValueError("heartbeat_timeout must be at least twice heartbeat_interval")
+        if isinstance(self.allowed_modules, str):
+            self.allowed_modules = (self.allowed_modules,)
 
     def set_device_map(self, to, device_map):  # torch compatibility; CPU only
         self.device_maps[to] = dict(device_map)

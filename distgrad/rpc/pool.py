@@ -23,8 +23,13 @@ class HandlerPool:
         self._name = name
         self._idle_exit = idle_exit
         self._stopped = False
+        self._mine = threading.local()
         for _ in range(self._min):
             self._spawn(reserved=False)
+
+    def owns_current_thread(self):
+        """Whether the calling thread is one of this pool's (serving peers, or callbacks)."""
+        return getattr(self._mine, "yes", False)
 
     def _spawn(self, reserved):
         self._threads += 1
@@ -44,6 +49,7 @@ class HandlerPool:
         self._q.put((fn, args))
 
     def _run(self):
+        self._mine.yes = True
         idle_for = 0.0
         while True:
             try:

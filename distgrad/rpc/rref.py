@@ -1,83 +1,17 @@
-"""Remote references: ``RRef`` objects and the owner's table of referenced values.
+"""Remote references: ``RRef`` objects, as ``torch.distributed.rpc.RRef``.
 
-Lifetime protocol (reference counting by fork):
-every RRef object, on the owner or elsewhere, holds a *fork id* counted in the
-owner's table entry for its RRef id. Creating an object adds one to its fork
-(``remote()`` carries the fork in the request; an RRef sent as an argument gets a
-new fork that the sender registers with the owner and the sender keeps its own
-RRef alive until the owner acknowledged); deleting an object subtracts one. Counts
-are per fork and may go negative transiently when messages cross, so ordering does
-not matter; the owner frees the value once no fork has a non-zero count and the
-value is ready.
+An RRef names a value held by its owner (see ``owner.py`` for the owner's table
+and the fork-counting lifetime protocol). It travels as ``[owner, rref id,
+fork id]``; sending one registers a new fork with the owner first.
 """
-import threading
 import weakref
 
 from .. import codec
-from .errors import RpcTimeoutError
+from .current import current_agent
 
-__all__ = ["RRef", "OwnerTable"]
+__all__ = ["RRef"]
 
 _NOVALUE = object()
-
-
-class _Entry:
-    __slots__ = ("value", "exc", "ready", "forks")
-
-    def __init__(self):
-        self.value = None
-        self.exc = None
-        self.ready = threading.Event()
-        self.forks = {}
-
-
-class OwnerTable:
-    """Values this process owns on behalf of RRefs, with their fork counts."""
-
-    def __init__(self):
-        self._lock = threading.RLock()  # re-entrant: __del__ may run inside a locked section
-        self._entries = {}
-
-    def __len__(self):
-        return len(self._entries)
-
-    def _entry(self, rid):
-        e = self._entries.get(rid)
-        if e is None:
-            e = self._entries[rid] = _Entry()
-        return e
-
-    def add_fork(self, rid, fid, delta):
-        with self._lock:
-            e = self._entry(rid)
-            c = e.forks.get(fid, 0) + delta
-            if c:
-                e.forks[fid] = c
-            else:
-                e.forks.pop(fid, None)
-            if not e.forks and e.ready.is_set():
-                del self._entries[rid]
-
-    def set_value(self, rid, value, exc=None):
-        with self._lock:
-            e = self._entry(rid)
-            e.value, e.exc = value, exc
-            e.ready.set()
-            if not e.forks:
-                del self._entries[rid]
-
-    def get(self, rid, timeout=None):
-        with self._lock:
-            e = self._entry(rid)
-        if not e.ready.wait(timeout):
-            raise RpcTimeoutError(f"RRef {rid} value not ready within {timeout} s")
-        if e.exc is not None:
-            raise e.exc
-        return e.value
-
-    def clear(self):
-        with self._lock:
-            self._entries.clear()
 
 
 class _Proxy:
@@ -117,12 +51,9 @@ class RRef:
         self._value = value
         if value is _NOVALUE:
             return
-        from .agent import current_agent
         agent = current_agent()
         if agent is not None:
-            self._bind(agent, agent.rank, agent.new_id(), agent.new_id())
-            agent.rrefs.add_fork(self._rid, self._fid, 1)
-            agent.rrefs.set_value(self._rid, value)
+            agent.adopt_rref(self)
 
     @classmethod
     def _make(cls, agent, owner, rid, fid, created=None):
@@ -173,7 +104,7 @@ class RRef:
         if self._value is not _NOVALUE:
             return self._value
         agent = self._need_agent()
-        return agent.rrefs.get(self._rid, agent.options.rpc_timeout or None)
+        return agent.owner.get(self._rid, agent.options.rpc_timeout or None)
 
     def to_here(self, timeout=-1):
         if self.is_owner():

@@ -1,0 +1,296 @@
+"""What a worker runs for its peers: references resolved against an allowlist.
+
+Nothing that arrives over a socket is unpickled or evaluated. A callable travels
+as ``"module:qualname"`` and resolves only to
+
+* a function or class *defined in* an allowed module (the user's
+  ``allowed_modules``, their submodules, and the module that called
+  ``init_rpc``): the object's own ``__module__`` and ``__qualname__`` must be the
+  reference, for every kind of object, C types included, so an allowed module
+  cannot serve as a trampoline to something it imported; or
+* one of distgrad's own entry points: the public ops, tensor factories, layers,
+  losses, initialisers and optimizers (see :func:`default_entry_points`), and
+  the internal functions that distributed autograd, RemoteModule and
+  DistributedOptimizer call on workers (marked :func:`entry_point`). File
+  writers (``save``), process starters and test helpers are not among them.
+
+The attribute path never passes through a module object or a dunder name, and
+only allowed modules are imported while resolving. A method called through an
+RRef must be defined by an allowed class in the value's own class hierarchy;
+an RRef's value may not be a module, a class or a function.
+"""
+import importlib
+import inspect
+import sys
+import threading
+import types
+
+from .. import codec
+from .errors import RefusedCallError
+
+__all__ = ["Allowlist", "ref_of", "entry_point", "default_entry_points", "module_allowed"]
+
+#: Modules whose functions marked with :func:`entry_point` peers may call; importing
+#: them to resolve a reference is safe.
+ENTRY_POINT_MODULES = (
+    "distgrad.distributed.autograd.container",
+    "distgrad.distributed.autograd.engine",
+    "distgrad.distributed.autograd.hooks",
+    "distgrad.distributed.nn.remote_module",
+    "distgrad.distributed.optim.optimizer",
+)
+
+#: Namespaces whose public functions and classes are the default entry points.
+_PUBLIC_NAMESPACES = ("distgrad", "distgrad.nn", "distgrad.nn.functional", "distgrad.nn.init",
+                      "distgrad.optim", "distgrad.optim.lr_scheduler", "distgrad.distributions")
+
+#: Never callable by default, even when re-exported by a public namespace: they write
+#: files, start processes, read the environment or drive tests.
+_DENIED_NAMES = frozenset(("distgrad.serialization:save", "distgrad.serialization:load"))
+_DENIED_MODULES = ("distgrad.serialization", "distgrad.testing", "distgrad.multiprocessing",
+                   "distgrad.utils.data", "distgrad.launch", "distgrad.offload", "distgrad.worker",
+                   "distgrad.cli", "distgrad.rpc", "distgrad.distributed", "distgrad.onnx")
+
+#: ``operator``'s side-effect-free functions (its classes build callables; not included).
+_OPERATOR_FUNCTIONS = ("abs", "add", "and_", "concat", "contains", "eq", "floordiv", "ge",
+                       "getitem", "gt", "index", "inv", "invert", "is_", "is_not", "le",
+                       "lshift", "lt", "matmul", "mod", "mul", "ne", "neg", "not_", "or_",
+                       "pos", "pow", "rshift", "sub", "truediv", "truth", "xor")
+
+#: Dunder methods an RRef proxy may call (``rref.rpc_sync()(x)``, indexing, ``len``).
+_RREF_DUNDERS = frozenset(("__call__", "__getitem__", "__len__", "__contains__"))
+
+_MAIN_NAMES = ("__main__", "__mp_main__")  # a script's module in its parent and its spawned children
+
+
+def _canonical(module):
+    """``__mp_main__`` (the script's module in a spawned child) is ``__main__`` on the wire."""
+    return "__main__" if module in _MAIN_NAMES else module
+
+
+def entry_point(fn):
+    """Mark a function of a module in :data:`ENTRY_POINT_MODULES` as callable by peers."""
+    fn.__distgrad_entry_point__ = True
+    return fn
+
+
+def ref_of(func):
+    """``module:qualname`` of a function or class; TypeError for anything else."""
+    if isinstance(func, str):
+        if func.count(":") != 1:
+            raise TypeError(f"a callable reference must be 'module:qualname', not {func!r}")
+        return func
+    mod = getattr(func, "__module__", None)
+    qual = getattr(func, "__qualname__", None)
+    if not isinstance(mod, str) or not isinstance(qual, str) or "<" in qual:
+        raise TypeError(
+            f"{func!r} cannot be called remotely: only module-level functions, classes and "
+            "their methods travel (by 'module:qualname'); lambdas, local functions and "
+            "bound methods do not")
+    return f"{_canonical(mod)}:{qual}"
+
+
+def module_allowed(module, allowed):
+    module = _canonical(module)
+    for a in allowed:
+        if module == a or module.startswith(a + "."):
+            return True
+    return False
+
+
+_defaults = None
+_defaults_lock = threading.Lock()
+
+
+def default_entry_points():
+    """{id: object} of distgrad's public API callable by peers (computed once)."""
+    global _defaults
+    with _defaults_lock:
+        if _defaults is None:
+            found = {}
+            for ns_name in _PUBLIC_NAMESPACES:
+                try:
+                    ns = importlib.import_module(ns_name)
+                except ImportError:  # an optional part not present in this build
+                    continue
+                for name in getattr(ns, "__all__", None) or dir(ns):
+                    if name.startswith("_"):
+                        continue
+                    obj = getattr(ns, name, None)
+                    if _public_entry(obj):
+                        found[id(obj)] = obj
+            import operator
+            for name in _OPERATOR_FUNCTIONS:
+                obj = getattr(operator, name)
+                found[id(obj)] = obj
+            _defaults = found
+    return _defaults
+
+
+def _public_entry(obj):
+    if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
+        return False
+    mod = getattr(obj, "__module__", None)
+    if not isinstance(mod, str) or not mod.startswith("distgrad."):
+        return False
+    if any(mod == d or mod.startswith(d + ".") for d in _DENIED_MODULES):
+        return False
+    return f"{mod}:{obj.__qualname__}" not in _DENIED_NAMES
+
+
+class Allowlist:
+    """One process's rule for references from peers; resolutions are cached."""
+
+    def __init__(self, allowed_modules=()):
+        self.modules = tuple(dict.fromkeys(_canonical(m) for m in allowed_modules))
+        self._cache = {}
+        self._lock = threading.Lock()
+
+    def extend(self, modules):
+        with self._lock:
+            self.modules = tuple(dict.fromkeys(self.modules + tuple(_canonical(m) for m in modules)))
+            self._cache.clear()
+
+    # -------------------------------------------------------------- references
+    def resolve(self, ref):
+        """The function or class ``ref`` names; :class:`RefusedCallError` if not allowed."""
+        fn = self._cache.get(ref)
+        if fn is None:
+            fn = self._resolve(ref)
+            with self._lock:
+                if len(self._cache) < 4096:
+                    self._cache[ref] = fn
+        return fn
+
+    def _resolve(self, ref):
+        if not isinstance(ref, str) or ref.count(":") != 1 or len(ref) > 512:
+            raise RefusedCallError(f"malformed callable reference {ref!r}")
+        module, _, qual = ref.partition(":")
+        parts = qual.split(".")
+        if not module or any(not p.isidentifier() or p.startswith("__") for p in parts) \
+                or not all(m.isidentifier() for m in module.split(".")):
+            raise RefusedCallError(f"malformed or private callable reference {ref!r}")
+        user = module_allowed(module, self.modules)
+        if not user and not self._entry_module(module):
+            raise RefusedCallError(self._refusal(ref, module))
+        obj = _import(ref, module)
+        for p in parts:
+            try:  # static lookup: no module __getattr__, no descriptors run
+                obj = inspect.getattr_static(obj, p)
+            except AttributeError:
+                raise RefusedCallError(f"{ref!r} cannot be resolved on this worker: "
+                                       f"{module!r} has no attribute {qual!r}") from None
+            if isinstance(obj, (staticmethod, classmethod)):
+                obj = obj.__func__
+            if isinstance(obj, types.ModuleType):
+                raise RefusedCallError(f"{ref!r} refused: {p!r} is a module; a reference "
+                                       "names a function or class defined in its module")
+        if self._is_entry_point(obj):
+            return obj
+        if user and _defined_as(obj, module, qual):
+            return obj
+        if user:
+            raise RefusedCallError(
+                f"{ref!r} refused: it resolves to {_describe(obj)}, not a function or class "
+                f"defined in {module!r}")
+        raise RefusedCallError(f"{ref!r} refused: not one of distgrad's remote entry points")
+
+    def _entry_module(self, module):
+        """Whether ``module`` may hold default entry points (so importing it is safe)."""
+        if module in ("operator", "_operator"):
+            return True
+        return module == "distgrad" or module.startswith("distgrad.") and (
+            module in ENTRY_POINT_MODULES
+            or not any(module == d or module.startswith(d + ".") for d in _DENIED_MODULES))
+
+    def _is_entry_point(self, obj):
+        if id(obj) in default_entry_points():
+            return True
+        return getattr(obj, "__distgrad_entry_point__", False) is True and inspect.isfunction(obj) \
+            and obj.__module__ in ENTRY_POINT_MODULES
+
+    def _refusal(self, ref, module):
+        return (f"{ref!r} refused: module {module!r} is not on this worker's allowlist "
+                f"{sorted(self.modules)}. Allow it on every worker of the world: "
+                f"RpcBackendOptions(allowed_modules=[{module!r}]) in init_rpc, or "
+                f"`distgrad worker --allow {module}` (env DISTGRAD_ALLOWED_MODULES)")
+
+    # -------------------------------------------------------------- RRef values
+    def class_allowed(self, cls):
+        if id(cls) in default_entry_points():
+            return True
+        mod = getattr(cls, "__module__", None)
+        return isinstance(mod, str) and module_allowed(mod, self.modules) \
+            and _defined_as(cls, _canonical(mod), cls.__qualname__)
+
+    def method(self, value, name):
+        """The bound method ``name`` of an RRef's value, if its defining class is allowed."""
+        if not isinstance(name, str) or not name.isidentifier() or (
+                name.startswith("__") and name not in _RREF_DUNDERS):
+            raise RefusedCallError(f"method {name!r} may not be called through an RRef")
+        for klass in type(value).__mro__:
+            if name in vars(klass):
+                attr = vars(klass)[name]
+                if not self.class_allowed(klass):
+                    raise RefusedCallError(
+                        f"method {name!r} refused: it is defined by {klass.__module__}."
+                        f"{klass.__qualname__}, which is not allowed on this worker")
+                if not (inspect.isfunction(attr) or isinstance(attr, (staticmethod, classmethod))):
+                    raise RefusedCallError(f"{klass.__qualname__}.{name} is not a method")
+                return getattr(value, name)
+        raise RefusedCallError(f"{type(value).__qualname__} has no method {name!r}")
+
+    @staticmethod
+    def check_value(value, what):
+        """Refuse values that would let a peer reach code: modules, classes, functions."""
+        if isinstance(value, (types.ModuleType, type)) or inspect.isroutine(value) \
+                or isinstance(value, types.MethodWrapperType):
+            raise RefusedCallError(f"{what} returned {_describe(value)}; modules, classes and "
+                                   "functions cannot be held by an RRef")
+        return value
+
+
+def _import(ref, module):
+    name = "__main__" if module == "__main__" else module
+    obj = sys.modules.get(name)
+    if obj is None or getattr(getattr(obj, "__spec__", None), "_initializing", False):
+        try:
+            obj = importlib.import_module(name)  # waits for another thread's import
+        except ImportError as e:
+            raise RefusedCallError(f"{ref!r} cannot be resolved on this worker: {e}") from None
+    return obj
+
+
+def _defined_as(obj, module, qual):
+    """Whether ``obj`` is a function or class whose own name is ``module:qual``."""
+    if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
+        return False
+    own_mod = getattr(obj, "__module__", None)
+    own_qual = getattr(obj, "__qualname__", None)
+    return isinstance(own_mod, str) and _canonical(own_mod) == module and own_qual == qual
+
+
+def _describe(obj):
+    t = type(obj)
+    return f"a {t.__module__}.{t.__qualname__}"
+
+
+# ---------------------------------------------------------------------- the codec
+def _encode_function(fn, enc):
+    if not getattr(enc.context, "functions_by_reference", False):
+        raise TypeError(f"{fn!r} cannot be sent or saved here: functions and classes "
+                        "travel by reference over RPC only")
+    return ref_of(fn)
+
+
+def _decode_function(ref, dec):
+    resolver = getattr(dec.context, "resolve", None)
+    if resolver is None:
+        raise codec.CodecError("functions are not accepted here")
+    if type(ref) is not str:
+        raise codec.CodecError("malformed function reference")
+    return resolver(ref)
+
+
+codec.register((types.FunctionType, types.BuiltinFunctionType, type), 12, _encode_function,
+               _decode_function)

@@ -1,0 +1,122 @@
+"""Calls waiting for their reply: deadlines, peer failure and in-flight limits, under one lock.
+
+Every outgoing CALL, asynchronous or blocking, holds a slot of its destination
+until its reply (or its failure) arrives. A destination has at most
+``max_inflight`` slots; the caller of a further call waits for one (or, with
+``block=False``, gets :class:`BackpressureError`), so a flood of ``rpc_async``
+cannot queue without limit. Futures are completed by the caller of
+:meth:`pop`/:meth:`expire`/:meth:`fail_peer` *outside* the lock: completing one
+runs callbacks.
+"""
+import threading
+import time
+
+from .errors import BackpressureError, RpcError, RpcTimeoutError
+
+__all__ = ["Pending", "PendingCalls"]
+
+_FOREVER = float("inf")
+
+
+class Pending:
+    """One call in flight. ``fut`` is None for a blocking call (its thread waits itself)."""
+
+    __slots__ = ("fut", "dst", "deadline", "what", "timeout")
+
+    def __init__(self, fut, dst, deadline, what, timeout):
+        self.fut, self.dst, self.deadline, self.what, self.timeout = fut, dst, deadline, what, timeout
+
+
+class PendingCalls:
+    def __init__(self, world_size, max_inflight):
+        self._lock = threading.Lock()
+        self._slot_freed = threading.Condition(self._lock)
+        self._calls = {}                       # msg id -> Pending
+        self._inflight = [0] * world_size      # per destination rank
+        self._max = max_inflight
+        self._closed = None                    # the error new calls get once closed
+        self.next_deadline = _FOREVER
+
+    def __len__(self):
+        return len(self._calls)
+
+    def inflight(self, dst):
+        return self._inflight[dst]
+
+    # ------------------------------------------------------------------ admission
+    def add(self, mid, pending, block=True):
+        """Register a call, waiting for a slot of its destination (backpressure)."""
+        dst = pending.dst
+        with self._lock:
+            while self._closed is None and self._inflight[dst] >= self._max:
+                if not block:
+                    raise BackpressureError(
+                        f"{self._max} calls to rank {dst} are already in flight "
+                        "(RpcBackendOptions.max_inflight_per_worker)")
+                left = pending.deadline - time.monotonic()
+                if left <= 0:
+                    raise RpcTimeoutError(
+                        f"RPC ran for more than set timeout ({pending.timeout} s) waiting "
+                        f"for one of the {self._max} in-flight calls to rank {dst} to finish")
+                self._slot_freed.wait(min(left, 1.0))
+            if self._closed is not None:
+                raise self._closed
+            self._inflight[dst] += 1
+            self._calls[mid] = pending
+            if pending.deadline < self.next_deadline:
+                self.next_deadline = pending.deadline
+
+    def _release(self, p):  # with the lock held
+        self._inflight[p.dst] -= 1
+        self._slot_freed.notify()
+
+    # ------------------------------------------------------------------ completion
+    def pop(self, mid):
+        """The call ``mid`` is answered: remove and return it (None if unknown or late)."""
+        with self._lock:
+            p = self._calls.pop(mid, None)
+            if p is not None:
+                self._release(p)
+            return p
+
+    def expire(self, now):
+        """Remove and return the calls whose deadline passed."""
+        with self._lock:
+            if now < self.next_deadline:
+                return []
+            out = [(mid, p) for mid, p in self._calls.items() if p.deadline <= now]
+            for mid, p in out:
+                del self._calls[mid]
+                self._release(p)
+            self.next_deadline = min((p.deadline for p in self._calls.values()), default=_FOREVER)
+            return [p for _, p in out]
+
+    def fail_peer(self, dst):
+        """Remove and return every call to ``dst`` (it died or left)."""
+        with self._lock:
+            out = [(mid, p) for mid, p in self._calls.items() if p.dst == dst]
+            for mid, p in out:
+                del self._calls[mid]
+                self._release(p)
+            return [p for _, p in out]
+
+    def close(self, exc):
+        """From now on :meth:`add` raises ``exc``; remove and return every call."""
+        with self._lock:
+            self._closed = exc if isinstance(exc, BaseException) else RpcError(str(exc))
+            out = list(self._calls.values())
+            self._calls.clear()
+            self._inflight = [0] * len(self._inflight)
+            self._slot_freed.notify_all()
+            return out
+
+    def describe(self, limit=8):
+        """A short text of what is pending (for error messages and hang reports)."""
+        with self._lock:
+            items = list(self._calls.values())
+        by = {}
+        for p in items:
+            by.setdefault((p.dst, p.what), 0)
+            by[(p.dst, p.what)] += 1
+        parts = [f"{n} x {what} to rank {dst}" for (dst, what), n in list(by.items())[:limit]]
+        return ", ".join(parts) + (" ..." if len(by) > limit else "")

@@ -1,0 +1,181 @@
+"""Serving CALLs: request object -> handler -> reply, on a pool of handler threads.
+
+A :class:`Request` is made when a CALL arrives and travels explicitly from the
+socket through the handler to the reply, also when the reply is produced later,
+on another thread, by a Future (``@rpc.functions.async_execution``): whatever a
+reply needs (the caller, the message id, the interceptors' state such as the
+autograd context) is on the request, never in a thread-local.
+
+Every CALL whose header could be read gets a REPLY or an ERROR, whatever its
+body holds: the error path needs nothing but the request's identity and message
+id, and cannot itself fail.
+"""
+import contextlib
+import logging
+import traceback
+
+from . import interceptors, wire
+from .errors import ProtocolError, RefusedCallError, describe_exception
+from .futures import Future
+
+__all__ = ["Request", "Dispatcher"]
+
+log = logging.getLogger("distgrad.rpc")
+Kind = wire.Kind
+
+
+class Request:
+    """One incoming CALL.
+
+    ``src`` is the caller's rank and ``worker`` its :class:`WorkerInfo`;
+    ``msg_id`` and ``extras`` come from the header; ``state`` is a dict where
+    interceptors keep what the reply needs; ``remote`` is ``(rref id, fork id)``
+    when the result stays here as an RRef value (``rpc.remote``).
+    """
+
+    __slots__ = ("ident", "msg_id", "src", "worker", "extras", "segments", "state", "target",
+                 "remote")
+
+    def __init__(self, ident, msg_id, src, worker, extras, segments):
+        self.ident, self.msg_id, self.src, self.worker = ident, msg_id, src, worker
+        self.extras, self.segments = extras, segments
+        self.state = {}
+        self.target = None
+        self.remote = None
+
+    def extra(self, name):
+        """The header extra of the interceptor installed as ``name`` (None if absent)."""
+        return interceptors.extra_of(self.extras, name)
+
+    def __repr__(self):
+        return f"Request({self.target!r} from {self.worker.name!r}, msg {self.msg_id})"
+
+
+def _is_async(fn):
+    return getattr(fn, "_distgrad_async_execution", False) is True
+
+
+class Dispatcher:
+    """Runs requests for an agent. ``agent`` provides: ``rank``, ``options``, ``allowlist``,
+    ``transport``, ``owner`` (the RRef table), ``pool``, ``internal_ops`` (``@name`` ->
+    function of (request, *args)), ``decode_context(src)``/``encode_context(dst)``."""
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    # ------------------------------------------------------------------ arrival (I/O thread)
+    def submit(self, request, frames):
+        self.agent.pool.submit(self.serve, request, frames)
+
+    # ------------------------------------------------------------------ a handler thread
+    def serve(self, req, frames):
+        agent = self.agent
+        try:
+            size = sum(len(f) for f in frames)
+            if size > agent.options.max_message_size:
+                raise ProtocolError(f"request of {size} bytes exceeds max_message_size "
+                                    f"({agent.options.max_message_size})")
+            target, args, kwargs, remote = self._decode(req, frames)
+            req.target = target
+            if remote is not None:
+                agent.owner.add_fork(remote[0], remote[1], 1, req.src)
+                req.remote = (tuple(remote[0]), tuple(remote[1]))
+            args, kwargs = interceptors.receive_request(req, args, kwargs)
+            if target.startswith("@"):
+                op = agent.internal_ops.get(target)
+                if op is None:
+                    raise RefusedCallError(f"unknown internal operation {target!r}")
+                fn, args = op, (req, *args)
+            else:
+                fn = agent.allowlist.resolve(target)
+            with self._scopes(req):
+                result = fn(*args, **kwargs)
+            if isinstance(result, Future) and (_is_async(fn) or target.startswith("@")):
+                result.add_done_callback(lambda f: self._finish(req, f))
+                return
+        except BaseException as e:  # noqa: BLE001 - every error goes back to the caller
+            self.reply_error(req, e)
+            return
+        self.reply(req, result)
+
+    def _decode(self, req, frames):
+        agent = self.agent
+        ctx = agent.decode_context(req.src, req.segments)
+        try:
+            msg = wire.decode(frames[0].buffer, frames[1:], ctx)
+        finally:
+            agent.settle_segments(req.src, req.segments, ctx)
+        if type(msg) is not list or len(msg) != 4:
+            raise ProtocolError("malformed request body: expected [target, args, kwargs, remote]")
+        target, args, kwargs, remote = msg
+        if type(target) is not str or type(args) is not list or type(kwargs) is not dict \
+                or not all(type(k) is str for k in kwargs):
+            raise ProtocolError("malformed request body: target must be a string, args a "
+                                "list, kwargs a map of names")
+        if remote is not None and not (type(remote) is list and len(remote) == 2):
+            raise ProtocolError(f"malformed request body: remote reference {remote!r}")
+        return target, tuple(args), kwargs, remote
+
+    @staticmethod
+    def _scopes(req):
+        scopes = interceptors.request_scopes(req)
+        if not scopes:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for s in scopes:
+            stack.enter_context(s)
+        return stack
+
+    def run_later(self, req, fn, *args):
+        """Run ``fn(*args)`` on a handler thread inside ``req``'s interceptor scopes."""
+        def job():
+            with self._scopes(req):
+                fn(*args)
+        self.agent.pool.submit(job)
+
+    def _finish(self, req, fut):
+        exc = fut.exception()
+        if exc is not None:
+            self.reply_error(req, exc)
+        else:
+            self.reply(req, fut.value())
+
+    # ------------------------------------------------------------------ replies (any thread)
+    def reply(self, req, value):
+        agent = self.agent
+        ctx = None
+        try:
+            if req.remote is not None:
+                agent.allowlist.check_value(value, f"{req.target!r}")
+                agent.owner.set_value(req.remote[0], value)
+                req.remote, value = None, None
+            value, extras = interceptors.send_response(req, value)
+            ctx = agent.encode_context(req.src)
+            body, bufs = wire.encode(value, ctx)
+            header = wire.pack_header(Kind.REPLY, req.msg_id, agent.rank, extras,
+                                      ctx.segments or None)
+        except BaseException as e:  # noqa: BLE001 - an unsendable result is the caller's error
+            if ctx is not None:
+                agent.return_segments(req.src, ctx)
+            self.reply_error(req, e)
+            return
+        agent.transport.reply(req.ident, [header, body, *bufs])
+
+    def reply_error(self, req, exc):
+        agent = self.agent
+        try:
+            if req.remote is not None:
+                agent.owner.set_value(req.remote[0], None, exc)
+                req.remote = None
+        except Exception:  # noqa: BLE001 - the error reply matters more
+            log.debug("could not record the failure of an RRef value", exc_info=True)
+        try:
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            body, _ = wire.encode(describe_exception(exc, tb))
+        except Exception:  # noqa: BLE001 - an exception that cannot describe itself
+            body, _ = wire.encode(["RuntimeError", "builtins",
+                                   f"an exception of type {type(exc).__name__} was raised "
+                                   "(its text could not be sent)", ""])
+        agent.stats["errors_replied"] += 1
+        agent.transport.reply(req.ident, [wire.pack_header(Kind.ERROR, req.msg_id, agent.rank),
+                                          body])

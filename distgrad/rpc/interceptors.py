@@ -1,0 +1,120 @@
+"""Message interceptors: the extension point through which features ride on RPC messages.
+
+Distributed autograd records send/recv nodes this way; a test harness can
+delay, drop or fail messages this way. An interceptor is an object with any of
+these methods (absent ones are skipped):
+
+``on_send_request(dst, args, kwargs) -> (args, kwargs, extra)``
+    on the caller's thread, before a CALL is encoded; ``dst`` is the
+    :class:`WorkerInfo`. ``extra`` (small, msgpack-able, or None) rides in the
+    header; with several interceptors each one's extra travels under its
+    ``name`` in a map.
+``on_receive_request(request, args, kwargs) -> (args, kwargs)``
+    on the handler's thread, after the CALL is decoded; ``request`` is the
+    :class:`~distgrad.rpc.dispatch.Request` (source worker, message id, header
+    extras, and a ``state`` dict where interceptors keep what the reply needs).
+``request_scope(request) -> context manager``
+    the handler runs inside it (the autograd context of the request, say).
+``on_send_response(request, value) -> (value, extra)``
+    on whichever thread produces the reply: the handler's, or the thread that
+    completes an ``async_execution`` Future later. Everything it needs is on
+    ``request``, never in a thread-local.
+``on_receive_response(src, extra, value) -> value``
+    on the thread that receives the reply (the caller's for ``rpc_sync``, the
+    I/O thread for ``rpc_async``): it must not block.
+
+Error replies do not pass through interceptors.
+"""
+import threading
+
+__all__ = ["add", "remove", "installed", "extra_of"]
+
+_lock = threading.Lock()
+_chain = ()  # replaced, never mutated: readers take it without a lock
+
+
+def add(interceptor, name=None):
+    """Install ``interceptor`` (once; ``name`` keys its header extra, default its class name)."""
+    global _chain
+    name = name or type(interceptor).__name__
+    with _lock:
+        if any(i is interceptor for _, i in _chain):
+            return
+        if any(n == name for n, _ in _chain):
+            raise ValueError(f"an interceptor named {name!r} is already installed")
+        _chain = _chain + ((name, interceptor),)
+
+
+def remove(interceptor):
+    global _chain
+    with _lock:
+        _chain = tuple((n, i) for n, i in _chain if i is not interceptor)
+
+
+def installed():
+    """((name, interceptor), ...) in installation order."""
+    return _chain
+
+
+def send_request(dst, args, kwargs):
+    """Run every ``on_send_request``; return (args, kwargs, header extra)."""
+    chain = _chain
+    if not chain:
+        return args, kwargs, None
+    extras = None
+    for name, ic in chain:
+        f = getattr(ic, "on_send_request", None)
+        if f is not None:
+            args, kwargs, extra = f(dst, args, kwargs)
+            if extra is not None:
+                if extras is None:
+                    extras = {}
+                extras[name] = extra
+    return args, kwargs, extras
+
+
+def receive_request(request, args, kwargs):
+    for _, ic in _chain:
+        f = getattr(ic, "on_receive_request", None)
+        if f is not None:
+            args, kwargs = f(request, args, kwargs)
+    return args, kwargs
+
+
+def request_scopes(request):
+    """The context managers the handler of ``request`` runs in (outermost first)."""
+    out = []
+    for _, ic in _chain:
+        f = getattr(ic, "request_scope", None)
+        if f is not None:
+            out.append(f(request))
+    return out
+
+
+def send_response(request, value):
+    chain = _chain
+    if not chain:
+        return value, None
+    extras = None
+    for name, ic in chain:
+        f = getattr(ic, "on_send_response", None)
+        if f is not None:
+            value, extra = f(request, value)
+            if extra is not None:
+                if extras is None:
+                    extras = {}
+                extras[name] = extra
+    return value, extras
+
+
+def receive_response(src, extras, value):
+    for name, ic in _chain:
+        f = getattr(ic, "on_receive_response", None)
+        if f is not None:
+            value = f(src, extra_of(extras, name), value)
+    return value
+
+
+def extra_of(extras, name):
+    """This interceptor's part of a header's extras (None if absent or malformed)."""
+    return extras.get(name) if type(extras) is dict else None

@@ -1,0 +1,470 @@
+"""The ZeroMQ side of a process: its context, sockets, I/O thread and peer liveness.
+
+Sockets and the one thread that owns each:
+
+==================  =====================================================  ==============
+socket              job                                                    owner thread
+==================  =====================================================  ==============
+``router``          bound endpoint: CALLs and one-way messages in,         the I/O thread
+                    replies out
+``dealers[r]``      to peer ``r``: asynchronous CALLs out, their replies   the I/O thread
+                    in, one-way messages out
+``monitors[r]``     connection events of ``dealers[r]`` (liveness)         the I/O thread
+sync sockets        to peer ``r`` for ``rpc_sync``: the calling thread     that calling
+                    sends and waits on its own socket (no thread hop)      thread
+==================  =====================================================  ==============
+
+Every other thread hands frames to the I/O thread through the outbox: a deque
+plus an eventfd (a pipe where there is none). A producer appends, then signals;
+the I/O thread clears the signal, then drains. So a frame appended after the
+drain has signalled again and cannot be forgotten (no flag that could swallow
+a wake-up).
+
+Liveness does not need the GIL: ZeroMQ's own ZMTP heartbeats
+(``HEARTBEAT_IVL``/``_TIMEOUT``/``_TTL``) are answered by libzmq's I/O thread, so
+a process busy in Python or in a long C call stays alive to its peers. What
+this side sees through a dealer's monitor:
+
+* a killed peer: the connection drops and reconnecting is refused at once, so
+  it is reported dead within ~0.2 s;
+* a stopped (or unreachable) peer: heartbeats go unanswered for
+  ``heartbeat_timeout - grace``, the connection drops, and the reconnection
+  never completes its handshake: reported dead after ``heartbeat_timeout``;
+* a peer that drops its connection but comes back within ``grace`` (a process
+  resumed after a stop reconnects at once) is never reported at all; one that
+  comes back later is reported alive again.
+
+A process that leaves sends LEAVE first, so its peers report a clean departure,
+not a death. The I/O thread never dies silently: an unexpected error stops it
+with ``on_fatal(cause)``, which fails every pending and future call, and the
+peers are told it is leaving.
+"""
+import collections
+import errno
+import logging
+import os
+import threading
+import time
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from . import wire
+from .errors import ProtocolError
+
+__all__ = ["Transport", "send_frames"]
+
+log = logging.getLogger("distgrad.rpc")
+Kind = wire.Kind
+
+_ZERO_COPY_MIN = 1 << 16  # below this, copying is cheaper than pyzmq's zero-copy bookkeeping
+_BATCH = 64               # messages taken from one socket before looking at the others
+_SYNC_SLICE = 0.05        # how often a blocking call looks at its peer's liveness
+_MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+              | zmq.EVENT_CONNECTED)
+
+
+def _received_frame(a):
+    """The zmq.Frame whose whole buffer array ``a`` views, if any: re-sending the Frame
+    shares the message by reference count instead of registering a new zero-copy buffer."""
+    b = a.base
+    while b is not None and hasattr(b, "base") and not isinstance(b, memoryview):
+        b = b.base
+    if isinstance(b, memoryview) and isinstance(b.obj, zmq.Frame) and b.nbytes == a.nbytes:
+        return b.obj
+    return None
+
+
+def send_frames(sock, frames, flags=0):
+    """Send a multipart message; large buffers go zero-copy."""
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        copy = True
+        if type(f) is zmq.Frame:
+            copy = False
+        elif not isinstance(f, bytes) and f.nbytes >= _ZERO_COPY_MIN:
+            received = _received_frame(f)
+            if received is not None:
+                f = received
+            copy = False
+        sock.send(f, flags | (zmq.SNDMORE if i < last else 0), copy=copy)
+
+
+class _Wake:
+    """The outbox's signal: edge-safe (clear, then drain) and never blocking a producer."""
+
+    def __init__(self):
+        if hasattr(os, "eventfd"):
+            self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._w = self.fd
+        else:  # pragma: no cover - not Linux
+            self.fd, self._w = os.pipe()
+            os.set_blocking(self.fd, False)
+            os.set_blocking(self._w, False)
+
+    def signal(self):
+        try:
+            os.write(self._w, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        except OSError:  # full (the reader will wake anyway) or closed (shut down)
+            pass
+
+    def clear(self):
+        try:
+            os.read(self.fd, 4096)
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self):
+        for fd in {self.fd, self._w}:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class _ThreadSockets(dict):
+    """A thread's own sync sockets, closed when the thread ends (its locals die with it)."""
+
+    def __del__(self):
+        for s in self.values():
+            try:
+                s.close(linger=0)
+            except Exception:  # noqa: BLE001 - the context is already gone
+                pass
+
+
+class Transport:
+    """Sockets and liveness of one process. Callbacks run on the I/O thread:
+
+    ``on_request(ident, msg_id, src, extra, segments, frames)`` a CALL arrived;
+    ``on_reply(rank, kind, msg_id, extra, segments, frames)`` a reply to an async call;
+    ``on_release(src, names)`` a peer released shared-memory segments;
+    ``on_peer_down(rank, why, left)`` a peer died (``left=False``) or left;
+    ``on_peer_up(rank)`` a peer reported down answers again;
+    ``on_fatal(exc)`` the I/O thread stops because of ``exc``.
+    """
+
+    def __init__(self, name, rank, world_size, options, handlers):
+        self.name, self.rank, self.world_size = name, rank, world_size
+        self.options = options
+        self.handlers = handlers
+        self.ctx = zmq.Context()
+        self.stats = collections.Counter()
+        self._outbox = collections.deque()
+        self._wake = _Wake()
+        self._tls = threading.local()
+        self._down = {}            # rank -> why (dead or left); read by any thread
+        self._left = set()
+        self._suspect = {}         # rank -> deadline (I/O thread only)
+        self._stop = False
+        self._announce = None      # reason sent in LEAVE messages on close, if any
+        self._closed = threading.Event()
+        self._thread = None
+        self.failure = None
+        self.endpoints = None
+        self.router = None
+        self.dealers = []
+        self._monitors = {}
+        self._auth = None
+        self.grace = max(0.5, options.heartbeat_interval)
+        zmtp_timeout = max(options.heartbeat_timeout - self.grace - options.heartbeat_interval,
+                           options.heartbeat_interval)
+        self._hb = (int(options.heartbeat_interval * 1000), int(zmtp_timeout * 1000),
+                    int(options.heartbeat_timeout * 1000))
+
+    # ------------------------------------------------------------------ setup
+    def socket(self, kind, server=False):
+        s = self.ctx.socket(kind)
+        s.linger = 0
+        s.sndhwm = 0  # never block the I/O thread: backpressure is per call (calls.py)
+        s.rcvhwm = 0
+        ivl, timeout, ttl = self._hb
+        s.heartbeat_ivl, s.heartbeat_timeout, s.heartbeat_ttl = ivl, timeout, ttl
+        s.reconnect_ivl = 100
+        s.reconnect_ivl_max = 1000
+        curve = self._curve()
+        if curve is not None:
+            public, secret = curve
+            s.curve_publickey, s.curve_secretkey = public, secret
+            if server:
+                s.curve_server = True
+            else:
+                s.curve_serverkey = public
+        return s
+
+    def _curve(self):
+        o = self.options
+        return None if o.curve_public_key is None else (o.curve_public_key, o.curve_secret_key)
+
+    def start_auth(self):
+        """CURVE: admit only clients presenting the world's public key."""
+        curve = self._curve()
+        if curve is None:
+            return
+        from zmq.auth.thread import ThreadAuthenticator
+        world_public = curve[0]
+
+        class _OnlyWorldKey:
+            def callback(self, domain, key):
+                return key == zmq.utils.z85.decode(world_public) or key == world_public
+        self._auth = ThreadAuthenticator(self.ctx)
+        self._auth.start()
+        self._auth.configure_curve_callback(domain="*", credentials_provider=_OnlyWorldKey())
+
+    def bind(self, address):
+        """Bind the router (``tcp://host:0`` or ``ipc://path``); return the real endpoint."""
+        r = self.router = self.socket(zmq.ROUTER, server=True)
+        r.router_mandatory = 1
+        r.maxmsgsize = self.options.max_message_size
+        r.bind(address)
+        return r.last_endpoint.decode()
+
+    def connect(self, endpoints):
+        """Connect a dealer to every peer and start the I/O thread."""
+        self.endpoints = list(endpoints)
+        now = time.monotonic()
+        for r, ep in enumerate(self.endpoints):
+            d = self.socket(zmq.DEALER)
+            d.identity = b"%d" % self.rank
+            self._monitors[d.get_monitor_socket(_MONITORED)] = r
+            d.connect(ep)
+            self.dealers.append(d)
+            if r != self.rank:  # until its handshake succeeds, a peer is on probation
+                self._suspect[r] = now + self.options.heartbeat_timeout
+        self._thread = threading.Thread(target=self._run, name=f"rpc-io-{self.name}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ any thread
+    def send(self, dst, frames):
+        """Queue a message to peer ``dst`` (asynchronous CALLs, one-way messages)."""
+        self._outbox.append((dst, frames))
+        self._wake.signal()
+
+    def reply(self, ident, frames):
+        """Queue a reply to the peer socket ``ident`` of a CALL."""
+        self._outbox.append((ident, frames))
+        self._wake.signal()
+
+    def wake(self):
+        """Make the I/O thread run its ``on_tick`` soon (work was queued for it)."""
+        self._wake.signal()
+
+    def down(self, rank):
+        """Why peer ``rank`` cannot be reached (dead or left), or None."""
+        return self._down.get(rank)
+
+    def running(self):
+        return self._thread is not None and not self._closed.is_set()
+
+    def sync_socket(self, dst):
+        """The calling thread's own dealer to ``dst`` (created on first use)."""
+        socks = getattr(self._tls, "socks", None)
+        if socks is None:
+            socks = self._tls.socks = _ThreadSockets()
+        s = socks.get(dst)
+        if s is None:
+            s = socks[dst] = self.socket(zmq.DEALER)
+            s.connect(self.endpoints[dst])
+        return s
+
+    def sync_exchange(self, dst, frames, mid, deadline, check):
+        """Send a CALL on this thread's socket and wait for its reply; ``check()`` runs
+        between slices of the wait and raises to abandon it (dead peer, shutdown).
+        Returns (kind, extra, segments, frames) of the reply, or None on timeout."""
+        sock = self.sync_socket(dst)
+        send_frames(sock, frames)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if sock.poll(int(min(left, _SYNC_SLICE) * 1000) + 1):
+                reply = sock.recv_multipart(copy=False)
+                try:
+                    kind, rmid, _, extra, segments = wire.unpack_header(reply[0].bytes)
+                except ProtocolError as e:
+                    self.drop(str(e))
+                    continue
+                if rmid != mid:  # the late reply of an earlier, timed-out call
+                    self.stats["late_replies"] += 1
+                    self.handlers.on_late(dst, segments)
+                    continue
+                return kind, extra, segments, reply[1:]
+            check()
+
+    def drop(self, why):
+        self.stats["dropped"] += 1
+        log.debug("%s: dropped a message: %s", self.name, why)
+
+    # ------------------------------------------------------------------ the I/O thread
+    def _run(self):
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - never die silently: say why, fail calls
+            self.failure = e
+            log.error("%s: the RPC I/O thread stopped: %s: %s", self.name, type(e).__name__, e,
+                      exc_info=log.isEnabledFor(logging.DEBUG))
+            self._announce = f"its RPC I/O thread stopped ({type(e).__name__}: {e})"
+            try:
+                self.handlers.on_fatal(e)
+            except Exception:  # noqa: BLE001
+                log.exception("%s: failing pending calls", self.name)
+        finally:
+            self._close_sockets()
+            self._closed.set()
+
+    def _loop(self):
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self._wake.fd, zmq.POLLIN)
+        dealer_rank = {}
+        for r, d in enumerate(self.dealers):
+            poller.register(d, zmq.POLLIN)
+            dealer_rank[d] = r
+        for m in self._monitors:
+            poller.register(m, zmq.POLLIN)
+        router, handlers = self.router, self.handlers
+        while not self._stop:
+            now = time.monotonic()
+            wait = min([handlers.next_deadline(), now + 1.0, *self._suspect.values()]) - now
+            events = poller.poll(max(0, int(wait * 1000) + 1))
+            self._wake.clear()  # clear first, then drain: a later send signals again
+            self._flush()
+            for sock, _ in events:
+                if sock is router:
+                    self._on_router()
+                elif sock in dealer_rank:
+                    self._on_dealer(sock, dealer_rank[sock])
+                elif sock in self._monitors:
+                    self._on_monitor(sock, self._monitors[sock])
+            now = time.monotonic()
+            for r, deadline in list(self._suspect.items()):
+                if now >= deadline:
+                    del self._suspect[r]
+                    self._peer_down(r, f"no heartbeat for {self.options.heartbeat_timeout:.1f} s",
+                                    left=False)
+            handlers.on_tick(now)
+        self._flush()
+        if self._announce is not None:
+            self._send_leave(self._announce)
+
+    def _flush(self):
+        out = self._outbox
+        while out:
+            target, frames = out.popleft()
+            try:
+                if type(target) is int:
+                    send_frames(self.dealers[target], frames)
+                else:
+                    send_frames(self.router, [target, *frames])
+            except zmq.ZMQError as e:  # a peer that vanished is an expected event
+                self.stats["send_failed"] += 1
+                if e.errno != errno.EHOSTUNREACH:
+                    log.debug("%s: send failed: %s", self.name, e)
+
+    def _incoming(self, sock, header_at):
+        """(frames, kind, msg_id, src, extra, segments) of up to _BATCH waiting messages."""
+        for _ in range(_BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(frames) < header_at + 2:
+                self.drop(f"{len(frames)} frames")
+                continue
+            try:
+                kind, mid, src, extra, segments = wire.unpack_header(frames[header_at].bytes)
+            except ProtocolError as e:
+                self.drop(str(e))
+                continue
+            yield frames, kind, mid, src, extra, segments
+
+    def _on_router(self):
+        h = self.handlers
+        for frames, kind, mid, src, extra, segments in self._incoming(self.router, 1):
+            if not 0 <= src < self.world_size:
+                self.drop(f"source rank {src} is not in the world")
+                h.on_late(None, segments)
+            elif kind == Kind.CALL:
+                h.on_request(frames[0], mid, src, extra, segments, frames[2:])
+            elif kind == Kind.RELEASE:
+                h.on_release(src, segments)
+            elif kind == Kind.LEAVE:
+                why = extra if isinstance(extra, str) else "it left the world"
+                self._suspect.pop(src, None)
+                self._peer_down(src, why[:500], left=True)
+            else:
+                self.drop(f"{Kind.NAMES.get(kind, kind)} on the request socket")
+                h.on_late(src, segments)
+
+    def _on_dealer(self, sock, rank):
+        for frames, kind, mid, _, extra, segments in self._incoming(sock, 0):
+            if kind in (Kind.REPLY, Kind.ERROR):
+                self.handlers.on_reply(rank, kind, mid, extra, segments, frames[1:])
+            else:
+                self.drop(f"{Kind.NAMES.get(kind, kind)} on a reply socket")
+
+    def _on_monitor(self, mon, rank):
+        for _ in range(_BATCH):
+            try:
+                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return
+            if rank in self._left:
+                continue
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._suspect.pop(rank, None)
+                if rank in self._down:
+                    del self._down[rank]
+                    self.handlers.on_peer_up(rank)
+            elif event == zmq.EVENT_DISCONNECTED:
+                if rank not in self._down:
+                    self._suspect.setdefault(rank, time.monotonic() + self.grace)
+            elif event == zmq.EVENT_CLOSED and rank in self._suspect:
+                # a reconnection refused: nobody listens on the peer's endpoint any more
+                del self._suspect[rank]
+                self._peer_down(rank, "its process is gone (connection refused)", left=False)
+
+    def _peer_down(self, rank, why, left):
+        if left:
+            self._left.add(rank)
+        elif rank in self._down:
+            return
+        self._down[rank] = why
+        self.handlers.on_peer_down(rank, why, left)
+
+    def _send_leave(self, why):
+        header = wire.pack_header(Kind.LEAVE, 0, self.rank, why)
+        for r, d in enumerate(self.dealers):
+            if r != self.rank and r not in self._down:
+                try:
+                    d.send_multipart([header, b""], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+
+    def _close_sockets(self):
+        linger = 1000 if self._announce is not None else 0  # let LEAVE and last replies out
+        for s in [*self._monitors, self.router, *self.dealers]:
+            if s is not None and not s.closed:
+                s.close(linger=linger)
+
+    # ------------------------------------------------------------------ closing
+    def close(self, announce=None, timeout=10.0):
+        """Stop the I/O thread (after it sent what is queued and, with ``announce``, a
+        LEAVE to every peer), then destroy the context. Safe to call twice."""
+        if self._thread is not None and self._thread.is_alive():
+            if announce is not None and self._announce is None:
+                self._announce = announce
+            self._stop = True
+            self._wake.signal()
+            if threading.current_thread() is not self._thread:
+                self._thread.join(timeout)
+                if self._thread.is_alive():
+                    log.warning("%s: the RPC I/O thread did not stop within %.0f s", self.name,
+                                timeout)
+        elif self._thread is None:
+            self._close_sockets()
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        self.ctx.destroy(linger=0)
+        self._wake.close()
