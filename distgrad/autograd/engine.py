@@ -19,7 +19,7 @@ from .node import AccumulateGrad, accumulate_into_grad
 _getrefcount = sys.getrefcount
 from .tensor import Tensor, _make
 
-__all__ = ["backward", "grad", "run_backward", "GraphTask"]
+__all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute"]
 
 
 class _CurrentTasks(threading.local):
@@ -35,6 +35,16 @@ def current_graph_task():
     """The GraphTask running on this thread, or None outside backward."""
     stack = _current_tasks.stack
     return stack[-1] if stack else None
+
+
+def execute(task):
+    """Run ``task`` until no node is ready, as this thread's current graph task (hooks see it
+    through :func:`current_graph_task`)."""
+    _current_tasks.stack.append(task)
+    try:
+        task.execute()
+    finally:
+        _current_tasks.stack.pop()
 
 
 def will_engine_execute_node(node):
@@ -63,7 +73,8 @@ def _as_tuple(x):
     return tuple(x)
 
 
-def _make_root_grads(outputs, grad_outputs, create_graph):
+def make_root_grads(outputs, grad_outputs, create_graph):
+    """The checked gradients to start a backward with (ones for scalar outputs)."""
     grads = []
     for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
         if not isinstance(out, Tensor):
@@ -117,7 +128,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
         raise RuntimeError(f"got {len(grad_tensors)} tensors and {len(tensors)} gradients")
     if retain_graph is None:
         retain_graph = create_graph
-    grads = _make_root_grads(tensors, grad_tensors, create_graph)
+    grads = make_root_grads(tensors, grad_tensors, create_graph)
     run_backward(tensors, grads, retain_graph, create_graph, inputs or (), allow_unused=True,
                  accumulate_grad=True)
 
@@ -148,7 +159,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                            f"grad_outputs and {len(outputs)} outputs")
     if retain_graph is None:
         retain_graph = create_graph
-    grads = _make_root_grads(outputs, grad_outputs, create_graph)
+    grads = make_root_grads(outputs, grad_outputs, create_graph)
     result = run_backward(outputs, grads, retain_graph, create_graph, inputs,
                           allow_unused=allow_unused, accumulate_grad=False)
     if materialize_grads:
@@ -242,6 +253,9 @@ class GraphTask:
 
     def mark_ready(self, node):
         heapq.heappush(self._heap, (-node._seq, next(self._tiebreak), node))
+
+    def has_ready_nodes(self):
+        return bool(self._heap)
 
     # -- execution --
     def execute(self):
@@ -491,11 +505,7 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
     for node in dict.fromkeys(root_nodes):
         if task.dependencies.get(node, 0) == 0:
             task.mark_ready(node)
-    _current_tasks.stack.append(task)
-    try:
-        task.execute()
-    finally:
-        _current_tasks.stack.pop()
+    execute(task)
     if accumulate_grad:
         return None
     results = []

@@ -32,13 +32,13 @@ class context:
 
     def __enter__(self):
         self.context_id = _context.new_context()
-        self._prev = _context._tls.current
-        _context._tls.current = self.context_id
+        self._scope = _context.scope(self.context_id)
+        self._scope.__enter__()
         return self.context_id
 
     def __exit__(self, exc_type, exc, tb):
-        _context._tls.current = self._prev
-        _engine._release_everywhere(self.context_id, raise_errors=exc_type is None)
+        self._scope.__exit__(exc_type, exc, tb)
+        _engine.release_everywhere(self.context_id, raise_errors=exc_type is None)
         return False
 
 
@@ -70,15 +70,12 @@ def _current_context():
 
 def debug_live_contexts():
     """{worker name: [live context ids]} across the whole RPC world (a debugging aid)."""
-    from distgrad.rpc.agent import current_agent
+    from distgrad.rpc import current_agent
     agent = current_agent()
     if agent is None or not agent.running:
         return {"local": _context.live_context_ids()}
-    prev, _context._tls.current = _context._tls.current, None
-    try:
+    with _context.scope(None):
         futs = {w.name: agent.call(w.id, _engine.live_contexts) for w in agent.workers}
-    finally:
-        _context._tls.current = prev
     return {name: f.wait() for name, f in futs.items()}
 
 

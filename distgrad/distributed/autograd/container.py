@@ -8,23 +8,37 @@ also carries, for the message's send nodes and every send node upstream of them,
 coordinator of a backward learns from its own recv nodes which send nodes of the
 whole world can still receive a gradient, without a gathering round trip
 (the graph below a tensor is complete when it is sent, so this never goes stale).
+
+The recording is an RPC message interceptor (``distgrad.rpc.interceptors``). The
+context of a request travels on its :class:`~distgrad.rpc.Request` (``state``),
+so a reply produced later by another thread (an ``async_execution`` Future)
+still belongs to it. Contexts a peer's messages bring here are checked: the id
+must name a worker of this world as its creator, a peer may introduce a bounded
+number of live contexts, and the contexts of a creator that died are released.
 """
 import collections
 import contextlib
 import itertools
+import logging
 import threading
+import weakref
 
 from distgrad.autograd.node import Node
 from distgrad.autograd.tensor import Tensor
-from distgrad.rpc import agent as _agent_mod
+from distgrad.rpc import current_agent, entry_point, interceptors
 
 __all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id",
-           "get_context", "install"]
+           "get_context", "install", "scope", "admit_context"]
+
+log = logging.getLogger("distgrad.distributed.autograd")
 
 _RANK_SHIFT = 48
+_NAME = "autograd"              # the interceptor's name: its header extra travels under it
+MAX_CONTEXTS_PER_PEER = 10_000  # live contexts one peer's messages may create here
 _counter = itertools.count(1)
 _lock = threading.Lock()
 _contexts = {}
+_introduced = collections.Counter()     # peer rank -> live contexts its messages created
 _released = collections.OrderedDict()  # recently released ids: late messages are ignored
 _RELEASED_KEPT = 100_000
 
@@ -32,14 +46,13 @@ _RELEASED_KEPT = 100_000
 class _TLS(threading.local):
     def __init__(self):
         self.current = None     # context id of this thread
-        self.reply_ctx = None   # context of the request whose reply this thread sends next
 
 
 _tls = _TLS()
 
 
 def _agent():
-    return _agent_mod.current_agent()
+    return current_agent()
 
 
 def my_rank():
@@ -56,11 +69,17 @@ def new_id():
     return (my_rank() << _RANK_SHIFT) | next(_counter)
 
 
+def creator_of(context_id):
+    """The rank that created a context (or a message id): it is in the id's high bits."""
+    return context_id >> _RANK_SHIFT
+
+
 class DistAutogradContext:
     """One context on one process: its send/recv nodes, known peers, leaf gradients."""
 
-    def __init__(self, context_id):
+    def __init__(self, context_id, introduced_by=None):
         self.id = context_id
+        self.introduced_by = introduced_by  # the peer whose message created it here, if any
         self.lock = threading.Lock()
         self.sends = {}        # msg id -> SendNode
         self.recvs = {}        # msg id -> RecvNode
@@ -92,11 +111,29 @@ def current_context_id():
     return _tls.current
 
 
-def get_context(context_id, create=False):
+def get_context(context_id):
+    with _lock:
+        return _contexts.get(context_id)
+
+
+def admit_context(context_id, src):
+    """The context a message from peer rank ``src`` names, created here if new (None if it
+    was released). RuntimeError for an id that names no worker, or past the per-peer bound."""
+    agent = _agent()
+    world = agent.world_size if agent is not None else 1
+    if type(context_id) is not int or context_id <= 0 or not 0 <= creator_of(context_id) < world:
+        raise RuntimeError(f"autograd context id {context_id!r} from rank {src} names no worker "
+                           "of this world")
     with _lock:
         ctx = _contexts.get(context_id)
-        if ctx is None and create and context_id not in _released:
-            ctx = _contexts[context_id] = DistAutogradContext(context_id)
+        if ctx is None:
+            if context_id in _released:
+                return None
+            if _introduced[src] >= MAX_CONTEXTS_PER_PEER:
+                raise RuntimeError(f"rank {src} already brought {MAX_CONTEXTS_PER_PEER} live "
+                                   f"autograd contexts here; refusing context {context_id}")
+            ctx = _contexts[context_id] = DistAutogradContext(context_id, introduced_by=src)
+            _introduced[src] += 1
         return ctx
 
 
@@ -121,6 +158,8 @@ def release_local(context_id):
     """Forget ``context_id`` here; return its context (or None if unknown/released)."""
     with _lock:
         ctx = _contexts.pop(context_id, None)
+        if ctx is not None and ctx.introduced_by is not None:
+            _introduced[ctx.introduced_by] -= 1
         _released[context_id] = True
         while len(_released) > _RELEASED_KEPT:
             _released.popitem(last=False)
@@ -144,6 +183,8 @@ def live_context_ids():
 
 @contextlib.contextmanager
 def scope(context_id):
+    """Run the block in ``context_id`` (None: in no context, e.g. plain-data messages of
+    the distributed engine itself); the one place this thread-local is swapped."""
     prev = _tls.current
     _tls.current = context_id
     try:
@@ -231,98 +272,124 @@ def _grad_tensors(obj, out):
 
 
 # ---------------------------------------------------------------------- the interceptor
-_installed_on = set()   # ranks known to run the interceptor, for the agent below
-_installed_agent = [None]
 _install_lock = threading.Lock()
+_installed_on = set()     # ranks known to run the interceptor, for the agent below
+_installed_agent = [None]
 
 
+@entry_point
 def _installed():
     """Runs on a peer: importing this module installed the interceptor there."""
     install()
     return True
 
 
+def _parse(extra, who):
+    """(context id, send ids, upstream info) of a header extra; RuntimeError if malformed."""
+    if type(extra) is list and len(extra) == 3 and type(extra[0]) is int \
+            and type(extra[1]) is list and all(type(i) is int for i in extra[1]) \
+            and type(extra[2]) is list and all(
+                type(e) is list and len(e) == 3 and type(e[0]) is int and type(e[1]) is int
+                and type(e[2]) is list and all(type(i) is int for i in e[2]) for e in extra[2]):
+        return extra
+    raise RuntimeError(f"malformed distributed autograd header from {who!r}")
+
+
+def _record_sends(cid, dst, payload):
+    """SendNodes for the tensors of ``payload`` going to ``dst``: the header extra."""
+    ctx = get_context(cid)
+    if ctx is None:
+        return None
+    ctx.workers.add(dst.name)
+    tensors = _grad_tensors(payload, [])
+    if not tensors:
+        return [cid, [], []]
+    me = _agent().rank
+    ids, info = [], {}
+    for t in tensors:
+        mid = new_id()
+        node = SendNode(t, mid, dst.name)
+        recvs = reachable_recvs(node, cid)
+        for r in recvs:
+            for entry in r.upstream:
+                info.setdefault(entry[0], entry)
+        info[mid] = [mid, me, [r.msg_id for r in recvs]]
+        with ctx.lock:
+            ctx.sends[mid] = node
+        ids.append(mid)
+    return [cid, ids, list(info.values())]
+
+
+def _record_recvs(ctx, src, ids, info, payload):
+    """RecvNodes for the tensors of ``payload`` that came from ``src`` (WorkerInfo)."""
+    ctx.workers.add(src.name)
+    if not ids:
+        return
+    tensors = _grad_tensors(payload, [])
+    if len(tensors) != len(ids):
+        raise RuntimeError(f"distributed autograd: message from {src.name!r} announced "
+                           f"{len(ids)} tensors that require grad, found {len(tensors)}")
+    for t, mid in zip(tensors, ids):
+        node = RecvNode(t, mid, src.name, src.id, ctx.id, info)
+        t._grad_fn = node
+        t._output_nr = 0
+        with ctx.lock:
+            ctx.recvs[mid] = node
+
+
 class _Interceptor:
-    def on_send(self, kind, dst_name, payload):
-        if kind == "request":
-            cid = _tls.current
-        else:
-            cid, _tls.reply_ctx = _tls.reply_ctx, None
+    """Records send/recv nodes on every message of a context; see the module doc."""
+
+    def on_send_request(self, dst, args, kwargs):
+        cid = _tls.current
         if cid is None:
-            return payload, None
-        ctx = get_context(cid)
-        if ctx is None:
-            return payload, None
+            return args, kwargs, None
         agent = _agent()
-        if kind == "request":
-            dst = agent.worker_info(dst_name).id
-            if dst not in _installed_on or _installed_agent[0] is not agent:
-                _ensure_installed(agent, dst)
-        ctx.workers.add(dst_name)
-        tensors = _grad_tensors(payload, [])
-        if not tensors:
-            return payload, [cid, [], []]
-        me = agent.rank
-        ids, info = [], {}
-        for t in tensors:
-            mid = new_id()
-            node = SendNode(t, mid, dst_name)
-            recvs = reachable_recvs(node, cid)
-            for r in recvs:
-                for entry in r.upstream:
-                    info.setdefault(entry[0], entry)
-            info[mid] = [mid, me, [r.msg_id for r in recvs]]
-            with ctx.lock:
-                ctx.sends[mid] = node
-            ids.append(mid)
-        return payload, [cid, ids, list(info.values())]
+        if dst.id not in _installed_on or _installed_agent[0] is not agent:
+            _ensure_installed(agent, dst.id)
+        return args, kwargs, _record_sends(cid, dst, (args, kwargs))
 
-    def on_receive(self, kind, src_name, extra, payload):
-        if type(extra) is not list or len(extra) != 3:
-            return payload
-        cid, ids, info = extra
-        if not ids:
-            return payload
-        ctx = get_context(cid, create=(kind == "request"))
-        if ctx is None:  # released: the tensors stay plain leaves
-            return payload
-        ctx.workers.add(src_name)
-        tensors = _grad_tensors(payload, [])
-        if len(tensors) != len(ids):
-            raise RuntimeError(f"distributed autograd: message from {src_name!r} announced "
-                               f"{len(ids)} tensors that require grad, found {len(tensors)}")
-        src_rank = _agent().worker_info(src_name).id
-        for t, mid in zip(tensors, ids):
-            node = RecvNode(t, mid, src_name, src_rank, cid, info)
-            t._grad_fn = node
-            t._output_nr = 0
-            with ctx.lock:
-                ctx.recvs[mid] = node
-        return payload
+    def on_receive_request(self, request, args, kwargs):
+        extra = request.extra(_NAME)
+        if extra is None:
+            return args, kwargs
+        cid, ids, info = _parse(extra, request.worker.name)
+        ctx = admit_context(cid, request.src)
+        if ctx is not None:
+            request.state[_NAME] = cid
+            _record_recvs(ctx, request.worker, ids, info, (args, kwargs))
+        return args, kwargs
 
-    def request_scope(self, src_name, extra):
-        cid = None
-        if type(extra) is list and len(extra) == 3:
-            cid = extra[0]
-            if get_context(cid, create=True) is None:
-                cid = None
-            else:
-                get_context(cid).workers.add(src_name)
-        return _RequestScope(cid)
+    def request_scope(self, request):
+        return _RequestScope(request.state.get(_NAME))
+
+    def on_send_response(self, request, value):
+        cid = request.state.get(_NAME)
+        if cid is None:
+            return value, None
+        return value, _record_sends(cid, request.worker, value)
+
+    def on_receive_response(self, src, extra, value):
+        if extra is None:
+            return value
+        cid, ids, info = _parse(extra, src.name)
+        ctx = get_context(cid)
+        if ctx is not None:  # released meanwhile: the tensors stay plain leaves
+            _record_recvs(ctx, src, ids, info, value)
+        return value
 
 
 class _RequestScope:
     """The handler of a request runs in the sender's context (and its saved-tensor hooks)."""
-    __slots__ = ("cid", "prev", "saved")
+    __slots__ = ("cid", "scope", "saved")
 
     def __init__(self, cid):
         self.cid = cid
         self.saved = None
 
     def __enter__(self):
-        self.prev = _tls.current
-        _tls.current = self.cid
-        _tls.reply_ctx = None
+        self.scope = scope(self.cid)
+        self.scope.__enter__()
         if self.cid is not None:
             ctx = get_context(self.cid)
             pair = ctx.hooks.get("saved") if ctx is not None else None
@@ -334,8 +401,7 @@ class _RequestScope:
     def __exit__(self, *exc):
         if self.saved is not None:
             self.saved.stack.pop()
-        _tls.current = self.prev
-        _tls.reply_ctx = self.cid
+        self.scope.__exit__(*exc)
         return False
 
 
@@ -348,18 +414,32 @@ def _ensure_installed(agent, dst):
             _installed_agent[0] = agent
         if dst in _installed_on:
             return
-        prev = _tls.current
-        _tls.current = None  # the install call itself belongs to no context
-        try:
-            agent.call_sync(dst, _installed, (), None)
-        finally:
-            _tls.current = prev
+    with scope(None):  # the install call itself belongs to no context
+        agent.call_sync(dst, _installed, (), None)
+    with _install_lock:
         _installed_on.add(dst)
 
 
+def _on_peer_down(rank, why, left):
+    """The contexts a dead (or departed) worker created cannot be driven any more."""
+    with _lock:
+        orphans = [cid for cid in _contexts if creator_of(cid) == rank]
+    for cid in orphans:
+        log.debug("releasing autograd context %s: its creator, rank %d, is gone (%s)", cid,
+                  rank, why)
+        release_local(cid)
+
+
 _interceptor = _Interceptor()
+_listening = [lambda: None]  # weak reference to the agent told about _on_peer_down
 
 
 def install():
-    if _agent_mod.get_message_interceptor() is not _interceptor:
-        _agent_mod.set_message_interceptor(_interceptor)
+    """Make this process record distributed autograd (idempotent; follows a new agent)."""
+    interceptors.add(_interceptor, name=_NAME)
+    agent = _agent()
+    if agent is not None and _listening[0]() is not agent:
+        with _install_lock:
+            if _listening[0]() is not agent:
+                agent.add_peer_listener(_on_peer_down)
+                _listening[0] = weakref.ref(agent)

@@ -33,11 +33,10 @@ import logging
 import threading
 from collections import defaultdict
 
-from distgrad.autograd.engine import GraphTask, _current_tasks, _make_root_grads
+from distgrad.autograd.engine import GraphTask, execute, make_root_grads
 from distgrad.autograd.tensor import Tensor
-from distgrad.rpc.errors import WorkerUnreachableError
+from distgrad.rpc import Future, WorkerUnreachableError, entry_point
 from distgrad.rpc.functions import async_execution
-from distgrad.rpc.futures import Future
 
 from . import container as _c
 
@@ -106,7 +105,7 @@ class _Pass:
         self._drain()
 
     def _drain(self):
-        task, stack = self.task, _current_tasks.stack
+        task = self.task
         while True:
             with self.lock:
                 items, self.inbox = self.inbox, []
@@ -125,11 +124,7 @@ class _Pass:
                     node = self.ctx.sends[msg_id]
                     task.add_gradient(node, 0, g)
                     task.mark_ready(node)
-                stack.append(task)
-                try:
-                    task.execute()
-                finally:
-                    stack.pop()
+                execute(task)
             except BaseException as e:  # noqa: BLE001 - the pass fails with the node's error
                 self.fail(e)
                 with self.lock:
@@ -155,12 +150,11 @@ class _Pass:
             ids = self.unstarted.pop(rank, None) if self.unstarted else None
             if ids is None:
                 self.outstanding += 1
-        prev, _c._tls.current = _c._tls.current, None  # plain data: no recording
-        try:
+        with _c.scope(None):  # gradients are plain data: no recording
             if ids is not None:  # the coordinator starts that worker's part with this gradient
                 args = (self.ctx.id, self.id, ids, self.retain, [recv.msg_id, g])
                 if self.deferred is not None and threading.get_ident() == self.defer_thread \
-                        and not self.task._heap:
+                        and not self.task.has_ready_nodes():
                     # Nothing local is left to run: start it once execute() returns (maybe
                     # with a blocking call, the cheapest round trip; see backward()).
                     self.deferred.append((rank, args))
@@ -168,8 +162,6 @@ class _Pass:
                 self.parts[rank] = agent.call(rank, _run_pass, args, None, -1)
                 return
             fut = agent.call(rank, _deliver, (self.ctx.id, self.id, recv.msg_id, g), None, -1)
-        finally:
-            _c._tls.current = prev
         fut.add_done_callback(self._shipped)
 
     def _shipped(self, fut):
@@ -192,7 +184,7 @@ class _Pass:
                 node.freed = True
         with self.ctx.lock:
             self.ctx.passes.pop(self.id, None)
-        self.done._complete(None, None)
+        self.done.set_result(None)
 
     def fail(self, exc):
         with self.lock:
@@ -202,12 +194,13 @@ class _Pass:
         with self.ctx.lock:
             self.ctx.passes.pop(self.id, None)
             self.ctx.aborted.add(self.id)
-        self.done._complete(None, exc)
+        self.done.set_exception(exc)
 
     abort = fail
 
 
 # ---------------------------------------------------------------------- remote handlers
+@entry_point
 @async_execution
 def _run_pass(context_id, pass_id, send_ids, retain_graph, first=None):
     """Runs on a worker: set up its part of a pass (``first``: [msg id, gradient] to start
@@ -234,11 +227,15 @@ def _run_pass(context_id, pass_id, send_ids, retain_graph, first=None):
 
     def relay(f):
         exc = f.exception()
-        out._complete(None, _named(exc) if exc is not None else None)
+        if exc is None:
+            out.set_result(None)
+        else:
+            out.set_exception(_named(exc))
     p.done.add_done_callback(relay)
     return out
 
 
+@entry_point
 def _deliver(context_id, pass_id, msg_id, grad):
     """A gradient for send node ``msg_id``; late ones (released context, abandoned pass) drop."""
     ctx = _c.get_context(context_id)
@@ -255,6 +252,7 @@ def _deliver(context_id, pass_id, msg_id, grad):
     return True
 
 
+@entry_point
 def _abort_pass(context_id, pass_id):
     ctx = _c.get_context(context_id)
     if ctx is None:
@@ -314,7 +312,7 @@ def backward(context_id, roots, retain_graph=False):
         if not t._requires_grad:
             raise RuntimeError(f"element {i} of tensors does not require grad and does not "
                                "have a grad_fn")
-    grads = _make_root_grads(roots, (None,) * len(roots), False)
+    grads = make_root_grads(roots, (None,) * len(roots), False)
     root_edges = [(t._grad_edge(), g) for t, g in zip(roots, grads)]
     expected, direct = plan(context_id, [edge[0] for edge, _ in root_edges])
     agent = _c._agent()
@@ -327,14 +325,11 @@ def backward(context_id, roots, retain_graph=False):
     p.unstarted = {r: ids for r, ids in expected.items() if r in direct}
     with ctx.lock:
         ctx.passes[pass_id] = p
-    prev, _c._tls.current = _c._tls.current, None
-    try:
+    with _c.scope(None):
         for rank, ids in expected.items():
             if rank not in direct:
                 parts[rank] = agent.call(rank, _run_pass,
                                          (context_id, pass_id, ids, retain_graph), None, -1)
-    finally:
-        _c._tls.current = prev
     p.deferred, p.defer_thread = [], threading.get_ident()
     try:
         p.feed(None, root_edges)
@@ -354,22 +349,19 @@ def _start_deferred(agent, p, parts, deferred):
     """Start the parts held back by the roots' execute(): when it is the only part left, with
     a blocking call (its reply is that part's completion; a failure or a dead worker ends
     it), otherwise asynchronously."""
-    prev, _c._tls.current = _c._tls.current, None
-    try:
+    with _c.scope(None):
         deferred = deferred or ()
         if len(deferred) == 1 and not parts and p.done.done() and p.done.exception() is None:
             rank, args = deferred[0]
             fut = parts[rank] = Future()
             try:
                 agent.call_sync(rank, _run_pass, args, None, -1)
-                fut._complete(None, None)
+                fut.set_result(None)
             except BaseException as e:  # noqa: BLE001 - reported by _wait_all
-                fut._complete(None, e)
+                fut.set_exception(e)
             return
         for rank, args in deferred:
             parts[rank] = agent.call(rank, _run_pass, args, None, -1)
-    finally:
-        _c._tls.current = prev
 
 
 def _wait_all(agent, context_id, pass_id, parts, local):
@@ -391,7 +383,7 @@ def _wait_all(agent, context_id, pass_id, parts, local):
         else:
             pending = [(r, f) for r, f in list(parts.items()) if r not in finished]
             fut = local.done
-        fut._wait_done(_SLICE)
+        fut.wait_done(_SLICE)
         for r, f in pending:
             if f.done():
                 finished.add(r)
@@ -404,13 +396,10 @@ def _wait_all(agent, context_id, pass_id, parts, local):
             local.unstarted.clear()
     pending = {r: f for r, f in list(parts.items()) if r not in finished and r != me}
     acks = []
-    prev, _c._tls.current = _c._tls.current, None
-    try:
+    with _c.scope(None):
         for r in pending:
-            if r != agent.rank and r not in agent._dead:
+            if r != agent.rank and agent.unreachable(r) is None:
                 acks.append(agent.call(r, _abort_pass, (context_id, pass_id), None, -1))
-    finally:
-        _c._tls.current = prev
     for a in acks:
         try:
             a.wait(5.0)
@@ -420,13 +409,14 @@ def _wait_all(agent, context_id, pass_id, parts, local):
 
 
 # ---------------------------------------------------------------------- context release
+@entry_point
 def _release_remote(context_id, caller):
     """Runs on a worker: release here, then on the peers it exchanged with (acknowledged)."""
-    _release_everywhere(context_id, exclude={caller})
+    release_everywhere(context_id, exclude={caller})
     return True
 
 
-def _release_everywhere(context_id, exclude=(), raise_errors=True):
+def release_everywhere(context_id, exclude=(), raise_errors=True):
     ctx = _c.release_local(context_id)
     if ctx is None:
         return
@@ -436,8 +426,7 @@ def _release_everywhere(context_id, exclude=(), raise_errors=True):
     me = agent.name
     peers = sorted(ctx.workers - set(exclude) - {me})
     futs, first = [], None
-    prev, _c._tls.current = _c._tls.current, None  # release messages belong to no context
-    try:
+    with _c.scope(None):  # release messages belong to no context
         if len(peers) == 1:  # the common case: a blocking call is the cheapest round trip
             futs.append((peers[0], _Sync(agent, peers[0], (context_id, me))))
         else:
@@ -451,8 +440,6 @@ def _release_everywhere(context_id, exclude=(), raise_errors=True):
             except Exception as e:  # noqa: BLE001
                 if first is None:
                     first = e
-    finally:
-        _c._tls.current = prev
     if first is not None and raise_errors:
         raise first
 
@@ -467,6 +454,7 @@ class _Sync:
         return self.agent.call_sync(self.peer, _release_remote, self.args)
 
 
+@entry_point
 def live_contexts():
     """Runs on each worker for :func:`debug_live_contexts`."""
     _c.install()

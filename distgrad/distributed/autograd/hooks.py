@@ -18,8 +18,8 @@ import itertools
 import threading
 
 from distgrad.rpc import api as _rpc
-from distgrad.rpc.agent import current_agent
-from distgrad.rpc.resolve import ref_of
+from distgrad.rpc import current_agent, entry_point
+from distgrad.rpc.allowlist import ref_of
 
 from . import container as _c
 
@@ -54,6 +54,7 @@ def _spec(hook):
     return ["cb", current_agent().name, hid]
 
 
+@entry_point
 def _run_callback(hook_id, args):
     """Runs on the registering process: call the user's hook."""
     fn = _callbacks.get(hook_id)
@@ -84,7 +85,7 @@ def _describe(module):
 def _materialize(spec, module_arg=False):
     """On the owner: the local callable for a travelled hook spec."""
     if spec[0] == "ref":
-        fn = current_agent()._resolve(spec[1])
+        fn = current_agent().allowlist.resolve(spec[1])
         return fn
     if spec[0] == "cb":
         return _CallbackProxy(spec[1], spec[2], module_arg)
@@ -98,6 +99,7 @@ def _keep(handle):
     return hid
 
 
+@entry_point
 def _remove_installed(handle_id):
     with _lock:
         h = _installed.pop(handle_id, None)
@@ -133,6 +135,7 @@ def _finish(spec, owner, handle_ids):
 
 
 # ---------------------------------------------------------------------- tensors and nodes
+@entry_point
 def _install_on_tensor(rref, kind, spec):
     t = rref.local_value()
     fn = _materialize(spec)
@@ -168,11 +171,13 @@ def register_node_hook(tensor_rref, hook):
     return _register_on_tensor(tensor_rref, hook, "node")
 
 
+@entry_point
 def _retain_grad(rref):
     rref.local_value().retain_grad()
     return True
 
 
+@entry_point
 def _grad_of(rref):
     g = rref.local_value().grad
     return None if g is None else g.detach()
@@ -196,6 +201,7 @@ def _module_hook_fn(spec):
     return _materialize(spec, module_arg=True)
 
 
+@entry_point
 def _install_module_hook(module_rref, kind, spec):
     if kind not in _MODULE_KINDS:
         raise ValueError(f"unknown module hook kind {kind!r}; one of {_MODULE_KINDS}")
@@ -203,6 +209,7 @@ def _install_module_hook(module_rref, kind, spec):
     return _keep(getattr(module, f"register_{kind}_hook")(_module_hook_fn(spec)))
 
 
+@entry_point
 def _install_global_module_hook(kind, spec):
     from distgrad.nn.modules import module as m
     if kind not in _MODULE_KINDS:
@@ -232,12 +239,13 @@ def register_global_module_hook(kind, hook, workers=None):
 
 
 # ---------------------------------------------------------------------- saved tensors
+@entry_point
 def _install_saved_hooks(context_id, pack_ref, unpack_ref):
-    ctx = _c.get_context(context_id, create=True)
+    ctx = _c.admit_context(context_id, _c.creator_of(context_id))
     if ctx is None:
         raise RuntimeError(f"autograd context {context_id} was released")
     agent = current_agent()
-    ctx.hooks["saved"] = (agent._resolve(pack_ref), agent._resolve(unpack_ref))
+    ctx.hooks["saved"] = (agent.allowlist.resolve(pack_ref), agent.allowlist.resolve(unpack_ref))
     return True
 
 
@@ -250,11 +258,8 @@ def register_saved_tensors_hooks(context_id, pack_hook, unpack_hook, workers=Non
     pack, unpack = ref_of(pack_hook), ref_of(unpack_hook)
     agent = current_agent()
     names = list(workers) if workers is not None else [w.name for w in agent.workers]
-    prev, _c._tls.current = _c._tls.current, None
-    try:
+    with _c.scope(None):
         futs = [_rpc.rpc_async(n, _install_saved_hooks, (context_id, pack, unpack)) for n in names]
-    finally:
-        _c._tls.current = prev
     for fut in futs:
         fut.wait()
     ctx = _c.get_context(context_id)

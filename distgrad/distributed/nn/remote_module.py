@@ -6,8 +6,8 @@
 """
 from distgrad.distributed.autograd import container as _c
 from distgrad.distributed.autograd import hooks as _hooks
+from distgrad.rpc import RRef, entry_point
 from distgrad.rpc import api as _rpc
-from distgrad.rpc.rref import RRef
 
 __all__ = ["RemoteModule"]
 
@@ -16,6 +16,7 @@ __all__ = ["RemoteModule"]
 _modules = {}
 
 
+@entry_point
 def _create(key, module_cls, args, kwargs, name):
     module = _modules[key] = module_cls(*args, **kwargs)
     for sub_name, sub in module.named_modules():
@@ -23,18 +24,22 @@ def _create(key, module_cls, args, kwargs, name):
     return module
 
 
+@entry_point
 def _forward(key, args, kwargs):
     return _modules[key](*args, **kwargs)
 
 
+@entry_point
 def _drop(key):
     _modules.pop(key, None)
 
 
+@entry_point
 def _parameter_rrefs(module_rref, recurse):
     return [RRef(p) for p in module_rref.local_value().parameters(recurse)]
 
 
+@entry_point
 def _call_method(module_rref, method, args, kwargs):
     return getattr(module_rref.local_value(), method)(*args, **kwargs)
 

@@ -7,6 +7,7 @@ import threading
 
 from distgrad.distributed.autograd import container as _c
 from distgrad.rpc import api as _rpc
+from distgrad.rpc import entry_point
 
 __all__ = ["DistributedOptimizer"]
 
@@ -42,15 +43,18 @@ class _LocalOptimizer:
 _optimizers = {}  # on each owner: key -> _LocalOptimizer (calls name keys, not RRefs)
 
 
+@entry_point
 def _new_local_optimizer(key, optimizer_cls, param_rrefs, args, kwargs):
     _optimizers[key] = _LocalOptimizer(optimizer_cls, param_rrefs, args, kwargs)
     return True
 
 
+@entry_point
 def _step(key, context_id):
     _optimizers[key].step(context_id)
 
 
+@entry_point
 def _drop(key):
     _optimizers.pop(key, None)
 
@@ -72,15 +76,12 @@ class DistributedOptimizer:
         self._local = None
         if me in by_owner:
             self._local = _LocalOptimizer(optimizer_class, by_owner[me], args, kwargs)
-        prev, _c._tls.current = _c._tls.current, None
-        try:
+        with _c.scope(None):
             futs = [_rpc.rpc_async(o, _new_local_optimizer,
                                    (key, optimizer_class, by_owner[o], args, kwargs))
                     for o in self._owners]
             for f in futs:  # surface a bad optimizer argument here
                 f.wait()
-        finally:
-            _c._tls.current = prev
 
     def __del__(self):
         try:
@@ -95,11 +96,8 @@ class DistributedOptimizer:
         # All owners but the last step asynchronously, overlapping the local step; the
         # last one is a blocking call, whose reply comes straight to this thread (an
         # asynchronous reply costs a wake-up of the RPC thread and then of this one).
-        prev, _c._tls.current = _c._tls.current, None
-        try:
+        with _c.scope(None):
             futs = [_rpc.rpc_async(o, _step, (self._key, context_id)) for o in self._owners[:-1]]
-        finally:
-            _c._tls.current = prev
         first = None
         if self._local is not None:
             try:
@@ -107,13 +105,11 @@ class DistributedOptimizer:
             except Exception as e:  # noqa: BLE001 - wait for the others, then raise
                 first = e
         if self._owners:
-            prev, _c._tls.current = _c._tls.current, None
             try:
-                _rpc.rpc_sync(self._owners[-1], _step, (self._key, context_id))
+                with _c.scope(None):
+                    _rpc.rpc_sync(self._owners[-1], _step, (self._key, context_id))
             except Exception as e:  # noqa: BLE001 - wait for all, then raise
                 first = first or e
-            finally:
-                _c._tls.current = prev
         for f in futs:
             try:
                 f.wait()

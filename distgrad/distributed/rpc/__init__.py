@@ -5,7 +5,8 @@
 from distgrad.rpc import functions  # noqa: F401
 from distgrad.rpc.api import (BackendType, get_worker_info, init_rpc, is_available, remote,
                               rpc_async, rpc_sync, shutdown)
-from distgrad.rpc.errors import RemoteError, RpcError, RpcTimeoutError, WorkerUnreachableError
+from distgrad.rpc.errors import (BackpressureError, RefusedCallError, RemoteError, RpcError,
+                                 RpcTimeoutError, WorkerUnreachableError)
 from distgrad.rpc.futures import Future
 from distgrad.rpc.options import (RpcBackendOptions, TensorPipeRpcBackendOptions,
                                   generate_curve_keypair)
@@ -18,4 +19,5 @@ __all__ = ["init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worke
            "RRef", "PyRRef", "WorkerInfo", "Future", "RpcBackendOptions",
            "TensorPipeRpcBackendOptions", "BackendType", "functions", "is_available",
            "RpcError", "RpcTimeoutError", "WorkerUnreachableError", "RemoteError",
+           "RefusedCallError", "BackpressureError",
            "generate_curve_keypair"]
