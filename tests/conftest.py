@@ -28,3 +28,16 @@ def pytest_collection_finish(session):
             f"SKIPPED {len(skipped)} RPC/distributed test files: "
             f"{', '.join(_MISSING)} not installed (pip install -e '.[test]' installs them)",
             yellow=True)
+
+
+#: The suite's own modules that its workers may run (``tests/support``).
+SUPPORT_MODULES = ["support"]
+
+
+@pytest.fixture
+def rpc_world(rpc_world):
+    """The plugin's ``rpc_world``, with this suite's helper modules allowed on every worker."""
+    def start(n=2, **options):
+        options["allowed_modules"] = SUPPORT_MODULES + list(options.get("allowed_modules", ()))
+        return rpc_world(n, **options)
+    return start

@@ -1,6 +1,3 @@
-"""Test helpers: the ``rpc_world`` pytest fixture and functions for remote calls.
-
-Functions that tests run remotely live in :mod:`distgrad.testing.rpc_funcs`: being
-inside ``distgrad`` they are importable by every spawned worker and on the default
-allowlist.
-"""
+"""Test tooling for distgrad users: the ``rpc_world`` pytest fixture (``pytest_plugin``),
+the :class:`~distgrad.testing.world.World` of local worker processes it starts, and the
+oracle that compares an op with PyTorch. Nothing here is callable over RPC."""

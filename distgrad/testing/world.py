@@ -74,7 +74,10 @@ class World:
             cmd += ["--rpc-timeout", str(self.options["rpc_timeout"])]
         cmd += list(extra_args)
         e = dict(os.environ)
-        e["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, e.get("PYTHONPATH")) if p)
+        # workers import what this process imports: its import path (the test's own
+        # modules, conftest folders), then distgrad's source root
+        paths = [os.path.abspath(p or os.getcwd()) for p in sys.path] + [_ROOT, e.get("PYTHONPATH")]
+        e["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
         e["DISTGRAD_PDEATHSIG"] = "1"
         e.pop("RANK", None), e.pop("WORLD_SIZE", None)
         if self.options.get("curve_public_key"):

@@ -8,7 +8,7 @@ import pytest
 import distgrad
 from distgrad.distributed import autograd as dist_autograd
 from distgrad.distributed import rpc
-from distgrad.testing import dist_funcs as f
+from support import dist_funcs as f
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ from distgrad.distributed import rpc
 from distgrad.distributed.autograd import hooks as dh
 from distgrad.distributed.nn import RemoteModule
 from distgrad.distributed.optim import DistributedOptimizer
-from distgrad.testing import dist_funcs as f
+from support import dist_funcs as f
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,7 +74,7 @@ def test_tensor_and_node_hooks_across_processes_order_and_replacement(rpc_world)
     def node_cb(grad_inputs, grad_outputs):
         calls.append("node")
     handles = [dh.register_tensor_hook(rref, tensor_cb),
-               dh.register_tensor_hook(rref, "distgrad.testing.dist_funcs:times_ten"),
+               dh.register_tensor_hook(rref, "support.dist_funcs:times_ten"),
                dh.register_node_hook(rref, node_cb),
                dh.register_node_prehook(rref, node_cb and node_pre_cb),
                dh.register_node_prehook(rref, dh.by_reference(f.node_pre_log)),
@@ -123,7 +123,7 @@ def test_module_hooks_both_ways_and_global_gradient_flow(rpc_world):
          rm1.register_full_backward_hook(bwd),
          rm2.register_forward_pre_hook(dh.by_reference(f.module_fwd_pre_log)),
          rm2.register_full_backward_pre_hook(dh.by_reference(f.module_bwd_pre_log)),
-         rm2.register_full_backward_hook("distgrad.testing.dist_funcs:module_bwd_log")]
+         rm2.register_full_backward_hook("support.dist_funcs:module_bwd_log")]
     ref = distgrad.nn.Linear(4, 5)
     _copy_into(ref, [r.to_here().detach().numpy() for r in rm1.remote_parameters()])
     x = distgrad.tensor(_x(2))
@@ -179,7 +179,7 @@ def test_saved_tensor_hooks_by_reference_per_context_and_hook_errors(rpc_world):
         assert rpc.rpc_sync("worker1", f.log) == []
 
     rref = rpc.remote("worker1", f.stage_rref_tensor, ("sv", distgrad.tensor(_x(4, dtype=np.float64))))
-    with dh.register_tensor_hook(rref, "distgrad.testing.dist_funcs:raise_in_hook"):
+    with dh.register_tensor_hook(rref, "support.dist_funcs:raise_in_hook"):
         with dist_autograd.context() as cid:
             with pytest.raises(KeyError, match=r"(?s)worker1.*hook failed on purpose"):
                 dist_autograd.backward(cid, [rref.to_here().sum()])

@@ -12,8 +12,8 @@ import zmq
 
 from distgrad.distributed import rpc
 from distgrad.rpc import wire
-from distgrad.rpc.agent import current_agent
-from distgrad.testing import rpc_funcs as f
+from distgrad.rpc import current_agent
+from support import rpc_funcs as f
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,13 +55,13 @@ def _raw_dealer(ctx, endpoint, **curve):
     return s
 
 
-GOOD_BODY = msgpack.packb(["distgrad.testing.rpc_funcs:add", [1, 2], {}, None])
+GOOD_BODY = msgpack.packb(["support.rpc_funcs:add", [1, 2], {}, None])
 
 
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 def test_garbage_is_dropped_counted_and_serving_goes_on(rpc_world, transport):
     rpc_world(1, transport=transport)
-    endpoint = current_agent()._endpoints[1]
+    endpoint = current_agent().transport.endpoints[1]
     ctx = zmq.Context()
     try:
         s = _raw_dealer(ctx, endpoint)
@@ -79,7 +79,7 @@ def test_garbage_is_dropped_counted_and_serving_goes_on(rpc_world, transport):
         s.send_multipart([wire.pack_header(wire.Kind.CALL, 11, 0), b"\x93\xc1"])
         assert s.poll(5000)
         header, body = s.recv_multipart()[:2]
-        kind, mid, _, _ = wire.unpack_header(header)
+        kind, mid, _, _, _ = wire.unpack_header(header)
         assert (kind, mid) == (wire.Kind.ERROR, 11)
         assert msgpack.unpackb(body)[0] == "ProtocolError"
         s.send_multipart([wire.pack_header(wire.Kind.CALL, 12, 0), GOOD_BODY])
@@ -102,7 +102,7 @@ def test_curve_world_refuses_processes_without_the_key(rpc_world):
     public, secret = rpc.generate_curve_keypair()
     rpc_world(1, transport="tcp", curve_public_key=public, curve_secret_key=secret)
     assert rpc.rpc_sync("worker1", f.add, (1, 2)) == 3
-    endpoint = current_agent()._endpoints[1]
+    endpoint = current_agent().transport.endpoints[1]
     other_public, other_secret = zmq.curve_keypair()
     ctx = zmq.Context()
     try:
@@ -143,7 +143,8 @@ def test_env_rendezvous_and_console_worker(tmp_path, monkeypatch):
     exe = os.path.join(os.path.dirname(sys.executable), "distgrad")
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "distgrad.cli"]
     env = dict(os.environ, RANK="1", WORLD_SIZE="2", DISTGRAD_COORDINATOR=coord,
-               WORKER_NAME="envworker", DISTGRAD_PDEATHSIG="1")
+               WORKER_NAME="envworker", DISTGRAD_PDEATHSIG="1", DISTGRAD_ALLOWED_MODULES="support",
+               PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     log = open(tmp_path / "w.log", "wb")
     p = subprocess.Popen(cmd + ["worker"], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

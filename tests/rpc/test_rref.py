@@ -5,7 +5,7 @@ import time
 import pytest
 
 from distgrad.distributed import rpc
-from distgrad.testing import rpc_funcs as f
+from support import rpc_funcs as f
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,21 +18,34 @@ def test_exceptions_and_worker_info():
 
 def test_header_validation():
     assert wire.unpack_header(wire.pack_header(wire.Kind.CALL, 7, 1, {"ctx": 3})) == \
-        (wire.Kind.CALL, 7, 1, {"ctx": 3})
-    for bad in [b"", b"\xc1", msgpack.packb([99, 1, 1, 0, None]), msgpack.packb([1, 42, 1, 0, None]),
-                msgpack.packb([1, 1, "x", 0, None]), msgpack.packb({"v": 1}), b"\x00" * 70000]:
+        (wire.Kind.CALL, 7, 1, {"ctx": 3}, ())
+    assert wire.unpack_header(wire.pack_header(wire.Kind.REPLY, 7, 1, None, ["seg"]))[4] == ["seg"]
+    for bad in [b"", b"\xc1", msgpack.packb([99, 1, 1, 0, None, None]),
+                msgpack.packb([wire.VERSION, 42, 1, 0, None, None]),
+                msgpack.packb([wire.VERSION, 1, "x", 0, None, None]), msgpack.packb({"v": 1}),
+                msgpack.packb([wire.VERSION, 1, 1, 0, None]),
+                msgpack.packb([wire.VERSION, 1, 1, 0, None, [1, 2]]), b"\x00" * 70000]:
         with pytest.raises(ProtocolError):
             wire.unpack_header(bad)
 
 
+class _Refs:
+    """A codec context that resolves function references through an allowlist."""
+    functions_by_reference = True
+
+    def __init__(self, allowlist):
+        self.resolve = allowlist.resolve
+
+
 def test_functions_travel_by_reference_and_resolve_only_through_the_allowlist():
-    from distgrad.rpc.options import DEFAULT_ALLOWED_MODULES
-    from distgrad.rpc.resolve import resolve
-    from distgrad.testing.rpc_funcs import echo
-    body, bufs = wire.encode([echo, len])
+    from distgrad.rpc.allowlist import Allowlist
+    from support.rpc_funcs import echo
+    body, bufs = wire.encode([echo, len], _Refs(Allowlist()))
     with pytest.raises(ProtocolError):
-        wire.decode(body, bufs)
+        wire.decode(body, bufs)  # no resolver: functions are not accepted
     with pytest.raises(Exception, match="allowlist"):
-        wire.decode(body, bufs, resolver=lambda r: resolve(r, DEFAULT_ALLOWED_MODULES))
-    body, bufs = wire.encode([echo])
-    assert wire.decode(body, bufs, resolver=lambda r: resolve(r, DEFAULT_ALLOWED_MODULES)) == [echo]
+        wire.decode(body, bufs, _Refs(Allowlist()))
+    body, bufs = wire.encode([echo], _Refs(Allowlist()))
+    assert wire.decode(body, bufs, _Refs(Allowlist(["support"]))) == [echo]
+    with pytest.raises(TypeError, match="cannot be sent"):
+        wire.encode([echo])  # no RPC context: functions do not travel

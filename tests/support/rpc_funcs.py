@@ -60,14 +60,14 @@ def ping_pong(path, depth):
 
 
 def agent_stats():
-    from distgrad.rpc.agent import current_agent
+    from distgrad.rpc import current_agent
     a = current_agent()
-    return dict(a.stats, rrefs=len(a.rrefs), pending=len(a._pending))
+    return dict(a.stats, rrefs=len(a.owner), pending=len(a.calls))
 
 
 def rref_count():
-    from distgrad.rpc.agent import current_agent
-    return len(current_agent().rrefs)
+    from distgrad.rpc import current_agent
+    return len(current_agent().owner)
 
 
 def make_array(n, value=1.0):
@@ -132,17 +132,19 @@ class ToyInterceptor:
         self.events = []
         self.in_scope = threading.local()
 
-    def on_send(self, kind, dst_name, payload):
-        self.events.append(("send", kind, dst_name))
-        return payload, {"tag": f"{kind}-from-{_me()}"}
+    def on_send_request(self, dst, args, kwargs):
+        self.events.append(("send", "request", dst.name))
+        return args, kwargs, {"tag": f"request-from-{_me()}"}
 
-    def on_receive(self, kind, src_name, extra, payload):
-        self.events.append(("recv", kind, src_name, extra and extra.get("tag")))
-        return payload
+    def on_receive_request(self, request, args, kwargs):
+        extra = request.extra("ToyInterceptor")
+        self.events.append(("recv", "request", request.worker.name, extra and extra.get("tag")))
+        return args, kwargs
 
-    def request_scope(self, src_name, extra):
+    def request_scope(self, request):
         import contextlib
         icpt = self
+        extra = request.extra("ToyInterceptor")
 
         @contextlib.contextmanager
         def scope():
@@ -153,26 +155,35 @@ class ToyInterceptor:
                 icpt.in_scope.value = None
         return scope()
 
+    def on_send_response(self, request, value):
+        self.events.append(("send", "response", request.worker.name))
+        return value, {"tag": f"response-from-{_me()}"}
+
+    def on_receive_response(self, src, extra, value):
+        self.events.append(("recv", "response", src.name, extra and extra.get("tag")))
+        return value
+
 
 _toy = None
 
 
 def _me():
-    from distgrad.rpc.agent import current_agent
+    from distgrad.rpc import current_agent
     a = current_agent()
     return a.name if a else "?"
 
 
 def install_toy_interceptor():
     global _toy
-    from distgrad.rpc.agent import set_message_interceptor
+    from distgrad.rpc import interceptors
     _toy = ToyInterceptor()
-    set_message_interceptor(_toy)
+    interceptors.add(_toy)
 
 
 def remove_toy_interceptor():
-    from distgrad.rpc.agent import set_message_interceptor
-    set_message_interceptor(None)
+    from distgrad.rpc import interceptors
+    if _toy is not None:
+        interceptors.remove(_toy)
 
 
 def toy_events():

@@ -1,0 +1,1 @@
+"""Functions the test suite runs on workers (allowed there by the suite's rpc_world fixture)."""
