@@ -61,22 +61,17 @@ def _conv_out(spatial, kernel, m):
 
 
 def _columns(x, kernel, out, m):
-    """Input windows as matmul rows: (groups, N * prod(out), C/groups * prod(kernel))."""
+    """Input windows as matmul operands: (N, groups, C/groups * prod(kernel), prod(out)).
+
+    Output positions stay the last (fastest) axis, so the gathering copy moves
+    whole rows of windows, and the product with the weight comes out as (N, O, *out).
+    """
     n, c = x.shape[:2]
     g, d = m["groups"], len(kernel)
     win = window_view(_pad(x, m["padding"]), kernel, m["stride"], m["dilation"], out)
     win = win.reshape((n, g, c // g) + win.shape[2:])  # splits an axis of the view: no copy
-    # (G, N, *out, C/G, *kernel), then one gathering copy into rows
-    perm = (1, 0) + tuple(range(3, 3 + d)) + (2,) + tuple(range(3 + d, 3 + 2 * d))
-    return win.transpose(perm).reshape(g, n * int(np.prod(out)), -1)
-
-
-def _grad_rows(gy, groups):
-    """(N, O, *out) as (groups, N * prod(out), O/groups), the layout of the matmuls."""
-    n, o = gy.shape[:2]
-    d = gy.ndim - 2
-    g = gy.reshape((n, groups, o // groups) + gy.shape[2:])
-    return g.transpose((1, 0) + tuple(range(3, 3 + d)) + (2,)).reshape(groups, -1, o // groups)
+    perm = (0, 1, 2) + tuple(range(3 + d, 3 + 2 * d)) + tuple(range(3, 3 + d))
+    return win.transpose(perm).reshape(n, g, -1, int(np.prod(out)))
 
 
 # ---------------------------------------------------------------- the three kernels
@@ -84,44 +79,72 @@ def _conv_np(x, w, m):
     n, o = x.shape[0], w.shape[0]
     g, kernel = m["groups"], w.shape[2:]
     out = _conv_out(x.shape[2:], kernel, m)
-    cols = _columns(x, kernel, out, m)
-    w3 = w.reshape(g, o // g, -1)
-    y = np.matmul(cols, w3.transpose(0, 2, 1))              # (G, N*L, O/G)
-    d = len(out)
-    y = y.reshape((g, n) + out + (o // g,))
-    y = y.transpose((1, 0, 2 + d) + tuple(range(2, 2 + d)))  # (N, G, O/G, *out)
-    return np.ascontiguousarray(y).reshape((n, o) + out)
+    y = np.matmul(w.reshape(g, o // g, -1), _columns(x, kernel, out, m))  # (N, G, O/G, L)
+    return y.reshape((n, o) + out)
 
 
 def _weight_grad_np(x, gy, m):
     w_shape = m["weight_shape"]
+    n, o = gy.shape[:2]
     g = m["groups"]
     cols = _columns(x, w_shape[2:], gy.shape[2:], m)
-    dw = np.matmul(_grad_rows(gy, g).transpose(0, 2, 1), cols)  # (G, O/G, C/G*K)
-    return dw.reshape(w_shape)
+    rows = gy.reshape(n, g, o // g, -1)
+    return np.matmul(rows, cols.transpose(0, 1, 3, 2)).sum(0).reshape(w_shape)
 
 
 def _input_grad_np(gy, w, m):
     x_shape = m["input_shape"]
     n, c = x_shape[:2]
     g, kernel = m["groups"], w.shape[2:]
-    out = gy.shape[2:]
-    d = len(kernel)
-    w3 = w.reshape(g, w.shape[0] // g, -1)
-    dcols = np.matmul(_grad_rows(gy, g), w3)                  # (G, N*L, C/G*K)
-    dcols = dcols.reshape((g, n) + out + (c // g,) + kernel)
-    # (*kernel, N, G, C/G, *out): one copy, then each kernel offset is a contiguous block
-    perm = tuple(range(3 + d, 3 + 2 * d)) + (1, 0, 2 + d) + tuple(range(2, 2 + d))
-    dcols = np.ascontiguousarray(dcols.transpose(perm))
+    o = w.shape[0]
+    w_t = w.reshape(g, o // g, -1).transpose(0, 2, 1)  # (G, C/G*K, O/G)
     padded = tuple(s + lo + hi for s, (lo, hi) in zip(x_shape[2:], m["padding"]))
-    dx = np.zeros((n, g, c // g) + padded, dtype=dcols.dtype)
-    for offset in itertools.product(*(range(k) for k in kernel)):
-        key = (Ellipsis,) + tuple(slice(k * dl, k * dl + (o - 1) * s + 1, s) for k, dl, o, s
-                                  in zip(offset, m["dilation"], out, m["stride"]))
-        dx[key] += dcols[offset]
+    if all(s == 1 for s in m["stride"]):
+        dx = _col2im_unit_stride(w_t, gy, padded, kernel, m["dilation"], (n, g, c // g))
+    else:
+        dx = _col2im_strided(w_t, gy, padded, kernel, m, (n, g, c // g))
     dx = dx.reshape((n, c) + padded)
     crop = (Ellipsis,) + tuple(slice(lo, lo + s) for s, (lo, hi) in zip(x_shape[2:], m["padding"]))
     return dx[crop]
+
+
+def _col2im_unit_stride(w_t, gy, padded, kernel, dilation, lead):
+    """col2im for stride 1, as one contiguous add per kernel offset.
+
+    With the gradient's trailing spatial axes zero-padded to the input's padded
+    sizes, the window of kernel offset k covers the flattened input from a fixed
+    offset on, contiguously; the zero columns land on positions they do not change.
+    """
+    n, g = lead[:2]
+    out = gy.shape[2:]
+    wide = np.zeros(gy.shape[:3] + padded[1:], dtype=gy.dtype)
+    wide[(Ellipsis,) + tuple(slice(0, o_) for o_ in out[1:])] = gy
+    span = int(np.prod(wide.shape[2:]))
+    dcols = np.matmul(w_t, wide.reshape(n, g, -1, span))       # (N, G, C/G*K, span)
+    dcols = dcols.reshape(lead + (int(np.prod(kernel)), span))
+    flat_strides = [int(np.prod(padded[i + 1:])) for i in range(len(padded))]
+    size = int(np.prod(padded))
+    tail = max(0, sum((k - 1) * dl * st for k, dl, st in zip(kernel, dilation, flat_strides))
+               + span - size)
+    dx = np.zeros(lead + (size + tail,), dtype=dcols.dtype)
+    for k, offset in enumerate(itertools.product(*(range(k) for k in kernel))):
+        start = sum(i * dl * st for i, dl, st in zip(offset, dilation, flat_strides))
+        dx[..., start:start + span] += dcols[..., k, :]
+    return dx[..., :size]
+
+
+def _col2im_strided(w_t, gy, padded, kernel, m, lead):
+    """col2im for any stride: one strided add per kernel offset."""
+    n, g = lead[:2]
+    out = gy.shape[2:]
+    dcols = np.matmul(w_t, gy.reshape(n, g, w_t.shape[2], -1))   # (N, G, C/G*K, L)
+    dcols = dcols.reshape(lead + kernel + out)
+    dx = np.zeros(lead + padded, dtype=dcols.dtype)
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        key = (Ellipsis,) + tuple(slice(k * dl, k * dl + (o_ - 1) * s + 1, s) for k, dl, o_, s
+                                  in zip(offset, m["dilation"], out, m["stride"]))
+        dx[key] += dcols[(slice(None),) * 3 + offset]
+    return dx
 
 
 # ---------------------------------------------------------------- nodes and their VJPs

@@ -103,6 +103,32 @@ def _max_pool_vjp(xp, g, m):
 MaxPool2DWithIndicesBackward0 = defop("MaxPool2DWithIndicesBackward0", vjps=(_max_pool_vjp,))
 
 
+def _window_max(padded, kernel, stride, padding, dilation, out, width):
+    """Each window's maximum and its flat index in the (unpadded) input plane.
+
+    One pass per kernel offset over strided views, no copy of the windows. Ties
+    keep the first maximum and a NaN always wins, as PyTorch's ``val > max ||
+    isnan(val)``.
+    """
+    win = window_view(padded, kernel, stride, dilation, out)  # (..., *out, *kernel)
+    best = win[..., 0, 0].copy()
+    which = np.zeros(best.shape, dtype=np.intp)  # the winning kernel offset, row-major
+    taken = np.empty(best.shape, dtype=bool)
+    for k, (i, j) in enumerate(itertools.product(range(kernel[0]), range(kernel[1]))):
+        if k == 0:
+            continue
+        candidate = win[..., i, j]
+        np.greater(candidate, best, out=taken)
+        if best.dtype.kind == "f":
+            taken |= np.isnan(candidate)
+        np.putmask(which, taken, k)
+        np.maximum(best, candidate, out=best)  # NaN propagates, as the index above says
+    ki, kj = np.divmod(which, kernel[1])
+    rows = np.arange(out[0])[:, None] * stride[0] - padding[0] + ki * dilation[0]
+    cols = np.arange(out[1]) * stride[1] - padding[1] + kj * dilation[1]
+    return best, rows * width + cols
+
+
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                return_indices=False):
     """Max over 2-D windows; ``return_indices`` adds each maximum's flat index in its plane."""
@@ -116,16 +142,9 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
         low = np.iinfo(x.dtype).min
     else:
         require_floating("max_pool2d", input)
-    win = window_view(_pad(x, pads, low), kernel, stride, dilation, out)
-    rows = win.reshape(win.shape[:-2] + (kernel[0] * kernel[1],))  # gathers the windows (a copy)
-    arg = rows.argmax(-1)  # the first maximum, and NaN wins, as in PyTorch
-    values = np.take_along_axis(rows, arg[..., None], -1)[..., 0]
-    # argmax within the window -> row and column in the (unpadded) input plane
-    kh, kw = np.divmod(arg, kernel[1])
-    rows_at = np.arange(out[0])[:, None] * stride[0] - padding[0] + kh * dilation[0]
-    cols_at = np.arange(out[1])[None, :] * stride[1] - padding[1] + kw * dilation[1]
+    values, index = _window_max(_pad(x, pads, low), kernel, stride, padding, dilation, out,
+                                x.shape[-1])
     plane = x.shape[-2] * x.shape[-1]
-    index = rows_at * x.shape[-1] + cols_at
     meta = None
     if input._requires_grad:
         planes = np.arange(int(np.prod(x.shape[:-2], dtype=np.int64))).reshape(x.shape[:-2])

@@ -90,6 +90,8 @@ class _ConvNd(Module):
             else:
                 before = after = padding[len(kernel_size) - 1 - i]
             self._reversed_padding_repeated_twice[2 * i:2 * i + 2] = [before, after]
+        if not isinstance(padding, str):  # PyTorch keeps a tuple here, a list for the strings
+            self._reversed_padding_repeated_twice = tuple(self._reversed_padding_repeated_twice)
         self.weight = Parameter(empty(out_channels, in_channels // groups, *kernel_size,
                                       dtype=dtype))
         if bias:
