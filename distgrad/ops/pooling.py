@@ -20,7 +20,7 @@ import numbers
 
 import numpy as np
 
-from .conv import _pad, expand_param, window_view
+from .conv import expand_param, pad_trailing, window_view
 from .fused import call_fused, require_floating
 from .registry import defop, record
 
@@ -142,7 +142,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
         low = np.iinfo(x.dtype).min
     else:
         require_floating("max_pool2d", input)
-    values, index = _window_max(_pad(x, pads, low), kernel, stride, padding, dilation, out,
+    values, index = _window_max(pad_trailing(x, pads, low), kernel, stride, padding, dilation, out,
                                 x.shape[-1])
     plane = x.shape[-2] * x.shape[-1]
     meta = None
@@ -176,7 +176,7 @@ def _avg_divisors(spatial, out, kernel, stride, padding, count_include_pad, divi
 
 
 def _avg_pool_np(x, m):
-    win = window_view(_pad(x, m["pads"]), m["kernel_size"], m["stride"], (1, 1), m["out"])
+    win = window_view(pad_trailing(x, m["pads"]), m["kernel_size"], m["stride"], (1, 1), m["out"])
     return (win.sum(axis=(-2, -1)) * m["scale"]).astype(x.dtype, copy=False)
 
 
@@ -193,20 +193,17 @@ def _avg_pool_adjoint_np(g, m):
     return dx[..., pads[0][0]:pads[0][0] + shape[-2], pads[1][0]:pads[1][0] + shape[-1]]
 
 
-def _avg_pool_vjp(xp, grads, m, needs):
+# Pooling is linear, so its VJP is its adjoint and the adjoint's VJP is pooling again.
+def _avg_pool_vjp(xp, grads, m, needs, *saved):
     return (call_fused(xp, AvgPool2DAdjointBackward, _avg_pool_adjoint_np, grads[:1], m),)
 
 
-def _avg_pool_adjoint_vjp(xp, grads, m, needs, g):
-    return (call_fused(xp, AvgPool2DDoubleBackward, _avg_pool_np, grads[:1], m),)
+def _avg_pool_adjoint_vjp(xp, grads, m, needs, *saved):
+    return (call_fused(xp, AvgPool2DBackward0, _avg_pool_np, grads[:1], m),)
 
 
 AvgPool2DBackward0 = defop("AvgPool2DBackward0", vjp_all=_avg_pool_vjp)
-AvgPool2DAdjointBackward = defop("AvgPool2DBackwardBackward0", saved=("grad_output",),
-                                 vjp_all=_avg_pool_adjoint_vjp)
-AvgPool2DDoubleBackward = defop("AvgPool2DBackward0", saved=("self",),
-                                vjp_all=lambda xp, grads, m, needs, x: _avg_pool_vjp(
-                                    xp, grads, m, needs))
+AvgPool2DAdjointBackward = defop("AvgPool2DBackwardBackward0", vjp_all=_avg_pool_adjoint_vjp)
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,

@@ -7,41 +7,13 @@ replicated or wrapped-around positions, so their gradients add up where PyTorch'
 """
 import math
 
-import numpy as np
-
 from ... import empty
-from ...ops.conv import conv1d, conv2d, expand_param
+from ...ops.conv import conv1d, conv2d, expand_param, pad_by_mode
 from .. import init
 from ..parameter import Parameter
 from .module import Module
 
 __all__ = ["Conv1d", "Conv2d"]
-
-_NUMPY_PAD_MODES = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}
-
-
-def pad_by_mode(input, pad, mode):
-    """``F.pad(input, pad, mode)`` for 'reflect', 'replicate' and 'circular'.
-
-    ``pad`` lists (before, after) from the last axis backwards, as ``F.pad``'s does.
-    """
-    d = len(pad) // 2
-    ndim = input.dim()
-    indices = []
-    for i in range(d):  # the last axis first, as the checks run in PyTorch
-        axis = ndim - 1 - i
-        lo, hi = pad[2 * i], pad[2 * i + 1]
-        n = input.size(axis)
-        if mode == "reflect" and (lo >= n or hi >= n):
-            raise RuntimeError(f"Argument #4: Padding size should be less than the corresponding "
-                               f"input dimension, but got: padding ({lo}, {hi}) at dimension "
-                               f"{axis} of input {list(input.shape)}")
-        if mode == "circular" and (lo > n or hi > n):
-            raise RuntimeError("Padding value causes wrapping around more than once.")
-        indices.append(np.pad(np.arange(n), (lo, hi), mode=_NUMPY_PAD_MODES[mode])
-                       .reshape((-1,) + (1,) * i))
-    return input[(Ellipsis,) + tuple(reversed(indices))]
-
 
 class _ConvNd(Module):
     __constants__ = ["stride", "padding", "dilation", "groups", "padding_mode", "output_padding",
