@@ -30,11 +30,9 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .fused import call_fused, require_floating, scalar_type_name
-from .indexing import getitem
 from .registry import defop, record
 
-__all__ = ["conv1d", "conv2d", "convolution", "expand_param", "pad_by_mode", "pad_trailing",
-           "window_view"]
+__all__ = ["conv1d", "conv2d", "convolution", "expand_param", "pad_trailing", "window_view"]
 
 
 # ---------------------------------------------------------------- window geometry
@@ -194,35 +192,6 @@ ConvolutionInputGradBackward = defop("ConvolutionInputGradBackward0",
                                      saved=("grad_output", "weight"), vjp_all=_input_grad_vjp)
 ConvolutionWeightGradBackward = defop("ConvolutionWeightGradBackward0",
                                       saved=("input", "grad_output"), vjp_all=_weight_grad_vjp)
-
-
-# ---------------------------------------------------------------- padding modes other than zeros
-_NUMPY_PAD_MODES = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}
-
-
-def pad_by_mode(input, pad, mode):
-    """``F.pad(input, pad, mode)`` for 'reflect', 'replicate' and 'circular'.
-
-    ``pad`` lists (before, after) from the last axis backwards, as ``F.pad``'s does.
-    The padded tensor gathers input positions by index, so the gradient of each
-    padded copy adds back into the position it came from.
-    """
-    d = len(pad) // 2
-    ndim = input.dim()
-    indices = []
-    for i in range(d):  # the last axis first, as the checks run in PyTorch
-        axis = ndim - 1 - i
-        lo, hi = pad[2 * i], pad[2 * i + 1]
-        n = input.size(axis)
-        if mode == "reflect" and (lo >= n or hi >= n):
-            raise RuntimeError(f"Argument #4: Padding size should be less than the corresponding "
-                               f"input dimension, but got: padding ({lo}, {hi}) at dimension "
-                               f"{axis} of input {list(input.shape)}")
-        if mode == "circular" and (lo > n or hi > n):
-            raise RuntimeError("Padding value causes wrapping around more than once.")
-        indices.append(np.pad(np.arange(n), (lo, hi), mode=_NUMPY_PAD_MODES[mode])
-                       .reshape((-1,) + (1,) * i))
-    return getitem(input, (Ellipsis,) + tuple(reversed(indices)))
 
 
 # ---------------------------------------------------------------- argument handling

@@ -2,13 +2,13 @@
 
 Weight (out_channels, in_channels / groups, *kernel_size) and bias start as
 PyTorch's (kaiming uniform with a=sqrt(5); bias uniform in +-1/sqrt(fan_in)).
-``padding_mode`` other than ``'zeros'`` pads by gathering the reflected,
-replicated or wrapped-around positions, so their gradients add up where PyTorch's do.
+``padding_mode`` other than ``'zeros'`` pads with ``F.pad`` first, as PyTorch does.
 """
 import math
 
 from ... import empty
-from ...ops.conv import conv1d, conv2d, expand_param, pad_by_mode
+from ...ops.conv import expand_param
+from .. import functional as F
 from .. import init
 from ..parameter import Parameter
 from .module import Module
@@ -98,7 +98,7 @@ class _ConvNd(Module):
 
     def _conv_forward(self, input, weight, bias):
         if self.padding_mode != "zeros":
-            input = pad_by_mode(input, self._reversed_padding_repeated_twice, self.padding_mode)
+            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
             padding = 0
         else:
             padding = self.padding
@@ -116,7 +116,7 @@ def _expand(value, n, name):
 class Conv1d(_ConvNd):
     """1-D convolution over (N, C_in, L) or (C_in, L)."""
 
-    _functional = staticmethod(conv1d)
+    _functional = staticmethod(F.conv1d)
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, padding_mode="zeros", device=None, dtype=None):
@@ -135,7 +135,7 @@ class Conv2d(_ConvNd):
     distgrad.Size([64, 6, 28, 28])
     """
 
-    _functional = staticmethod(conv2d)
+    _functional = staticmethod(F.conv2d)
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, padding_mode="zeros", device=None, dtype=None):
