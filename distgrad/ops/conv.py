@@ -234,7 +234,8 @@ def convolution(input, weight, bias, stride, padding, dilation, groups, d):
                            f"but got input of size: {list(x.shape)}")
     if w.ndim != d + 2:
         raise RuntimeError(f"{name}: expected weight to be {d + 2}-dimensional (out_channels, "
-                           f"in_channels/groups, kernel...), but got weight of size {list(w.shape)}")
+                           f"in_channels/groups, kernel...), but got weight of size "
+                           f"{list(w.shape)}")
     require_floating(name, input, weight, bias)
     if x.dtype != w.dtype or (bias is not None and bias._data.dtype != x.dtype):
         other = w.dtype if x.dtype != w.dtype else bias._data.dtype
@@ -268,9 +269,10 @@ def convolution(input, weight, bias, stride, padding, dilation, groups, d):
     padded = [s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads)]
     span = [dl * (k - 1) + 1 for k, dl in zip(kernel, dilation)]
     if any(p < k for p, k in zip(padded, span)):
-        raise RuntimeError(f"Calculated padded input size per channel: ({' x '.join(map(str, padded))})"
-                           f". Kernel size: ({' x '.join(map(str, span))}). Kernel size can't be "
-                           "greater than actual input size")
+        raise RuntimeError(f"Calculated padded input size per channel: "
+                           f"({' x '.join(map(str, padded))}). Kernel size: "
+                           f"({' x '.join(map(str, span))}). Kernel size can't be greater than "
+                           "actual input size")
     meta = {"stride": stride, "padding": pads, "dilation": dilation, "groups": groups,
             "input_shape": x.shape, "weight_shape": w.shape}
     out = _conv_np(x, w, meta)

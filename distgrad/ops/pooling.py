@@ -30,7 +30,7 @@ __all__ = ["max_pool1d", "max_pool2d", "max_pool1d_with_indices", "max_pool2d_wi
 
 
 def pool_output_size(size, kernel, stride, pad, dilation, ceil_mode):
-    """PyTorch's ``pooling_output_shape``: the last window must start inside the input or left pad."""
+    """PyTorch's ``pooling_output_shape``: the last window starts inside the input or left pad."""
     out = (size + 2 * pad - dilation * (kernel - 1) - 1 + (stride - 1 if ceil_mode else 0)) \
         // stride + 1
     if ceil_mode and (out - 1) * stride >= size + pad:
@@ -51,7 +51,8 @@ def _pool_params(name, kernel_size, stride, padding, dilation):
         if len(value) == 1:
             return value * 2
         if len(value) != 2:
-            raise RuntimeError(f"{name}: {what} must either be a single int, or a tuple of two ints")
+            raise RuntimeError(f"{name}: {what} must either be a single int, or a tuple of two "
+                               "ints")
         return tuple(int(v) for v in value)
 
     kernel = pair(kernel_size, "kernel_size")

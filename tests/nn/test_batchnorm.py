@@ -9,11 +9,11 @@ import distgrad.nn.functional as F
 from distgrad import nn
 from distgrad.autograd import gradcheck, gradgradcheck
 from distgrad.testing.oracle import torch
+from layer_pairs import TOL, module_pair
 
 pytestmark = pytest.mark.timeout(60)
 needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
 
-TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-7, atol=1e-9)}
 
 BN_CASES = [
     ("bn1d-2d", lambda m: m.BatchNorm1d(3), (6, 3)),
@@ -27,27 +27,25 @@ BN_CASES = [
 ]
 
 
-def _module_pair(build, dtype):
-    distgrad.manual_seed(0)
-    ours, theirs = build(nn), build(torch.nn)
-    if dtype == np.float64:
-        ours.double()
-        theirs.double()
-    if ours.affine:  # not the default ones/zeros, so weight and bias matter
-        rng = np.random.default_rng(5)
-        with distgrad.no_grad():
-            for p in ours.parameters():
-                p.copy_(distgrad.tensor(rng.standard_normal(tuple(p.shape)).astype(dtype)))
-    theirs.load_state_dict({k: torch.from_numpy(v.numpy().copy())
-                            for k, v in ours.state_dict().items()})
-    return ours, theirs
+def _affine(build):
+    """``build`` with distgrad's weight and bias away from their ones/zeros start (PyTorch's
+    copy gets them from ``module_pair``), so both matter."""
+    def make(m):
+        module = build(m)
+        if m is nn:
+            rng = np.random.default_rng(5)
+            with distgrad.no_grad():
+                for p in module.parameters():
+                    p.copy_(distgrad.tensor(rng.standard_normal(tuple(p.shape)), dtype=p.dtype))
+        return module
+    return make
 
 
 @needs_torch
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name,build,shape", BN_CASES, ids=[c[0] for c in BN_CASES])
 def test_batchnorm_train_then_eval_matches_torch(name, build, shape, dtype):
-    ours, theirs = _module_pair(build, dtype)
+    ours, theirs = module_pair(_affine(build), dtype)
     rng = np.random.default_rng(1)
     for step, training in enumerate([True, True, True, False, True, False]):
         ours.train(training)

@@ -9,68 +9,18 @@ from distgrad import nn
 from distgrad.autograd import gradcheck, gradgradcheck
 from distgrad.ops.rnn import rnn_layer
 from distgrad.testing.oracle import torch
+from layer_pairs import TOL, assert_pairs_close, module_pair, run_both
 
 pytestmark = pytest.mark.timeout(90)
 needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
-
-TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-7, atol=1e-9)}
-
-
-def _flat(value):
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flat(v)]
-    return [value]
-
-
-def _nest(flat, like):
-    """``flat`` tensors in the tuple structure of ``like`` (``(h, c)`` or ``h``)."""
-    return tuple(flat) if isinstance(like, tuple) else flat[0]
-
-
-def run_both(build, shape, state_shapes, dtype, seed=0):
-    """Same parameters in both libraries; forward and backward with random output gradients.
-
-    Returns (ours, theirs) pairs: every output, the input's and the states' gradients and
-    every parameter's gradient.
-    """
-    distgrad.manual_seed(seed)
-    ours, theirs = build(nn), build(torch.nn)
-    if dtype == np.float64:
-        ours.double()
-        theirs.double()
-    theirs.load_state_dict({k: torch.from_numpy(v.numpy().copy())
-                            for k, v in ours.state_dict().items()})
-    rng = np.random.default_rng(seed)
-    arrays = [rng.standard_normal(s).astype(dtype) for s in [shape] + list(state_shapes)]
-    xs = [distgrad.tensor(a, requires_grad=True) for a in arrays]
-    txs = [torch.tensor(a, requires_grad=True) for a in arrays]
-    args, targs = [xs[0]], [txs[0]]
-    if len(xs) > 1:
-        args.append(tuple(xs[1:]) if len(xs) > 2 else xs[1])
-        targs.append(tuple(txs[1:]) if len(txs) > 2 else txs[1])
-    outs, touts = _flat(ours(*args)), _flat(theirs(*targs))
-    grads = [rng.standard_normal(tuple(t.shape)).astype(dtype) for t in touts]
-    distgrad.autograd.backward(outs, [distgrad.tensor(g) for g in grads])
-    torch.autograd.backward(touts, [torch.tensor(g) for g in grads])
-    pairs = list(zip(outs, touts)) + [(x.grad, tx.grad) for x, tx in zip(xs, txs)]
-    pairs += [(p.grad, tp.grad) for p, tp in zip(ours.parameters(), theirs.parameters())]
-    return pairs
-
-
-def assert_pairs_close(pairs, dtype):
-    for i, (a, b) in enumerate(pairs):
-        assert a is not None and b is not None, f"pair {i}: one side has no tensor"
-        assert tuple(a.shape) == tuple(b.shape), f"pair {i}: {tuple(a.shape)} vs {tuple(b.shape)}"
-        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), err_msg=f"pair {i}",
-                                   **TOL[dtype])
-
 
 RNN_CASES = [
     ("lstm", lambda m: m.LSTM(3, 4), (5, 2, 3), []),
     ("lstm-2layer-bi-hx", lambda m: m.LSTM(3, 4, 2, bidirectional=True), (4, 2, 3),
      [(4, 2, 4), (4, 2, 4)]),
     ("lstm-proj-bf-nobias", lambda m: m.LSTM(3, 5, 2, bias=False, batch_first=True, proj_size=2,
-                                             bidirectional=True), (2, 4, 3), [(4, 2, 2), (4, 2, 5)]),
+                                             bidirectional=True),
+     (2, 4, 3), [(4, 2, 2), (4, 2, 5)]),
     ("lstm-unbatched", lambda m: m.LSTM(3, 4, 2), (5, 3), [(2, 4), (2, 4)]),
     ("gru-2layer-bi", lambda m: m.GRU(3, 4, 2, bidirectional=True), (4, 2, 3), [(4, 2, 4)]),
     ("gru-bf-nobias", lambda m: m.GRU(3, 4, bias=False, batch_first=True), (2, 5, 3), []),
@@ -91,7 +41,14 @@ RNN_CASES = [
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name,build,shape,states", RNN_CASES, ids=[c[0] for c in RNN_CASES])
 def test_recurrent_matches_torch(name, build, shape, states, dtype):
-    assert_pairs_close(run_both(build, shape, states, dtype), dtype)
+    assert_pairs_close(run_both(build, [shape] + states, dtype, group=_with_state), dtype)
+
+
+def _with_state(tensors):
+    """(input,), (input, h0) or (input, (h0, c0)): the call forms of the recurrent layers."""
+    if len(tensors) <= 2:
+        return tensors
+    return [tensors[0], tuple(tensors[1:])]
 
 
 @needs_torch
@@ -99,14 +56,13 @@ def test_recurrent_matches_torch(name, build, shape, states, dtype):
 def test_dropout_between_layers_and_eval(cls):
     """dropout=1 zeroes every layer's input but the first's: deterministic, so comparable."""
     build = lambda m: getattr(m, cls)(3, 4, 3, dropout=1.0)  # noqa: E731
-    assert_pairs_close(run_both(build, (4, 2, 3), [], np.float64), np.float64)
-    distgrad.manual_seed(0)
-    ours, theirs = build(nn).eval(), build(torch.nn).eval()
-    theirs.load_state_dict({k: torch.from_numpy(v.numpy().copy())
-                            for k, v in ours.state_dict().items()})
+    assert_pairs_close(run_both(build, [(4, 2, 3)], np.float64), np.float64)
+    ours, theirs = module_pair(build, np.float32)
+    ours.eval()
+    theirs.eval()
     x = np.random.default_rng(0).standard_normal((4, 2, 3)).astype(np.float32)
-    np.testing.assert_allclose(_flat(ours(distgrad.tensor(x)))[0].detach().numpy(),
-                               _flat(theirs(torch.tensor(x)))[0].detach().numpy(), **TOL[np.float32])
+    np.testing.assert_allclose(ours(distgrad.tensor(x))[0].detach().numpy(),
+                               theirs(torch.tensor(x))[0].detach().numpy(), **TOL[np.float32])
 
 
 @needs_torch
@@ -216,11 +172,7 @@ def test_double_backward_matches_torch():
         (gx,) = lib.autograd.grad((out * out).sum(), x, create_graph=True)
         return (gx * gx).sum()
 
-    distgrad.manual_seed(0)
-    ours = nn.LSTM(2, 3, 2, bidirectional=True).double()
-    theirs = torch.nn.LSTM(2, 3, 2, bidirectional=True).double()
-    theirs.load_state_dict({k: torch.from_numpy(v.numpy().copy())
-                            for k, v in ours.state_dict().items()})
+    ours, theirs = module_pair(lambda m: m.LSTM(2, 3, 2, bidirectional=True), np.float64)
     data = np.random.default_rng(1).standard_normal((3, 2, 2))
     x, tx = distgrad.tensor(data, requires_grad=True), torch.tensor(data, requires_grad=True)
     p, tp = penalty(distgrad, ours, x), penalty(torch, theirs, tx)
@@ -258,8 +210,10 @@ class _PackedLike:  # what torch.nn.utils.rnn.pack_padded_sequence returns, as f
      "Expected sequence length to be larger than 0"),
     (lambda: nn.LSTM(3, 4)(_PackedLike()), NotImplementedError, "PackedSequence"),
     (lambda: nn.RNN(3, 4, nonlinearity="gelu"), ValueError, "Unknown nonlinearity 'gelu'"),
-    (lambda: nn.GRU(3, 4, proj_size=2), ValueError, "proj_size argument is only supported for LSTM"),
-    (lambda: nn.LSTM(3, 4, proj_size=4), ValueError, "proj_size has to be smaller than hidden_size"),
+    (lambda: nn.GRU(3, 4, proj_size=2), ValueError,
+     "proj_size argument is only supported for LSTM"),
+    (lambda: nn.LSTM(3, 4, proj_size=4), ValueError,
+     "proj_size has to be smaller than hidden_size"),
     (lambda: nn.LSTM(3, 4, 2, dropout=1.5), ValueError, "dropout should be a number in range"),
     (lambda: nn.LSTM(3, 0), ValueError, "hidden_size must be greater than zero"),
     (lambda: nn.LSTM(3, 4.0), TypeError, "hidden_size should be of type int"),

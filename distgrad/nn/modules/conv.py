@@ -4,13 +4,11 @@ Weight (out_channels, in_channels / groups, *kernel_size) and bias start as
 PyTorch's (kaiming uniform with a=sqrt(5); bias uniform in +-1/sqrt(fan_in)).
 ``padding_mode`` other than ``'zeros'`` pads with ``F.pad`` first, as PyTorch does.
 """
-import math
-
 from ... import empty
 from ...ops.conv import expand_param
 from .. import functional as F
-from .. import init
 from ..parameter import Parameter
+from .linear import reset_affine_parameters
 from .module import Module
 
 __all__ = ["Conv1d", "Conv2d"]
@@ -73,12 +71,7 @@ class _ConvNd(Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            if fan_in != 0:
-                bound = 1 / math.sqrt(fan_in)
-                init.uniform_(self.bias, -bound, bound)
+        reset_affine_parameters(self.weight, self.bias)
 
     def extra_repr(self):
         s = "{in_channels}, {out_channels}, kernel_size={kernel_size}, stride={stride}"

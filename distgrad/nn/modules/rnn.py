@@ -310,7 +310,8 @@ class LSTM(RNNBase):
 
 # ---------------------------------------------------------------- cells
 class RNNCellBase(Module):
-    """One time step: ``weight_ih`` (chunks * hidden, input), ``weight_hh``, ``bias_ih``, ``bias_hh``."""
+    """One time step: ``weight_ih`` (chunks * hidden, input), ``weight_hh``, ``bias_ih``,
+    ``bias_hh``."""
 
     def __init__(self, input_size, hidden_size, bias, num_chunks, device=None, dtype=None):
         super().__init__()
