@@ -9,6 +9,12 @@ import numpy as np
 from ..autograd.tensor import Tensor, _make
 from ..ops import creation, indexing, reduction, shape, softmax as _softmax, unary
 from ..ops.linalg import linear
+from ..ops.batchnorm import batch_norm
+from ..ops.channel_dropout import dropout1d, dropout2d
+from ..ops.conv import conv1d, conv2d
+from ..ops.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d,
+                           max_pool1d, max_pool1d_with_indices, max_pool2d,
+                           max_pool2d_with_indices)
 from ..ops.registry import defop, record
 from ..ops import embedding_bag as _embedding_bag
 from ..ops.attention import scaled_dot_product_attention
@@ -23,6 +29,9 @@ __all__ = ["linear", "relu", "relu_", "gelu", "tanh", "sigmoid", "silu", "softpl
            "layer_norm", "embedding", "normalize", "one_hot", "pad"]
 __all__ += ["scaled_dot_product_attention", "multi_head_attention_forward", "smooth_l1_loss",
             "huber_loss", "kl_div", "cosine_similarity", "pairwise_distance", "embedding_bag"]
+__all__ += ["conv1d", "conv2d", "max_pool1d", "max_pool2d", "max_pool1d_with_indices",
+            "max_pool2d_with_indices", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
+            "adaptive_avg_pool2d", "batch_norm", "dropout1d", "dropout2d"]
 
 tanh = unary.tanh
 sigmoid = unary.sigmoid

@@ -7,7 +7,17 @@ from .. import init
 from ..parameter import Parameter
 from .module import Module
 
-__all__ = ["Identity", "Linear"]
+__all__ = ["Identity", "Linear", "reset_affine_parameters"]
+
+
+def reset_affine_parameters(weight, bias):
+    """PyTorch's default start of Linear and Conv layers: weight kaiming uniform (a=sqrt(5)),
+    bias uniform in +-1/sqrt(fan_in); both bounds come out as 1/sqrt(fan_in)."""
+    init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = init._calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        init.uniform_(bias, -bound, bound)
 
 
 class Identity(Module):
@@ -33,11 +43,7 @@ class Linear(Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            init.uniform_(self.bias, -bound, bound)
+        reset_affine_parameters(self.weight, self.bias)
 
     def forward(self, input):
         params = self._parameters  # one dict read instead of two Module.__getattr__ calls
