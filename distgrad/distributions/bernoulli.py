@@ -1,10 +1,10 @@
 """``Bernoulli(probs=... | logits=...)``, as ``torch.distributions.Bernoulli``."""
 import math
-import numbers
 
 from . import constraints
 from .exp_family import ExponentialFamily
-from .utils import broadcast_all, lazy_property, logits_to_probs, probs_to_logits
+from .utils import (batch_shape_of, broadcast_all, lazy_property, logits_to_probs,
+                    probs_to_logits)
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Size
 from ..nn.functional import binary_cross_entropy_with_logits
@@ -25,28 +25,13 @@ class Bernoulli(ExponentialFamily):
     def __init__(self, probs=None, logits=None, validate_args=None):
         if (probs is None) == (logits is None):
             raise ValueError("Either `probs` or `logits` must be specified, but not both.")
-        if probs is not None:
-            is_scalar = isinstance(probs, numbers.Number)
-            (self.probs,) = broadcast_all(probs)
-        else:
-            is_scalar = isinstance(logits, numbers.Number)
-            (self.logits,) = broadcast_all(logits)
-        self._param = self.probs if probs is not None else self.logits
-        batch_shape = Size() if is_scalar else self._param.size()
-        super().__init__(batch_shape, validate_args=validate_args)
+        given = probs if probs is not None else logits
+        (self._param,) = broadcast_all(given)
+        setattr(self, "probs" if probs is not None else "logits", self._param)
+        super().__init__(batch_shape_of(self._param, given), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(Bernoulli, _instance)
-        batch_shape = Size(batch_shape)
-        if "probs" in self.__dict__:
-            new.probs = self.probs.expand(batch_shape)
-            new._param = new.probs
-        if "logits" in self.__dict__:
-            new.logits = self.logits.expand(batch_shape)
-            new._param = new.logits
-        super(Bernoulli, new).__init__(batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return self._expanded(Bernoulli, batch_shape, _instance, ("probs", "logits"))
 
     def _new(self, *args, **kwargs):
         return self._param.new(*args, **kwargs)

@@ -44,18 +44,9 @@ class Categorical(Distribution):
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(Categorical, _instance)
-        batch_shape = Size(batch_shape)
-        param_shape = Size(tuple(batch_shape) + (self._num_events,))
-        if "probs" in self.__dict__:
-            new.probs = self.probs.expand(param_shape)
-            new._param = new.probs
-        if "logits" in self.__dict__:
-            new.logits = self.logits.expand(param_shape)
-            new._param = new.logits
         new._num_events = self._num_events
-        super(Categorical, new).__init__(batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return self._expanded(Categorical, batch_shape, new, ("probs", "logits"),
+                              event_shape=(self._num_events,))
 
     def _new(self, *args, **kwargs):
         return self._param.new(*args, **kwargs)

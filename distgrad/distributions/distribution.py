@@ -151,6 +151,19 @@ class Distribution:
                              f"{tuple(value.shape)}) to be within the support ({support!r}) of "
                              f"the distribution {self!r}, but found invalid values:\n{value}")
 
+    def _expanded(self, cls, batch_shape, _instance, params, event_shape=()):
+        """``expand``'s common part: a new ``cls`` with each parameter in ``params`` that this
+        instance holds expanded to ``batch_shape + event_shape``, validated like this one."""
+        new = self._get_checked_instance(cls, _instance)
+        batch_shape = Size(batch_shape)
+        for name in params:
+            if name in self.__dict__:
+                setattr(new, name, getattr(self, name).expand(tuple(batch_shape) + event_shape))
+                new._param = getattr(new, name)  # the given parametrisation, where there are two
+        super(cls, new).__init__(batch_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
     def _get_checked_instance(self, cls, _instance=None):
         if _instance is None and type(self).__init__ != cls.__init__:
             raise NotImplementedError(f"Subclass {self.__class__.__name__} of {cls.__name__} "

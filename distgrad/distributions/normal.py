@@ -1,10 +1,9 @@
 """``Normal(loc, scale)``, as ``torch.distributions.Normal`` (reparameterised)."""
 import math
-import numbers
 
 from . import constraints
 from .exp_family import ExponentialFamily
-from .utils import broadcast_all
+from .utils import batch_shape_of, broadcast_all
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Size
 from ..ops.creation import normal as _normal, randn as _randn
@@ -28,20 +27,10 @@ class Normal(ExponentialFamily):
 
     def __init__(self, loc, scale, validate_args=None):
         self.loc, self.scale = broadcast_all(loc, scale)
-        if isinstance(loc, numbers.Number) and isinstance(scale, numbers.Number):
-            batch_shape = Size()
-        else:
-            batch_shape = self.loc.size()
-        super().__init__(batch_shape, validate_args=validate_args)
+        super().__init__(batch_shape_of(self.loc, loc, scale), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(Normal, _instance)
-        batch_shape = Size(batch_shape)
-        new.loc = self.loc.expand(batch_shape)
-        new.scale = self.scale.expand(batch_shape)
-        super(Normal, new).__init__(batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return self._expanded(Normal, batch_shape, _instance, ("loc", "scale"))
 
     @property
     def mean(self):

@@ -1,10 +1,9 @@
 """``Uniform(low, high)`` on ``[low, high)``, as ``torch.distributions.Uniform`` (reparameterised)."""
 import math
-import numbers
 
 from . import constraints
 from .distribution import Distribution
-from .utils import broadcast_all
+from .utils import batch_shape_of, broadcast_all
 from ..autograd.tensor import Size
 from ..ops.creation import rand as _rand
 
@@ -21,20 +20,10 @@ class Uniform(Distribution):
 
     def __init__(self, low, high, validate_args=None):
         self.low, self.high = broadcast_all(low, high)
-        if isinstance(low, numbers.Number) and isinstance(high, numbers.Number):
-            batch_shape = Size()
-        else:
-            batch_shape = self.low.size()
-        super().__init__(batch_shape, validate_args=validate_args)
+        super().__init__(batch_shape_of(self.low, low, high), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(Uniform, _instance)
-        batch_shape = Size(batch_shape)
-        new.low = self.low.expand(batch_shape)
-        new.high = self.high.expand(batch_shape)
-        super(Uniform, new).__init__(batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return self._expanded(Uniform, batch_shape, _instance, ("low", "high"))
 
     @property
     def mean(self):

@@ -28,6 +28,11 @@ def broadcast_all(*values):
     return broadcast_tensors(*tensors)
 
 
+def batch_shape_of(param, *given):
+    """A distribution's batch shape: none when every parameter was given as a number."""
+    return Size() if all(isinstance(v, numbers.Number) for v in given) else param.size()
+
+
 def broadcast_tensors(*tensors):
     shape = Size(np.broadcast_shapes(*(t._data.shape for t in tensors)))
     return tuple(t if t._data.shape == shape else t.expand(shape) for t in tensors)

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_nonnegative,
-                        _step_tensor, _zeros_state)
+                        _init_step_and_buffers)
 
 __all__ = ["Adadelta"]
 
@@ -19,9 +19,7 @@ class Adadelta(Optimizer):
         super().__init__(params, defaults)
 
     def _init_state(self, p, state, group):
-        state["step"] = _step_tensor()
-        state["square_avg"] = _zeros_state(p)
-        state["acc_delta"] = _zeros_state(p)
+        _init_step_and_buffers(p, state, "square_avg", "acc_delta")
 
     def _update(self, p, grad, state, group):
         param, rho, eps = p._data, group["rho"], group["eps"]

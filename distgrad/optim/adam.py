@@ -2,26 +2,27 @@
 import numpy as np
 
 from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_betas,
-                        _check_nonnegative, _lerp_, _step_tensor, _zeros_state)
+                        _check_nonnegative, _init_step_and_buffers, _lerp_, _zeros_state)
 
 __all__ = ["Adam"]
 
 
 def _init_moments(p, state):
-    state["step"] = _step_tensor()
-    state["exp_avg"] = _zeros_state(p)
-    state["exp_avg_sq"] = _zeros_state(p)
+    _init_step_and_buffers(p, state, "exp_avg", "exp_avg_sq")
 
 
-def _update_moments(grad, state, betas):
-    """Advance the step and the first and second moment estimates; returns the step."""
-    beta1, beta2 = betas
+def _update_moments(p, grad, state, group):
+    """Weight decay (L2, or decoupled when the group says so), then one more step of the
+    first and second moment estimates. Returns the step number and the decayed gradient."""
+    grad = _apply_weight_decay(p._data, grad, group["weight_decay"], group["lr"],
+                               group.get("decoupled_weight_decay", False))
+    beta1, beta2 = group["betas"]
     step = _advance_step(state)
     exp_avg, exp_avg_sq = state["exp_avg"]._data, state["exp_avg_sq"]._data
     _lerp_(exp_avg, grad, 1 - beta1)
     exp_avg_sq *= beta2
     exp_avg_sq += (1 - beta2) * grad * grad
-    return step
+    return step, grad
 
 
 class Adam(Optimizer):
@@ -45,10 +46,7 @@ class Adam(Optimizer):
             state["max_exp_avg_sq"] = _zeros_state(p)
 
     def _update(self, p, grad, state, group):
-        param, lr = p._data, group["lr"]
-        grad = _apply_weight_decay(param, grad, group["weight_decay"], lr,
-                                   group.get("decoupled_weight_decay", False))
-        step = _update_moments(grad, state, group["betas"])
+        step, _ = _update_moments(p, grad, state, group)
         beta1, beta2 = group["betas"]
         bias_correction1 = 1 - beta1 ** step
         bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
@@ -57,4 +55,4 @@ class Adam(Optimizer):
             second = np.maximum(state["max_exp_avg_sq"]._data, second,
                                 out=state["max_exp_avg_sq"]._data)
         denom = np.sqrt(second) / bias_correction2_sqrt + group["eps"]
-        param -= lr / bias_correction1 * (state["exp_avg"]._data / denom)
+        p._data -= group["lr"] / bias_correction1 * (state["exp_avg"]._data / denom)

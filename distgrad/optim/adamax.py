@@ -2,7 +2,7 @@
 import numpy as np
 
 from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_betas,
-                        _check_nonnegative, _lerp_, _step_tensor, _zeros_state)
+                        _check_nonnegative, _init_step_and_buffers, _lerp_)
 
 __all__ = ["Adamax"]
 
@@ -18,9 +18,7 @@ class Adamax(Optimizer):
         super().__init__(params, defaults)
 
     def _init_state(self, p, state, group):
-        state["step"] = _step_tensor()
-        state["exp_avg"] = _zeros_state(p)
-        state["exp_inf"] = _zeros_state(p)
+        _init_step_and_buffers(p, state, "exp_avg", "exp_inf")
 
     def _update(self, p, grad, state, group):
         param = p._data

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .adam import _init_moments, _update_moments
-from .optimizer import Optimizer, _apply_weight_decay, _check_betas, _check_nonnegative
+from .optimizer import Optimizer, _check_betas, _check_nonnegative
 from ..autograd.tensor import _make
 
 __all__ = ["NAdam"]
@@ -29,9 +29,7 @@ class NAdam(Optimizer):
     def _update(self, p, grad, state, group):
         param, lr = p._data, group["lr"]
         beta1, beta2 = group["betas"]
-        grad = _apply_weight_decay(param, grad, group["weight_decay"], lr,
-                                   group["decoupled_weight_decay"])
-        step = _update_moments(grad, state, group["betas"])
+        step, grad = _update_moments(p, grad, state, group)
         momentum_decay = group["momentum_decay"]
         mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
         mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))

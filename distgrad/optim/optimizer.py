@@ -279,6 +279,13 @@ def _lerp_(start, end, weight):
         start[...] = end - (end - start) * (1 - weight)
 
 
+def _init_step_and_buffers(p, state, *names):
+    """The usual first state: a step counter and zero buffers shaped like ``p``."""
+    state["step"] = _step_tensor()
+    for name in names:
+        state[name] = _zeros_state(p)
+
+
 def _zeros_state(p):
     return _make(np.zeros_like(p._data))
 

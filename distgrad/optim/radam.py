@@ -2,7 +2,7 @@
 import numpy as np
 
 from .adam import _init_moments, _update_moments
-from .optimizer import Optimizer, _apply_weight_decay, _check_betas, _check_nonnegative
+from .optimizer import Optimizer, _check_betas, _check_nonnegative
 
 __all__ = ["RAdam"]
 
@@ -24,11 +24,9 @@ class RAdam(Optimizer):
         _init_moments(p, state)
 
     def _update(self, p, grad, state, group):
+        step, _ = _update_moments(p, grad, state, group)
         param, lr = p._data, group["lr"]
         beta1, beta2 = group["betas"]
-        grad = _apply_weight_decay(param, grad, group["weight_decay"], lr,
-                                   group["decoupled_weight_decay"])
-        step = _update_moments(grad, state, group["betas"])
         bias_correction2 = 1 - beta2 ** step
         bias_corrected_exp_avg = state["exp_avg"]._data / (1 - beta1 ** step)
         rho_inf = 2 / (1 - beta2) - 1

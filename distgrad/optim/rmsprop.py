@@ -2,7 +2,7 @@
 import numpy as np
 
 from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_nonnegative,
-                        _lerp_, _step_tensor, _zeros_state)
+                        _init_step_and_buffers, _lerp_)
 
 __all__ = ["RMSprop"]
 
@@ -19,12 +19,9 @@ class RMSprop(Optimizer):
         super().__init__(params, defaults)
 
     def _init_state(self, p, state, group):
-        state["step"] = _step_tensor()
-        state["square_avg"] = _zeros_state(p)
-        if group["momentum"] > 0:
-            state["momentum_buffer"] = _zeros_state(p)
-        if group["centered"]:
-            state["grad_avg"] = _zeros_state(p)
+        _init_step_and_buffers(p, state, "square_avg",
+                               *(["momentum_buffer"] if group["momentum"] > 0 else []),
+                               *(["grad_avg"] if group["centered"] else []))
 
     def _update(self, p, grad, state, group):
         param, alpha = p._data, group["alpha"]

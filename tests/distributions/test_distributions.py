@@ -266,3 +266,19 @@ def test_constraints():
     assert repr(constraints.real_vector) == "IndependentConstraint(Real(), 1)"
     with pytest.raises(ValueError, match="Cannot determine validity of dependent constraint"):
         constraints.dependent.check(x)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["Normal", "Uniform", "Bernoulli", "Categorical"])
+def test_signatures_match_torch(name):
+    import inspect
+
+    def signature(fn):
+        return [(p.name, p.kind, repr(p.default).replace("torch.", "distgrad."))
+                for p in inspect.signature(fn).parameters.values()]
+    ours, theirs = getattr(distgrad.distributions, name), getattr(torch.distributions, name)
+    for method in ("__init__", "sample", "rsample", "log_prob", "entropy", "expand", "cdf",
+                   "icdf", "enumerate_support"):
+        assert signature(getattr(ours, method)) == signature(getattr(theirs, method)), method
+    assert ours.has_rsample == theirs.has_rsample
+    assert ours.has_enumerate_support == theirs.has_enumerate_support

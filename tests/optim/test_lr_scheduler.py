@@ -270,3 +270,16 @@ def test_one_cycle_refuses_to_step_past_total_steps():
     with pytest.raises(ValueError, match="Tried to step 4 times. The specified number of total "
                                          "steps is 3"):
         sched.step()
+
+
+@needs_torch
+@pytest.mark.parametrize("name", lr_scheduler.__all__)
+def test_signatures_match_torch(name):
+    import inspect
+
+    def signature(fn):
+        return [(p.name, p.kind, repr(p.default)) for p in inspect.signature(fn).parameters.values()]
+    ours, theirs = getattr(lr_scheduler, name), getattr(torch.optim.lr_scheduler, name)
+    assert sorted(lr_scheduler.__all__) == sorted(torch.optim.lr_scheduler.__all__)
+    assert signature(ours.__init__) == signature(theirs.__init__)
+    assert signature(ours.step) == signature(theirs.step)
