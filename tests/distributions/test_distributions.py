@@ -40,13 +40,15 @@ CASES = [
      [(2, 3), (2, 3), (2, 3)]),
     ("uniform_icdf", lambda m, lo, hi, q: D(m).Uniform(lo, lo + hi.abs() + 0.5).icdf(q.sigmoid()),
      [(3,), (3,), (3,)]),
+    # a Bernoulli value stays 0/1: not differentiated (finite differences would leave the support)
     ("bernoulli_probs", lambda m, x, v: _summary(D(m).Bernoulli(probs=x.sigmoid()), v),
-     [(2, 3), BITS]),
-    ("bernoulli_logits", lambda m, x, v: _summary(D(m).Bernoulli(logits=x), v), [(2, 3), BITS]),
+     [(2, 3), BITS], {"requires_grad": [True, False]}),
+    ("bernoulli_logits", lambda m, x, v: _summary(D(m).Bernoulli(logits=x), v), [(2, 3), BITS],
+     {"requires_grad": [True, False]}),
     ("bernoulli_logits_of_probs", lambda m, x: D(m).Bernoulli(probs=x.sigmoid()).logits,
      [(2, 3)]),
     ("bernoulli_probs_broadcast_value", lambda m, x, v: D(m).Bernoulli(logits=x).log_prob(v),
-     [(3,), BITS]),
+     [(3,), BITS], {"requires_grad": [True, False]}),
     ("categorical_probs", lambda m, x, v: [(c := D(m).Categorical(probs=x.exp())).log_prob(v),
                                            c.entropy(), c.probs, c.logits],
      [(2, 4), CLASSES]),
@@ -63,9 +65,6 @@ CASES = [
         D(m).Normal(a, b.abs() + 0.1), D(m).Normal(c, d.abs() + 0.1)), [(3,), (3,), (3,), (3,)]),
     ("kl_bernoulli_bernoulli", lambda m, a, b: D(m).kl_divergence(
         D(m).Bernoulli(logits=a), D(m).Bernoulli(probs=b.sigmoid())), [(4,), (4,)]),
-    ("kl_bernoulli_degenerate", lambda m, a: D(m).kl_divergence(
-        D(m).Bernoulli(probs=a.sigmoid()),
-        D(m).Bernoulli(probs=m.tensor([0.0, 1.0, 0.5], dtype=m.float64))), [(3,)]),
     ("kl_categorical_categorical", lambda m, a, b: D(m).kl_divergence(
         D(m).Categorical(logits=a), D(m).Categorical(probs=b.exp())), [(2, 5), (2, 5)]),
     ("kl_uniform_uniform", lambda m, a, w, c: D(m).kl_divergence(
@@ -77,9 +76,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,shapes", CASES, ids=[c[0] for c in CASES])
-def test_values_and_gradients(name, fn, shapes):
-    check_op(fn, shapes, atol=1e-9, rtol=1e-9)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_values_and_gradients(case):
+    _, fn, shapes, *options = case
+    check_op(fn, shapes, atol=1e-9, rtol=1e-9, **(options[0] if options else {}))
+
+
+def test_kl_with_degenerate_q_is_infinite_where_p_has_mass():
+    def kl(m, a):
+        return D(m).kl_divergence(D(m).Bernoulli(probs=a.sigmoid()),
+                                  D(m).Bernoulli(probs=m.tensor([0.0, 1.0, 0.5],
+                                                                dtype=m.float64)))
+    if torch is not None:
+        check_op(kl, [(3,)], atol=1e-9, rtol=1e-9)
+    a = distgrad.tensor([0.3, -0.2, 1.0], dtype=distgrad.float64, requires_grad=True)
+    out = kl(distgrad, a)
+    assert out[:2].tolist() == [float("inf")] * 2 and np.isfinite(out[2].item())
 
 
 @needs_torch
