@@ -20,6 +20,9 @@ from .ops.complex import *  # noqa: F401,F403
 from .ops.conversion import *  # noqa: F401,F403
 from .ops.creation import *  # noqa: F401,F403
 from .ops.indexing import *  # noqa: F401,F403
+from .ops.legacy import *  # noqa: F401,F403
+from .ops.random import *  # noqa: F401,F403
+from .ops.scatter import *  # noqa: F401,F403
 from .ops.linalg import matmul, mm, bmm, dot, mv, outer  # noqa: F401
 from .ops.einsum import einsum  # noqa: F401
 from .ops.reduction import *  # noqa: F401,F403
@@ -55,7 +58,7 @@ def __getattr__(name):
     # optim and distributed load on first use, as `torch.distributed` does, so that
     # `import distgrad` stays cheap and the RPC layer's dependencies are optional here.
     import importlib
-    if name in ("optim", "distributed", "testing"):
+    if name in ("optim", "distributed", "testing", "distributions"):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module

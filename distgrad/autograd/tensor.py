@@ -36,16 +36,15 @@ class Tensor:
     # NumPy must defer to our reflected operators (``ndarray * Tensor``).
     __array_priority__ = 1000
 
-    def __init__(self, data=None, dtype=None, requires_grad=False):
-        # Tensor(data) copies like distgrad.tensor; the fast path is _make.
-        if data is None:
-            data = np.empty((0,), dtype=_dt.get_default_dtype().numpy)
-        if isinstance(data, Tensor):
-            data = data._data
-        arr = _as_array(data, dtype)
-        _init(self, arr, None, 0, False, None)
-        if requires_grad:
-            self.requires_grad_(True)
+    def __init__(self, *args, device=None):
+        # PyTorch's legacy constructor: Tensor() is empty, Tensor(2, 3) uninitialised of that
+        # shape, Tensor([1, 2]) data in the default dtype, Tensor(t) an alias of t.
+        # New code uses distgrad.tensor/zeros/empty; the fast path is _make.
+        if len(args) == 1 and isinstance(args[0], Tensor):
+            src = args[0]
+            _init(self, src._data, None, 0, False, src._vc)
+            return
+        _init(self, _legacy_array(args, _dt.get_default_dtype().numpy), None, 0, False, None)
 
     @staticmethod
     def _wrap(array, requires_grad=False):
@@ -341,6 +340,13 @@ class Tensor:
             raise TypeError("iteration over a 0-d tensor")
         return iter(self.unbind(0))
 
+    def __format__(self, format_spec):
+        # As PyTorch: a 0-d tensor formats as its number (f"{loss:.4f}"); anything else
+        # takes object's rule (str() for an empty spec, TypeError for any other).
+        if self._data.ndim == 0 and type(self) is Tensor:
+            return self._data.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     def __repr__(self):
         body = np.array2string(self._data, separator=", ", precision=4, prefix="tensor(",
                                threshold=1000, edgeitems=3)
@@ -433,6 +439,32 @@ def _as_array(data, dtype=None):
         elif kind not in "b":
             raise TypeError(f"Could not infer dtype of {type(data).__name__}")
     return arr
+
+
+def _legacy_array(args, np_dtype):
+    """The array of a legacy constructor call (``Tensor(...)``, ``FloatTensor(...)``,
+    ``x.new(...)``): no argument is an empty tensor; integers (or one ``Size``) are a
+    shape, left uninitialised; one other argument is data, converted to ``np_dtype``."""
+    if not args:
+        return np.empty((0,), dtype=np_dtype)
+    first = args[0]
+    is_shape = len(args) > 1 or isinstance(first, Size) or (
+        isinstance(first, (int, np.integer)) and not isinstance(first, bool))
+    if not is_shape:
+        data = first
+        if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flatten(data)):
+            data = _tensors_to_lists(data)
+        return np.array(data, dtype=np_dtype)
+    shape = tuple(first) if isinstance(first, Size) else args
+    for pos, n in enumerate(shape):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"new(): argument 'size' failed to unpack the object at pos "
+                            f"{pos + 1} with error \"type must be tuple of ints,but got "
+                            f"{type(n).__name__}\"")
+        if n < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {n}: "
+                               f"{list(shape)}")
+    return np.empty(shape, dtype=np_dtype)
 
 
 def _flatten(data):

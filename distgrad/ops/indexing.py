@@ -13,7 +13,7 @@ from .promotion import operands, as_tensor_operand
 from .registry import defop, record, record_view
 
 __all__ = ["getitem", "index_put", "index_select", "gather", "where", "maximum", "minimum",
-           "masked_fill", "masked_select", "take_along_dim", "scatter_add", "fmax", "fmin",
+           "masked_fill", "masked_select", "take_along_dim", "fmax", "fmin",
            "sort", "argsort", "topk"]
 
 
@@ -130,22 +130,6 @@ def take_along_dim(input, indices, dim=None):
     if dim is None:
         return gather(input.reshape(-1), 0, indices.reshape(-1))
     return gather(input, dim, indices)
-
-
-ScatterAddBackward0 = defop("ScatterAddBackward0", vjps=(
-    lambda xp, g, m: g,
-    lambda xp, g, m: xp.take_along_axis(g, m["index"], m["dim"])))
-
-
-def scatter_add(input, dim, index, src):
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
-    idx = index._data if isinstance(index, Tensor) else np.asarray(index)
-    out = d.copy()
-    grid = list(np.ogrid[tuple(slice(0, s) for s in idx.shape)])
-    grid[dim] = idx
-    np.add.at(out, tuple(grid), src._data[tuple(slice(0, s) for s in idx.shape)])
-    return record(ScatterAddBackward0, out, (input, src), (), {"index": idx, "dim": dim})
 
 
 WhereBackward0 = defop("WhereBackward0", vjps=(

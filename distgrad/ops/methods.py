@@ -2,8 +2,8 @@
 import numpy as np
 
 from ..autograd.tensor import Tensor
-from . import (arithmetic, complex as complex_ops, conversion, creation, indexing, inplace, linalg,
-               reduction, shape, softmax, unary)
+from . import (arithmetic, complex as complex_ops, conversion, creation, indexing, inplace, legacy,
+               linalg, random, reduction, scatter, shape, softmax, unary)
 from .promotion import as_tensor_operand
 
 _METHODS = {
@@ -22,7 +22,8 @@ _METHODS = {
             "split", "chunk", "unbind", "clone", "contiguous", "flip", "movedim", "narrow",
             "repeat", "tile", "reshape_as", "sum_to_size"],
     indexing: ["index_select", "gather", "masked_fill", "masked_select", "maximum", "minimum",
-               "take_along_dim", "scatter_add", "fmax", "fmin", "sort", "argsort", "topk"],
+               "take_along_dim", "fmax", "fmin", "sort", "argsort", "topk"],
+    scatter: ["scatter", "scatter_add", "index_add", "index_fill", "index_copy"],
     complex_ops: ["conj", "conj_physical", "angle"],
     softmax: ["softmax", "log_softmax"],
     conversion: ["to"],
@@ -39,7 +40,10 @@ _INPLACE = {
     "clamp_min_": unary.clamp_min, "clamp_max_": unary.clamp_max, "floor_": unary.floor,
     "ceil_": unary.ceil, "round_": unary.round, "trunc_": unary.trunc, "sign_": unary.sign,
     "log1p_": unary.log1p, "expm1_": unary.expm1, "square_": arithmetic.square,
-    "masked_fill_": indexing.masked_fill, "erf_": unary.erf, "scatter_add_": indexing.scatter_add,
+    "masked_fill_": indexing.masked_fill, "erf_": unary.erf,
+    "scatter_": scatter.scatter, "scatter_add_": scatter.scatter_add,
+    "index_add_": scatter.index_add, "index_fill_": scatter.index_fill,
+    "index_copy_": scatter.index_copy,
 }
 
 
@@ -98,31 +102,18 @@ def _type_method(dtype_name):
 
 
 def _type(self, dtype=None, non_blocking=False):
-    """``x.type()`` names the tensor type; ``x.type(dtype)`` converts, as in PyTorch."""
+    """``x.type()`` names the tensor type; ``x.type(dtype)`` converts (also given a legacy
+    type, ``x.type(distgrad.LongTensor)`` or ``x.type("torch.LongTensor")``), as in PyTorch."""
     if dtype is None:
         from ..autograd.tensor import _describe
         return _describe(self._data).split(" ")[0]
-    return conversion.to(self, dtype)
+    return conversion.to(self, legacy.as_dtype(dtype) or dtype)
 
 
 def _new_factory(factory):
     def method(self, *size, dtype=None, device=None, requires_grad=False, **kwargs):
         return factory(*size, dtype=dtype or self.dtype, requires_grad=requires_grad, **kwargs)
     return method
-
-
-def _uniform_(self, a=0.0, b=1.0, *, generator=None):
-    from ..autograd.tensor import _make
-    rng = creation._rng(generator)
-    return inplace.apply_inplace(self, lambda t: _make(rng.uniform(a, b, t._data.shape)
-                                                       .astype(t._data.dtype)))
-
-
-def _normal_(self, mean=0.0, std=1.0, *, generator=None):
-    from ..autograd.tensor import _make
-    rng = creation._rng(generator)
-    return inplace.apply_inplace(self, lambda t: _make(rng.normal(mean, std, t._data.shape)
-                                                       .astype(t._data.dtype)))
 
 
 def install():
@@ -135,8 +126,11 @@ def install():
     T.copy_ = inplace.copy_
     T.fill_ = inplace.fill_
     T.zero_ = inplace.zero_
-    T.uniform_ = _uniform_
-    T.normal_ = _normal_
+    for name in ("random_", "uniform_", "normal_", "exponential_", "bernoulli_"):
+        setattr(T, name, getattr(random, name))
+    T.bernoulli = random.bernoulli
+    T.multinomial = random.multinomial
+    T.new = legacy.new
     T.__getitem__ = indexing.getitem
     T.__setitem__ = _setitem
     for op, (fn, inplace_name) in _BINARY_OPERATORS.items():
@@ -175,8 +169,8 @@ def install():
     T.new_zeros = _new_factory(creation.zeros)
     T.new_ones = _new_factory(creation.ones)
     T.new_empty = _new_factory(creation.empty)
-    T.new_full = lambda self, size, fill_value, dtype=None, requires_grad=False: creation.full(
-        size, fill_value, dtype=dtype or self.dtype, requires_grad=requires_grad)
-    T.new_tensor = lambda self, data, dtype=None, requires_grad=False: creation.tensor(
-        data, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    T.new_full = lambda self, size, fill_value, *, dtype=None, device=None, requires_grad=False: \
+        creation.full(size, fill_value, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    T.new_tensor = lambda self, data, *, dtype=None, device=None, requires_grad=False: \
+        creation.tensor(data, dtype=dtype or self.dtype, requires_grad=requires_grad)
     T.gelu = unary.gelu

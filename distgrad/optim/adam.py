@@ -1,9 +1,28 @@
-"""``Adam``, as ``torch.optim.Adam`` (and the shared core of ``AdamW``)."""
+"""``Adam``, as ``torch.optim.Adam`` (and the shared core of ``AdamW``, ``NAdam``, ``RAdam``)."""
 import numpy as np
 
-from .optimizer import Optimizer, _step_tensor, _zeros_state
+from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_betas,
+                        _check_nonnegative, _init_step_and_buffers, _lerp_, _zeros_state)
 
 __all__ = ["Adam"]
+
+
+def _init_moments(p, state):
+    _init_step_and_buffers(p, state, "exp_avg", "exp_avg_sq")
+
+
+def _update_moments(p, grad, state, group):
+    """Weight decay (L2, or decoupled when the group says so), then one more step of the
+    first and second moment estimates. Returns the step number and the decayed gradient."""
+    grad = _apply_weight_decay(p._data, grad, group["weight_decay"], group["lr"],
+                               group.get("decoupled_weight_decay", False))
+    beta1, beta2 = group["betas"]
+    step = _advance_step(state)
+    exp_avg, exp_avg_sq = state["exp_avg"]._data, state["exp_avg_sq"]._data
+    _lerp_(exp_avg, grad, 1 - beta1)
+    exp_avg_sq *= beta2
+    exp_avg_sq += (1 - beta2) * grad * grad
+    return step, grad
 
 
 class Adam(Optimizer):
@@ -12,16 +31,9 @@ class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
                  differentiable=False, fused=None, decoupled_weight_decay=False):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        _check_nonnegative(lr=lr, eps=eps)
+        _check_betas(betas)
+        _check_nonnegative(weight_decay=weight_decay)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=foreach, capturable=capturable,
                         differentiable=differentiable, fused=fused,
@@ -29,35 +41,18 @@ class Adam(Optimizer):
         super().__init__(params, defaults)
 
     def _init_state(self, p, state, group):
-        state["step"] = _step_tensor()
-        state["exp_avg"] = _zeros_state(p)
-        state["exp_avg_sq"] = _zeros_state(p)
+        _init_moments(p, state)
         if group["amsgrad"]:
             state["max_exp_avg_sq"] = _zeros_state(p)
 
     def _update(self, p, grad, state, group):
-        param = p._data
+        step, _ = _update_moments(p, grad, state, group)
         beta1, beta2 = group["betas"]
-        lr, weight_decay = group["lr"], group["weight_decay"]
-        step_t = state["step"]
-        step_t._data = step_t._data + np.float32(1)
-        step = float(step_t._data)
-        if weight_decay != 0:
-            if group.get("decoupled_weight_decay"):
-                param *= 1 - lr * weight_decay
-            else:
-                grad = grad + weight_decay * param
-        exp_avg, exp_avg_sq = state["exp_avg"]._data, state["exp_avg_sq"]._data
-        exp_avg += (grad - exp_avg) * (1 - beta1)  # lerp_, as PyTorch writes it
-        exp_avg_sq *= beta2
-        exp_avg_sq += (1 - beta2) * grad * grad
         bias_correction1 = 1 - beta1 ** step
         bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
-        step_size = lr / bias_correction1
+        second = state["exp_avg_sq"]._data
         if group["amsgrad"]:
-            max_sq = state["max_exp_avg_sq"]._data
-            np.maximum(max_sq, exp_avg_sq, out=max_sq)
-            denom = np.sqrt(max_sq) / bias_correction2_sqrt + group["eps"]
-        else:
-            denom = np.sqrt(exp_avg_sq) / bias_correction2_sqrt + group["eps"]
-        param -= step_size * (exp_avg / denom)
+            second = np.maximum(state["max_exp_avg_sq"]._data, second,
+                                out=state["max_exp_avg_sq"]._data)
+        denom = np.sqrt(second) / bias_correction2_sqrt + group["eps"]
+        p._data -= group["lr"] / bias_correction1 * (state["exp_avg"]._data / denom)

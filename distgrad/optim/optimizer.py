@@ -200,6 +200,17 @@ class Optimizer:
             result = hook(self, (), {})
             if result is not None:
                 raise RuntimeError("optimizer step pre-hooks must return None")
+        loss = self._step(closure)
+        for hook in chain(self._optimizer_step_post_hooks.values(),
+                          _global_step_post_hooks.values()):
+            hook(self, (), {})
+        return loss
+
+    def _step(self, closure):
+        """The update between the step hooks: ``_update`` for each parameter with a gradient.
+
+        Optimizers whose update is not per parameter (LBFGS) replace this.
+        """
         loss = None
         if closure is not None:
             with enable_grad():
@@ -218,10 +229,61 @@ class Optimizer:
                         self._init_state(p, state, group)
                     self._update(p, grad, state, group)
                     p._vc[0] += 1
-        for hook in chain(self._optimizer_step_post_hooks.values(),
-                          _global_step_post_hooks.values()):
-            hook(self, (), {})
         return loss
+
+
+_NONNEGATIVE_MESSAGES = {
+    "lr": "Invalid learning rate: {}", "eps": "Invalid epsilon value: {}",
+    "weight_decay": "Invalid weight_decay value: {}", "momentum": "Invalid momentum value: {}",
+    "alpha": "Invalid alpha value: {}", "lr_decay": "Invalid lr_decay value: {}",
+    "initial_accumulator_value": "Invalid initial_accumulator_value value: {}",
+    "momentum_decay": "Invalid momentum_decay value: {}",
+}
+
+
+def _check_nonnegative(**values):
+    """Raise PyTorch's ValueError for the first hyperparameter below zero."""
+    for name, value in values.items():
+        if not 0.0 <= value:
+            raise ValueError(_NONNEGATIVE_MESSAGES[name].format(value))
+
+
+def _check_betas(betas):
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+
+
+def _advance_step(state):
+    """Count one more step in ``state["step"]`` (a float32 tensor, as PyTorch keeps it)."""
+    step_t = state["step"]
+    step_t._data = step_t._data + np.float32(1)
+    return float(step_t._data)
+
+
+def _apply_weight_decay(param, grad, weight_decay, lr=None, decoupled=False):
+    """L2 penalty folded into the gradient, or (``decoupled``) a shrink of the parameter."""
+    if weight_decay == 0:
+        return grad
+    if decoupled:
+        param *= 1 - lr * weight_decay
+        return grad
+    return grad + weight_decay * param
+
+
+def _lerp_(start, end, weight):
+    """``start.lerp_(end, weight)`` with PyTorch's two formulas (exact at both ends)."""
+    if abs(weight) < 0.5:
+        start += weight * (end - start)
+    else:
+        start[...] = end - (end - start) * (1 - weight)
+
+
+def _init_step_and_buffers(p, state, *names):
+    """The usual first state: a step counter and zero buffers shaped like ``p``."""
+    state["step"] = _step_tensor()
+    for name in names:
+        state[name] = _zeros_state(p)
 
 
 def _zeros_state(p):

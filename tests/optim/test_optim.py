@@ -1,4 +1,6 @@
-"""Optimizers: several steps of SGD/Adam/AdamW match PyTorch's parameters; groups and state dicts."""
+"""Optimizers: several steps of each match PyTorch's parameters; groups and state dicts.
+
+More configurations of the other optimizers, and LBFGS: ``test_optimizers_more.py``."""
 import copy
 
 import numpy as np
@@ -18,6 +20,12 @@ CONFIGS = [
     ("Adam", {"lr": 0.01, "betas": (0.8, 0.99), "weight_decay": 0.1, "amsgrad": True}),
     ("AdamW", {"lr": 0.01}),
     ("AdamW", {"lr": 0.02, "weight_decay": 0.3, "amsgrad": True}),
+    ("Adadelta", {"lr": 1.0}),
+    ("Adagrad", {"lr": 0.05}),
+    ("RMSprop", {"lr": 0.01}),
+    ("Adamax", {"lr": 0.05}),
+    ("NAdam", {"lr": 0.05}),
+    ("RAdam", {"lr": 0.05}),
 ]
 
 

@@ -1,0 +1,32 @@
+"""``Adamax``: Adam with the infinity norm, as ``torch.optim.Adamax``."""
+import numpy as np
+
+from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_betas,
+                        _check_nonnegative, _init_step_and_buffers, _lerp_)
+
+__all__ = ["Adamax"]
+
+
+class Adamax(Optimizer):
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 foreach=None, *, maximize=False, differentiable=False, capturable=False):
+        _check_nonnegative(lr=lr, eps=eps)
+        _check_betas(betas)
+        _check_nonnegative(weight_decay=weight_decay)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+                        maximize=maximize, differentiable=differentiable, capturable=capturable)
+        super().__init__(params, defaults)
+
+    def _init_state(self, p, state, group):
+        _init_step_and_buffers(p, state, "exp_avg", "exp_inf")
+
+    def _update(self, p, grad, state, group):
+        param = p._data
+        beta1, beta2 = group["betas"]
+        step = _advance_step(state)
+        grad = _apply_weight_decay(param, grad, group["weight_decay"])
+        exp_avg, exp_inf = state["exp_avg"]._data, state["exp_inf"]._data
+        _lerp_(exp_avg, grad, 1 - beta1)
+        exp_inf *= beta2
+        np.maximum(exp_inf, np.abs(grad) + group["eps"], out=exp_inf)
+        param -= group["lr"] / (1 - beta1 ** step) * exp_avg / exp_inf
