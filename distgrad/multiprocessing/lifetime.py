@@ -4,6 +4,8 @@ A child calls :func:`die_with_parent` first thing: on Linux the kernel then
 sends it SIGKILL when the parent exits, however the parent exits (a crash, a
 SIGKILL, a test runner's timeout), so nothing is orphaned. Elsewhere the child
 must watch its parent itself (``os.getppid()``), as DataLoader workers do.
+The kernel's "parent" is the thread that started the child: start children
+from a thread that outlives them (normally the main thread).
 
 :func:`reap` ends a group of children the polite way first: SIGTERM, a grace
 period, then SIGKILL for whoever is still there, and joins them all.

@@ -136,9 +136,9 @@ def _parent(tmp_path, nprocs):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_children_die_when_the_parent_is_killed(tmp_path, pids):
-    parent = _parent(tmp_path, 2)
+    parent = _parent(tmp_path, 1)
     try:
-        children = list(_read_pids(str(tmp_path), 2).values())
+        children = list(_read_pids(str(tmp_path), 1).values())
         pids.extend(children)
         parent.kill()
         parent.wait(10)

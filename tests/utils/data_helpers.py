@@ -81,7 +81,9 @@ class Troubled(Squares):
 
 
 class Range(IterableDataset):
-    """``range(start, end)``, split between the workers as in PyTorch's documentation."""
+    """``range(start, end)``, split between the workers as in PyTorch's documentation; in a
+    worker each sample is [value, worker id, num_workers, worker seed, pid, tag], where the
+    tag is what ``tag_worker`` set on this worker's copy of the dataset."""
 
     def __init__(self, start, end):
         self.start, self.end = start, end
@@ -92,18 +94,8 @@ class Range(IterableDataset):
             return iter(range(self.start, self.end))
         per_worker = -(-(self.end - self.start) // info.num_workers)
         lo = self.start + info.id * per_worker
-        return iter(range(lo, min(lo + per_worker, self.end)))
-
-
-class WorkerFacts(Dataset):
-    """Sample i: [worker id, num_workers, worker seed, pid, value set by worker_init_fn]."""
-
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, i):
-        info = get_worker_info()
-        return [info.id, info.num_workers, info.seed, os.getpid(), getattr(self, "tag", -1)]
+        facts = [info.id, info.num_workers, info.seed, os.getpid(), getattr(self, "tag", -1)]
+        return iter([v] + facts for v in range(lo, min(lo + per_worker, self.end)))
 
 
 def as_list(batch):

@@ -18,6 +18,11 @@ stopped and reaped when the iterator is exhausted (unless
 ``persistent_workers``), deleted or garbage collected, and they die with the
 parent process.
 
+Because workers are spawned, they import the main script again: a script
+that starts workers needs the ``if __name__ == "__main__":`` guard (as PyTorch
+needs on macOS and Windows), or ``multiprocessing_context="fork"`` where
+forking is safe (no threads, no ZeroMQ context yet).
+
 >>> import distgrad
 >>> from distgrad.utils.data import DataLoader, TensorDataset
 >>> ds = TensorDataset(distgrad.arange(6.0).reshape(3, 2), distgrad.tensor([0, 1, 0]))
@@ -47,6 +52,11 @@ __all__ = ["DataLoader"]
 # How long to wait for workers to exit by themselves before terminating them (an idle
 # worker exits at once; a busy one is making a batch nobody will read).
 _SHUTDOWN_GRACE = 0.5
+
+
+def _note(exception, text):
+    if hasattr(exception, "add_note"):  # Python 3.11+
+        exception.add_note(text)
 
 
 class _InfiniteConstantSampler(Sampler):
@@ -335,8 +345,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 w.start()
                 sender.close()  # the worker holds the only writer: its death ends the pipe
                 self._workers.append(w)
-        except BaseException:
+        except BaseException as e:
             self._shutdown_workers()
+            if isinstance(e, (TypeError, AttributeError)) or "pickl" in type(e).__name__.lower():
+                _note(e, "DataLoader workers start with the 'spawn' method: the dataset, "
+                         "collate_fn and worker_init_fn must be picklable (defined at the top "
+                         "level of a module), or pass multiprocessing_context='fork'")
             raise
         self._reset(loader, first_iter=True)
 
