@@ -76,7 +76,7 @@ def worker_loop(dataset_kind, dataset, index_queue, result_conn, auto_collation,
                 init_fn(worker_id)
             fetcher = create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
         except Exception:
-            init_error = channel.capture_exception(where)  # reported with the first task
+            init_error = channel.capture_exception(where)  # reported as each task's result
         iteration_end = False
         while True:
             try:
@@ -97,9 +97,8 @@ def worker_loop(dataset_kind, dataset, index_queue, result_conn, auto_collation,
             if iteration_end:
                 continue  # the stream has ended; the parent knows and stops asking
             task_idx, index = message
-            if init_error is not None:
+            if init_error is not None:  # every batch fails as the first one did
                 channel.send(result_conn, task_idx, channel.ERROR, init_error)
-                init_error = None
                 continue
             try:
                 batch = fetcher.fetch(index)
