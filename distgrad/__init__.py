@@ -14,6 +14,7 @@ from .autograd.dtype import (bool, complex64, complex128, dtype, float16, float3
 from .autograd.grad_mode import (enable_grad, inference_mode, is_grad_enabled,
                                  is_inference_mode_enabled, no_grad, set_grad_enabled)
 from .autograd.tensor import Size, Tensor, is_tensor
+from .autograd.device import device
 from . import ops as _ops  # installs Tensor methods
 from .ops.arithmetic import *  # noqa: F401,F403
 from .ops.complex import *  # noqa: F401,F403
@@ -31,6 +32,7 @@ from .ops.softmax import *  # noqa: F401,F403
 from .ops.unary import *  # noqa: F401,F403
 from .ops.unary import gelu as _gelu
 from .serialization import load, save
+from .compiler import compile  # noqa: A004
 from . import autograd
 from . import nn
 from . import utils
@@ -58,7 +60,8 @@ def __getattr__(name):
     # optim and distributed load on first use, as `torch.distributed` does, so that
     # `import distgrad` stays cheap and the RPC layer's dependencies are optional here.
     import importlib
-    if name in ("optim", "distributed", "testing", "distributions"):
+    if name in ("optim", "distributed", "testing", "distributions", "multiprocessing", "cuda",
+                "backends", "accelerator", "onnx", "compiler"):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module

@@ -11,6 +11,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import dtype as _dt
+from .device import CPU_ONLY as _CPU_ONLY, cpu as _cpu_device
 from .grad_mode import _state, inference_threads as _inference_threads
 from ..utils.hooks import RemovableHandle
 from .. import codec as _codec
@@ -91,7 +92,10 @@ class Tensor:
 
     @property
     def device(self):
-        return "cpu"
+        return _cpu_device
+
+    def cuda(self, device=None, non_blocking=False, memory_format=None):
+        raise RuntimeError(f"{_CPU_ONLY}: Tensor.cuda() is not available (tensors stay on 'cpu')")
 
     @property
     def is_cuda(self):

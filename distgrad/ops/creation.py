@@ -3,7 +3,7 @@ import numbers
 
 import numpy as np
 
-from ..autograd import dtype as _dt
+from ..autograd import device as _device, dtype as _dt
 from ..autograd.tensor import Tensor, _as_array, _make
 
 __all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange",
@@ -17,6 +17,7 @@ class Generator:
     """A random number generator (PCG64 underneath), seeded like ``torch.Generator``."""
 
     def __init__(self, device="cpu"):
+        self.device = _device.as_cpu_device(device)
         self._seed = 67280421310721
         self._rng = np.random.default_rng(self._seed)
 
@@ -83,7 +84,8 @@ def _float_dtype(dtype):
     return d
 
 
-def _finish(arr, requires_grad):
+def _finish(arr, requires_grad, device=None):
+    _device.as_cpu_device(device)
     t = _make(arr)
     if requires_grad:
         t.requires_grad_(True)
@@ -101,10 +103,11 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
         arr = data._data.copy() if dtype is None else data._data.astype(_dt.to_numpy_dtype(dtype))
     else:
         arr = _as_array(data, dtype)
-    return _finish(arr, requires_grad)
+    return _finish(arr, requires_grad, device)
 
 
 def as_tensor(data, dtype=None, device=None):
+    _device.as_cpu_device(device)
     if isinstance(data, Tensor):
         return data if dtype is None else data.to(dtype)
     if isinstance(data, np.ndarray) and (dtype is None or _dt.to_numpy_dtype(dtype) == data.dtype):
@@ -121,15 +124,15 @@ def from_numpy(ndarray):
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False, out=None):
-    return _finish(np.zeros(_size(size), dtype=_float_dtype(dtype)), requires_grad)
+    return _finish(np.zeros(_size(size), dtype=_float_dtype(dtype)), requires_grad, device)
 
 
 def ones(*size, dtype=None, device=None, requires_grad=False):
-    return _finish(np.ones(_size(size), dtype=_float_dtype(dtype)), requires_grad)
+    return _finish(np.ones(_size(size), dtype=_float_dtype(dtype)), requires_grad, device)
 
 
 def empty(*size, dtype=None, device=None, requires_grad=False, memory_format=None):
-    return _finish(np.empty(_size(size), dtype=_float_dtype(dtype)), requires_grad)
+    return _finish(np.empty(_size(size), dtype=_float_dtype(dtype)), requires_grad, device)
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
@@ -142,7 +145,8 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
             dtype = _dt.get_default_dtype().to_complex()
     if isinstance(fill_value, Tensor):
         fill_value = fill_value.item()
-    return _finish(np.full(_size((size,)), fill_value, dtype=_float_dtype(dtype)), requires_grad)
+    return _finish(np.full(_size((size,)), fill_value, dtype=_float_dtype(dtype)),
+                   requires_grad, device)
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False):
@@ -153,20 +157,22 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
         raise RuntimeError("step must be nonzero")
     if dtype is None:
         dtype = _dt.int64 if all(isinstance(v, numbers.Integral) for v in vals) else None
-    return _finish(np.arange(*vals, dtype=_float_dtype(dtype)), requires_grad)
+    return _finish(np.arange(*vals, dtype=_float_dtype(dtype)), requires_grad, device)
 
 
 def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False):
-    return _finish(np.linspace(start, end, int(steps), dtype=_float_dtype(dtype)), requires_grad)
+    return _finish(np.linspace(start, end, int(steps), dtype=_float_dtype(dtype)),
+                   requires_grad, device)
 
 
 def eye(n, m=None, *, dtype=None, device=None, requires_grad=False):
-    return _finish(np.eye(n, m, dtype=_float_dtype(dtype)), requires_grad)
+    return _finish(np.eye(n, m, dtype=_float_dtype(dtype)), requires_grad, device)
 
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
     dt = _float_dtype(dtype)
-    return _finish(_rng(generator).random(_size(size)).astype(dt, copy=False), requires_grad)
+    return _finish(_rng(generator).random(_size(size)).astype(dt, copy=False),
+                   requires_grad, device)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
@@ -178,7 +184,7 @@ def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
                + 1j * _rng(generator).standard_normal(shape) * half).astype(dt)
     else:
         arr = _rng(generator).standard_normal(shape).astype(dt, copy=False)
-    return _finish(arr, requires_grad)
+    return _finish(arr, requires_grad, device)
 
 
 def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=None,
@@ -188,12 +194,13 @@ def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=N
     if size is None:
         raise TypeError("randint() missing required argument 'size'")
     dt = _dt.to_numpy_dtype(dtype) if dtype is not None else np.dtype(np.int64)
-    return _finish(_rng(generator).integers(low, high, size=_size((size,))).astype(dt), requires_grad)
+    return _finish(_rng(generator).integers(low, high, size=_size((size,))).astype(dt),
+                   requires_grad, device)
 
 
 def randperm(n, *, generator=None, dtype=None, device=None, requires_grad=False):
     dt = _dt.to_numpy_dtype(dtype) if dtype is not None else np.dtype(np.int64)
-    return _finish(_rng(generator).permutation(n).astype(dt), requires_grad)
+    return _finish(_rng(generator).permutation(n).astype(dt), requires_grad, device)
 
 
 def normal(mean, std, size=None, *, generator=None, dtype=None):
@@ -213,29 +220,32 @@ def _like(input, dtype):
 
 
 def zeros_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=None):
-    return _finish(np.zeros(input._data.shape, dtype=_like(input, dtype)), requires_grad)
+    return _finish(np.zeros(input._data.shape, dtype=_like(input, dtype)), requires_grad, device)
 
 
 def ones_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=None):
-    return _finish(np.ones(input._data.shape, dtype=_like(input, dtype)), requires_grad)
+    return _finish(np.ones(input._data.shape, dtype=_like(input, dtype)), requires_grad, device)
 
 
 def empty_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=None):
-    return _finish(np.empty(input._data.shape, dtype=_like(input, dtype)), requires_grad)
+    return _finish(np.empty(input._data.shape, dtype=_like(input, dtype)), requires_grad, device)
 
 
 def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False):
-    return _finish(np.full(input._data.shape, fill_value, dtype=_like(input, dtype)), requires_grad)
+    return _finish(np.full(input._data.shape, fill_value, dtype=_like(input, dtype)),
+                   requires_grad, device)
 
 
 def rand_like(input, *, dtype=None, device=None, requires_grad=False):
-    return rand(*input._data.shape, dtype=dtype or input.dtype, requires_grad=requires_grad)
+    return rand(*input._data.shape, dtype=dtype or input.dtype, device=device,
+               requires_grad=requires_grad)
 
 
 def randn_like(input, *, dtype=None, device=None, requires_grad=False):
-    return randn(*input._data.shape, dtype=dtype or input.dtype, requires_grad=requires_grad)
+    return randn(*input._data.shape, dtype=dtype or input.dtype, device=device,
+               requires_grad=requires_grad)
 
 
 def randint_like(input, low=0, high=None, *, dtype=None, device=None, requires_grad=False):
-    return randint(low, high, input._data.shape, dtype=dtype or input.dtype,
+    return randint(low, high, input._data.shape, dtype=dtype or input.dtype, device=device,
                    requires_grad=requires_grad)

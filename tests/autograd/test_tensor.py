@@ -17,7 +17,7 @@ def test_attributes():
     assert x.T.shape == (3, 2) and x.t().shape == (3, 2)
     assert x.is_leaf and x.grad_fn is None and not x.requires_grad
     assert x._version == 0 and not x.is_inference()
-    assert x.device == "cpu"
+    assert x.device == distgrad.device("cpu") and str(x.device) == "cpu"
 
 
 def test_conversions():

@@ -1,0 +1,59 @@
+"""``distgrad.multiprocessing``: Python's :mod:`multiprocessing` plus PyTorch's ``spawn``.
+
+As ``torch.multiprocessing`` does, this module re-exports everything of
+:mod:`multiprocessing` (``Process``, ``Queue``, ``Pipe``, ``get_context``,
+``set_start_method``, ``cpu_count``, ...) and adds :func:`spawn`,
+:func:`start_processes`, :class:`ProcessContext` and the exceptions
+:class:`ProcessRaisedException` / :class:`ProcessExitedException`.
+
+Every child started here calls :func:`lifetime.die_with_parent` first, so it
+gets SIGKILL when its parent exits (Linux), and a failure or an interrupt in
+the parent terminates, then kills, the children it started.
+
+On pickling. ``spawn(fn, args)`` hands ``fn`` and ``args`` to the child the way
+the standard library hands any ``Process`` target to a spawned child: the
+parent pickles them into a private pipe to a process it has just created,
+running its own code, and the child unpickles them. Nothing there arrives from
+a peer over a socket, and a program that trusted its own arguments before the
+spawn trusts the same bytes after it, so distgrad keeps this path (and with it
+unchanged PyTorch programs). The other direction is where distgrad differs
+from PyTorch: what a child sends back to its parent (a traceback, a DataLoader
+batch) is never unpickled there; tracebacks come back as text, batches through
+:mod:`distgrad.codec`.
+
+>>> import distgrad.multiprocessing as mp
+>>> mp.get_start_method(allow_none=True) in (None, "spawn", "fork", "forkserver")
+True
+"""
+import multiprocessing
+import sys
+from multiprocessing import *  # noqa: F401,F403 - torch.multiprocessing re-exports it all
+
+from .spawn import (ProcessContext, ProcessExitedException, ProcessRaisedException, spawn,
+                    start_processes)
+
+__all__ = ["set_sharing_strategy", "get_sharing_strategy", "get_all_sharing_strategies",
+           "ProcessContext", "ProcessExitedException",
+           "ProcessRaisedException", "spawn", "start_processes"] + multiprocessing.__all__
+
+# Tensors travel between processes by copy (pickling, or distgrad.codec), never
+# through shared-memory handles, so the strategy is a name a program may set.
+_sharing_strategy = "file_system" if sys.platform in ("darwin", "win32") else "file_descriptor"
+_all_sharing_strategies = ({"file_system"} if sys.platform in ("darwin", "win32")
+                           else {"file_descriptor", "file_system"})
+
+
+def set_sharing_strategy(new_strategy):
+    global _sharing_strategy
+    if new_strategy not in _all_sharing_strategies:
+        raise AssertionError(f"invalid sharing strategy {new_strategy!r}, "
+                             f"expected one of {_all_sharing_strategies}")
+    _sharing_strategy = new_strategy
+
+
+def get_sharing_strategy():
+    return _sharing_strategy
+
+
+def get_all_sharing_strategies():
+    return _all_sharing_strategies

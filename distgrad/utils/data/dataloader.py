@@ -1,0 +1,515 @@
+"""``DataLoader``: batches from a dataset, in this process or in worker processes.
+
+The arguments, defaults, checks and errors are ``torch.utils.data.DataLoader``'s.
+With ``num_workers > 0`` the batches are made by that many worker processes
+(started with ``spawn`` unless ``multiprocessing_context`` says otherwise):
+each gets its copy of the dataset when it starts, batch ``k`` is made by
+worker ``k % num_workers`` (among those still running), at most
+``prefetch_factor`` batches per worker are in flight, and batches are
+delivered in order (``in_order=False``: as they come). Batches come back
+through :mod:`distgrad.codec`, never unpickled (see :mod:`.channel` for what a
+batch may hold).
+
+Failures: an exception in a worker is raised again in the parent with the
+worker's traceback (the iterator can go on, as in PyTorch); a worker that dies
+raises ``RuntimeError: DataLoader worker (pid(s) ...) exited unexpectedly``
+instead of hanging; ``timeout`` bounds each wait for a batch. Workers are
+stopped and reaped when the iterator is exhausted (unless
+``persistent_workers``), deleted or garbage collected, and they die with the
+parent process.
+
+Because workers are spawned, they import the main script again: a script
+that starts workers needs the ``if __name__ == "__main__":`` guard (as PyTorch
+needs on macOS and Windows), or ``multiprocessing_context="fork"`` where
+forking is safe (no threads, no ZeroMQ context yet).
+
+>>> import distgrad
+>>> from distgrad.utils.data import DataLoader, TensorDataset
+>>> ds = TensorDataset(distgrad.arange(6.0).reshape(3, 2), distgrad.tensor([0, 1, 0]))
+>>> [y.tolist() for _, y in DataLoader(ds, batch_size=2)]
+[[0, 1], [0]]
+"""
+import itertools
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import sys
+import warnings
+
+from ... import accelerator
+from ...multiprocessing.lifetime import join_all, reap
+from ...ops.creation import randint
+from . import channel
+from .collate import default_collate, default_convert
+from .dataset import IterableDataset
+from .fetch import ITERABLE, MAP, create_fetcher
+from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from .worker import RESUME, worker_loop
+
+__all__ = ["DataLoader"]
+
+# How long to wait for workers to exit by themselves before terminating them (an idle
+# worker exits at once; a busy one is making a batch nobody will read).
+_SHUTDOWN_GRACE = 0.5
+
+
+def _note(exception, text):
+    if hasattr(exception, "add_note"):  # Python 3.11+
+        exception.add_note(text)
+
+
+class _InfiniteConstantSampler(Sampler):
+    """The sampler of an IterableDataset: the dataset decides what comes next."""
+
+    def __iter__(self):
+        while True:
+            yield None
+
+
+class DataLoader:
+    """Iterate over ``dataset`` in batches.
+
+    Arguments as in PyTorch: ``batch_size=1``, ``shuffle`` (with ``generator``),
+    ``sampler``, ``batch_sampler``, ``num_workers=0``, ``collate_fn``,
+    ``pin_memory`` (accepted; there is no device memory to pin), ``drop_last``,
+    ``timeout`` (seconds, 0 = wait as long as workers live), ``worker_init_fn``,
+    ``multiprocessing_context``, and keyword-only ``prefetch_factor`` (2 with
+    workers), ``persistent_workers``, ``pin_memory_device``, ``in_order``.
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor=None, persistent_workers=False, pin_memory_device="",
+                 in_order=True):
+        if num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
+                             "disable multiprocessing.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                             "let num_workers > 0 to enable multiprocessing, otherwise set "
+                             "prefetch_factor to None.")
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.in_order = in_order
+
+        if isinstance(dataset, IterableDataset):
+            self._dataset_kind = ITERABLE
+            if shuffle not in {False, None}:
+                raise ValueError("DataLoader with IterableDataset: expected unspecified shuffle "
+                                 f"option, but got shuffle={shuffle}")
+            if sampler is not None:
+                raise ValueError("DataLoader with IterableDataset: expected unspecified sampler "
+                                 f"option, but got sampler={sampler}")
+            if batch_sampler is not None:
+                raise ValueError("DataLoader with IterableDataset: expected unspecified "
+                                 f"batch_sampler option, but got batch_sampler={batch_sampler}")
+        else:
+            shuffle = bool(shuffle)
+            self._dataset_kind = MAP
+
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                                 "shuffle, sampler, and drop_last")
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+
+        if sampler is None:
+            if self._dataset_kind == ITERABLE:
+                sampler = _InfiniteConstantSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator)
+            else:
+                sampler = SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        if collate_fn is None:
+            collate_fn = default_collate if self._auto_collation else default_convert
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        self._IterableDataset_len_called = None
+        self._iterator = None
+        self.__initialized = True
+        self.check_worker_number_rationality()
+
+    _DataLoader__initialized = False
+
+    def __setattr__(self, attr, val):
+        if self.__initialized and attr in ("batch_size", "batch_sampler", "sampler", "drop_last",
+                                           "dataset", "persistent_workers"):
+            raise ValueError(f"{attr} attribute should not be set after "
+                             f"{self.__class__.__name__} is initialized")
+        super().__setattr__(attr, val)
+
+    @property
+    def multiprocessing_context(self):
+        return self.__multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context):
+        if context is not None:
+            if self.num_workers == 0:
+                raise ValueError("multiprocessing_context can only be used with multi-process "
+                                 f"loading (num_workers > 0), but got num_workers={self.num_workers}")
+            if isinstance(context, str):
+                valid = multiprocessing.get_all_start_methods()
+                if context not in valid:
+                    raise ValueError("multiprocessing_context option should specify a valid start "
+                                     f"method in {valid!r}, but got "
+                                     f"multiprocessing_context={context!r}")
+                context = multiprocessing.get_context(context)
+            if not isinstance(context, multiprocessing.context.BaseContext):
+                raise TypeError("multiprocessing_context option should be a valid context object "
+                                "or a string specifying the start method, but got "
+                                f"multiprocessing_context={context}")
+        self.__multiprocessing_context = context
+
+    @property
+    def _auto_collation(self):
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self):
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def _get_iterator(self):
+        if self.num_workers == 0:
+            return _SingleProcessDataLoaderIter(self)
+        self.check_worker_number_rationality()
+        return _MultiProcessingDataLoaderIter(self)
+
+    def __iter__(self):
+        # Persistent workers serve every epoch of this loader from one iterator.
+        if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is None or self._iterator._shutdown:
+                self._iterator = self._get_iterator()
+            else:
+                self._iterator._reset(self)
+            return self._iterator
+        return self._get_iterator()
+
+    def __len__(self):
+        if self._dataset_kind == ITERABLE:
+            length = self._IterableDataset_len_called = len(self.dataset)
+            if self.batch_size is not None:
+                length = (length // self.batch_size if self.drop_last
+                          else math.ceil(length / self.batch_size))
+            return length
+        return len(self._index_sampler)
+
+    def check_worker_number_rationality(self):
+        """Warn when there are more workers than CPUs this process may use."""
+        if not self.num_workers:
+            return
+        cpuset_checked = hasattr(os, "sched_getaffinity")
+        max_workers = len(os.sched_getaffinity(0)) if cpuset_checked else os.cpu_count()
+        if max_workers is None or self.num_workers > max_workers:
+            suggestion = ("DataLoader is not able to compute a suggested max number of worker in "
+                          "current system." if max_workers is None else
+                          f"Our suggested max number of worker in current system is {max_workers}"
+                          f"{'' if cpuset_checked else ' (`cpuset` is not taken into account)'}, "
+                          "which is smaller than what this DataLoader is going to create.")
+            warnings.warn(f"This DataLoader will create {self.num_workers} worker processes in "
+                          f"total. {suggestion} Please be aware that excessive worker creation "
+                          "might get DataLoader running slow or even freeze, lower the worker "
+                          "number to avoid potential slowness/freeze if necessary.", stacklevel=2)
+
+
+class _BaseDataLoaderIter:
+    def __init__(self, loader):
+        self._dataset = loader.dataset
+        self._dataset_kind = loader._dataset_kind
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
+        self._auto_collation = loader._auto_collation
+        self._drop_last = loader.drop_last
+        self._index_sampler = loader._index_sampler
+        self._num_workers = loader.num_workers
+        if loader.pin_memory and loader.pin_memory_device:
+            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
+                          f"as the device,ignore pin_memory_device='{loader.pin_memory_device}'.",
+                          stacklevel=2)
+        if loader.pin_memory and not accelerator.is_available():
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then "
+                          "device pinned memory won't be used.", stacklevel=2)
+        self._timeout = loader.timeout
+        self._collate_fn = loader.collate_fn
+        self._sampler_iter = iter(self._index_sampler)
+        self._base_seed = int(randint(0, 2 ** 62, (), generator=loader.generator).item())
+        self._persistent_workers = loader.persistent_workers
+        self._num_yielded = 0
+        self._shutdown = False
+
+    def __iter__(self):
+        return self
+
+    def _reset(self, loader, first_iter=False):
+        self._sampler_iter = iter(self._index_sampler)
+        self._num_yielded = 0
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
+
+    def _next_index(self):
+        return next(self._sampler_iter)  # may raise StopIteration
+
+    def _next_data(self):
+        raise NotImplementedError
+
+    def __next__(self):
+        data = self._next_data()
+        self._num_yielded += 1
+        if (self._dataset_kind == ITERABLE and self._IterableDataset_len_called is not None
+                and self._num_yielded > self._IterableDataset_len_called):
+            msg = (f"Length of IterableDataset {self._dataset} was reported to be "
+                   f"{self._IterableDataset_len_called}(when accessing len(dataloader)), but "
+                   f"{self._num_yielded} samples have been fetched. ")
+            if self._num_workers > 0:
+                msg += ("For multiprocessing data-loading, this could be caused by not properly "
+                        "configuring the IterableDataset replica at each worker.")
+            warnings.warn(msg, stacklevel=2)
+        return data
+
+    def __len__(self):
+        return len(self._index_sampler)
+
+    def __getstate__(self):
+        raise NotImplementedError(f"{self.__class__.__name__} cannot be pickled")
+
+
+class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
+    def __init__(self, loader):
+        super().__init__(loader)
+        self._dataset_fetcher = create_fetcher(self._dataset_kind, self._dataset,
+                                               self._auto_collation, self._collate_fn,
+                                               self._drop_last)
+
+    def _next_data(self):
+        index = self._next_index()  # may raise StopIteration
+        return self._dataset_fetcher.fetch(index)  # may raise StopIteration
+
+
+class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
+    """Batches from worker processes.
+
+    Task ``k`` (a batch's indices) goes to an active worker, round robin, on that
+    worker's index queue; its result comes back on the worker's own result pipe.
+    ``_task_info[k]`` is ``(worker,)`` while the task is out and ``(worker, data)``
+    once its result arrived ahead of its turn.
+    """
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        self._prefetch_factor = loader.prefetch_factor
+        self._in_order = loader.in_order
+        context = loader.multiprocessing_context or multiprocessing.get_context("spawn")
+        self._workers, self._index_queues, self._result_conns = [], [], []
+        try:
+            for i in range(self._num_workers):
+                index_queue = context.Queue()
+                index_queue.cancel_join_thread()  # never block the parent's exit on a dead worker
+                receiver, sender = context.Pipe(duplex=False)
+                w = context.Process(
+                    target=worker_loop, daemon=True,
+                    args=(self._dataset_kind, self._dataset, index_queue, sender,
+                          self._auto_collation, self._collate_fn, self._drop_last,
+                          self._base_seed, loader.worker_init_fn, i, self._num_workers,
+                          os.getpid()))
+                self._index_queues.append(index_queue)
+                self._result_conns.append(receiver)
+                w.start()
+                sender.close()  # the worker holds the only writer: its death ends the pipe
+                self._workers.append(w)
+        except BaseException as e:
+            self._shutdown_workers()
+            if isinstance(e, (TypeError, AttributeError)) or "pickl" in type(e).__name__.lower():
+                _note(e, "DataLoader workers start with the 'spawn' method: the dataset, "
+                         "collate_fn and worker_init_fn must be picklable (defined at the top "
+                         "level of a module), or pass multiprocessing_context='fork'")
+            raise
+        self._reset(loader, first_iter=True)
+
+    def _reset(self, loader, first_iter=False):
+        super()._reset(loader, first_iter)
+        self._send_idx = 0
+        self._rcvd_idx = 0
+        self._task_info = {}
+        self._tasks_outstanding = 0
+        self._workers_status = [True] * self._num_workers
+        self._workers_num_tasks = [0] * self._num_workers
+        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        if not first_iter:
+            # A new epoch of persistent workers: drop what the last one left in flight.
+            for worker_id in range(self._num_workers):
+                self._index_queues[worker_id].put(RESUME)
+                while self._receive(worker_id)[1] != channel.RESUMED:
+                    pass
+        for _ in range(self._prefetch_factor * self._num_workers):
+            self._try_put_index()
+
+    def _receive(self, worker_id, timeout=None):
+        """The next message from ``worker_id``: wait for it (RuntimeError if the worker
+        dies or ``timeout`` passes)."""
+        conn, worker = self._result_conns[worker_id], self._workers[worker_id]
+        if not conn.poll():
+            ready = multiprocessing.connection.wait([conn, worker.sentinel], timeout)
+            if not ready:
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+            if conn not in ready and not conn.poll():
+                self._worker_died(worker_id)
+        try:
+            return channel.receive(conn)
+        except channel.WorkerDied:
+            self._worker_died(worker_id)
+
+    def _worker_died(self, worker_id):
+        pid = self._workers[worker_id].pid
+        self._shutdown_workers()
+        raise RuntimeError(f"DataLoader worker (pid(s) {pid}) exited unexpectedly")
+
+    def _get_data(self):
+        """``(task index, kind, payload)`` of the next result from any worker with tasks out."""
+        busy = [w for w in range(self._num_workers) if self._workers_num_tasks[w] > 0]
+        if self._in_order:  # the next result in order can only come from its worker
+            busy = [self._task_info[self._rcvd_idx][0]]
+        timeout = self._timeout if self._timeout > 0 else None
+        for w in busy:
+            if self._result_conns[w].poll():
+                return w, self._receive(w)
+        if len(busy) == 1:
+            return busy[0], self._receive(busy[0], timeout)
+        waitables = [self._result_conns[w] for w in busy] + [self._workers[w].sentinel
+                                                               for w in busy]
+        ready = multiprocessing.connection.wait(waitables, timeout)
+        if not ready:
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+        for w in busy:
+            if self._result_conns[w] in ready or self._workers[w].sentinel in ready:
+                return w, self._receive(w, timeout)
+        raise AssertionError("wait() returned nothing that was waited for")
+
+    def _next_data(self):
+        while True:
+            # Skip tasks that went to a worker whose stream has ended.
+            while self._rcvd_idx < self._send_idx:
+                info = self._task_info.get(self._rcvd_idx)
+                if info and (len(info) == 2 or self._workers_status[info[0]]):
+                    break
+                self._task_info.pop(self._rcvd_idx, None)
+                self._rcvd_idx += 1
+            else:
+                if not self._persistent_workers:
+                    self._shutdown_workers()
+                raise StopIteration
+            if self._shutdown:
+                raise StopIteration
+            if len(self._task_info[self._rcvd_idx]) == 2:
+                worker_id, result = self._task_info.pop(self._rcvd_idx)
+                self._rcvd_idx += 1
+                return self._process_data(result, worker_id)
+            worker_id, (idx, kind, payload) = self._get_data()
+            if kind == channel.RESUMED:
+                continue  # a stale acknowledgement
+            self._tasks_outstanding -= 1
+            if kind == channel.END:
+                self._workers_num_tasks[worker_id] -= 1
+                self._task_info.pop(idx, None)
+                self._mark_worker_as_unavailable(worker_id)
+                self._try_put_index()
+                continue
+            if idx != self._rcvd_idx:
+                if not self._in_order:
+                    self._task_info.pop(idx)
+                    return self._process_data((kind, payload), worker_id)
+                self._task_info[idx] += ((kind, payload),)
+            else:
+                self._task_info.pop(idx)
+                self._rcvd_idx += 1
+                return self._process_data((kind, payload), worker_id)
+
+    def _try_put_index(self):
+        max_tasks = self._prefetch_factor * self._num_workers
+        try:
+            index = self._next_index()
+        except StopIteration:
+            return
+        for _ in range(self._num_workers):  # the next active worker, if any
+            worker_queue_idx = next(self._worker_queue_idx_cycle)
+            if self._workers_status[worker_queue_idx]:
+                if self._in_order or (self._workers_num_tasks[worker_queue_idx]
+                                      < max_tasks // sum(self._workers_status)):
+                    break
+        else:
+            return
+        self._index_queues[worker_queue_idx].put((self._send_idx, index))
+        self._task_info[self._send_idx] = (worker_queue_idx,)
+        self._workers_num_tasks[worker_queue_idx] += 1
+        self._tasks_outstanding += 1
+        self._send_idx += 1
+
+    def _process_data(self, result, worker_id):
+        self._workers_num_tasks[worker_id] -= 1
+        self._try_put_index()
+        kind, payload = result
+        if kind == channel.ERROR:
+            channel.raise_exception(payload)
+        return payload
+
+    def _mark_worker_as_unavailable(self, worker_id):
+        # A persistent worker waits for the next epoch; any other one may exit now.
+        if not self._persistent_workers:
+            self._index_queues[worker_id].put(None)
+        self._workers_status[worker_id] = False
+
+    def _shutdown_workers(self):
+        """Tell every worker to stop, give them a moment, then terminate and reap them."""
+        if self._shutdown:
+            return
+        self._shutdown = True
+        try:
+            for q, w in zip(self._index_queues, self._workers):
+                if w.is_alive():
+                    try:
+                        q.put(None)
+                    except (OSError, ValueError):
+                        pass
+        finally:
+            join_all(self._workers, _SHUTDOWN_GRACE)
+            reap(self._workers, _SHUTDOWN_GRACE)
+            for q in self._index_queues:
+                q.close()
+            for conn in self._result_conns:
+                conn.close()
+
+    def __del__(self):
+        if sys is None or sys.is_finalizing():
+            return  # interpreter exit: multiprocessing terminates daemonic workers itself
+        try:
+            self._shutdown_workers()
+        except AttributeError:  # __init__ failed before the worker lists existed
+            pass

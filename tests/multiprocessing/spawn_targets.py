@@ -1,0 +1,44 @@
+"""Functions that spawned test processes run (children import them by name)."""
+import os
+import signal
+import sys
+import time
+
+
+def write_rank(i, path):
+    with open(os.path.join(path, f"rank-{i}"), "w") as fh:
+        fh.write(str(os.getpid()))
+
+
+def fail_on(i, bad, path):
+    """Process ``bad`` raises; the others record their pid and sleep until reaped."""
+    with open(os.path.join(path, f"pid-{i}"), "w") as fh:
+        fh.write(str(os.getpid()))
+    if i == bad:
+        time.sleep(0.2)
+        raise ValueError(f"process {i} failed on purpose")
+    time.sleep(60)
+
+
+def exit_with(i, code):
+    sys.exit(code)
+
+
+def kill_self(i):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def sleep_forever(i, path):
+    with open(os.path.join(path, f"pid-{i}"), "w") as fh:
+        fh.write(str(os.getpid()))
+    time.sleep(60)
+
+
+def parent_main(path, nprocs):
+    """A parent process for the orphan tests: spawns sleeping children and joins them."""
+    import distgrad.multiprocessing as mp
+    mp.spawn(sleep_forever, args=(path,), nprocs=nprocs)
+
+
+if __name__ == "__main__":
+    parent_main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,120 @@
+"""Datasets and functions that DataLoader worker processes import by name in the tests."""
+import collections
+import os
+import signal
+import time
+
+import numpy as np
+
+import distgrad
+from distgrad.utils.data import Dataset, IterableDataset, get_worker_info
+
+Pair = collections.namedtuple("Pair", ["x", "y"])
+
+
+class Squares(Dataset):
+    """Sample i: (a float32 tensor [i, i*i], the int i); optionally as dicts or Pairs."""
+
+    def __init__(self, n, form="tuple"):
+        self.n, self.form = n, form
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = distgrad.tensor([float(i), float(i * i)])
+        if self.form == "dict":
+            return {"x": x, "y": i, "name": f"s{i}", "arr": np.full(3, i, dtype=np.int32)}
+        if self.form == "pair":
+            return Pair(x, i)
+        return x, i
+
+
+class Failing(Squares):
+    """Raises ValueError at index ``bad``."""
+
+    def __init__(self, n, bad):
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise ValueError(f"sample {i} is broken")
+        return super().__getitem__(i)
+
+
+class Killing(Squares):
+    """The worker that loads index ``bad`` records its pid in ``path`` and SIGKILLs itself."""
+
+    def __init__(self, n, bad, path):
+        super().__init__(n)
+        self.bad, self.path = bad, path
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            with open(self.path, "w") as fh:
+                fh.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+class Slow(Squares):
+    def __getitem__(self, i):
+        time.sleep(5)
+        return super().__getitem__(i)
+
+
+class Troubled(Squares):
+    """Samples as Pairs; index ``bad`` raises KeyError, index ``unsendable`` gives an object
+    the codec cannot carry."""
+
+    def __init__(self, n, bad, unsendable):
+        super().__init__(n, "pair")
+        self.bad, self.unsendable = bad, unsendable
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise KeyError(f"no sample {i}")
+        if i == self.unsendable:
+            return object()
+        return super().__getitem__(i)
+
+
+class Range(IterableDataset):
+    """``range(start, end)``, split between the workers as in PyTorch's documentation; in a
+    worker each sample is [value, worker id, num_workers, worker seed, pid, tag], where the
+    tag is what ``tag_worker`` set on this worker's copy of the dataset."""
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        info = get_worker_info()
+        if info is None:
+            return iter(range(self.start, self.end))
+        per_worker = -(-(self.end - self.start) // info.num_workers)
+        lo = self.start + info.id * per_worker
+        facts = [info.id, info.num_workers, info.seed, os.getpid(), getattr(self, "tag", -1)]
+        return iter([v] + facts for v in range(lo, min(lo + per_worker, self.end)))
+
+
+def as_list(batch):
+    return batch
+
+
+def tag_worker(worker_id):
+    get_worker_info().dataset.tag = 100 + worker_id
+
+
+class TorchSquares:
+    """Squares(n, "pair") with PyTorch tensors, for the oracle (imports torch when used)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+        return Pair(torch.tensor([float(i), float(i * i)]), i)
