@@ -157,8 +157,10 @@ class Agent:
             if server is not None and not server.started:
                 server.start(self.world_size, opts.rendezvous_timeout)
             address = server.address if server is not None else resolve_address(opts.init_method)
-            table = join(t.ctx, address, self.name, self.rank, self.world_size, endpoint,
-                         opts.rendezvous_timeout, curve)
+            # the server's own timeout (with the missing ranks) should be what rank 0 reports
+            wait = opts.rendezvous_timeout + (2.0 if server is not None else 0.0)
+            table = join(t.ctx, address, self.name, self.rank, self.world_size, endpoint, wait,
+                         curve)
             self.workers = [WorkerInfo(n, r) for n, r, _ in table]
             self._by_name = {w.name: w for w in self.workers}
             self.pool = HandlerPool(min(opts.num_worker_threads, 4), name=f"rpc-{self.name}")
@@ -229,6 +231,11 @@ class Agent:
         """Call ``fn(rank, why, left)`` (on a handler thread) when a peer dies or leaves."""
         self._peer_listeners.append(fn)
 
+    def _gone(self, rank, why, calling=None):
+        state = "left the world" if self.transport.left(rank) else "is unreachable"
+        return f"{self.describe(rank)} {state}: {why}" + (
+            f" (while calling {calling})" if calling else "")
+
     def unreachable(self, rank):
         """Why ``rank`` cannot be reached (it died or left), or None."""
         return self.transport.down(rank) if self.transport is not None else None
@@ -248,7 +255,7 @@ class Agent:
                            "new calls are accepted")
         why = self.transport.down(dst)
         if why is not None:
-            raise WorkerUnreachableError(f"{self.describe(dst)} is unreachable: {why}")
+            raise WorkerUnreachableError(self._gone(dst, why))
 
     def _prepare(self, dst, target, args, kwargs, remote_ref, mid):
         if not (isinstance(target, str) and target.startswith("@")):
@@ -304,8 +311,7 @@ class Agent:
         def check():
             why = self.transport.down(dst)
             if why is not None:
-                raise WorkerUnreachableError(f"{self.describe(dst)} is unreachable: {why} "
-                                             f"(while calling {what})")
+                raise WorkerUnreachableError(self._gone(dst, why, what))
             if not self.transport.running():
                 raise RpcError(f"RPC agent {self.name!r} stopped during a call to {what}"
                                + (f": {self.transport.failure}" if self.transport.failure else ""))
@@ -440,8 +446,7 @@ class Agent:
                     pending)
         for p in failed:
             if p.fut is not None:
-                self._complete(p.fut, None, WorkerUnreachableError(
-                    f"{self.describe(rank)} is unreachable: {why} (while calling {p.what})"))
+                self._complete(p.fut, None, WorkerUnreachableError(self._gone(rank, why, p.what)))
         for fn in self._peer_listeners:
             self.pool.submit(fn, rank, why, left)
 

@@ -16,6 +16,13 @@ from distgrad.utils.tempdirs import owned_tempdir
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 
+#: RpcBackendOptions fields a World passes on to its workers, and their worker flags.
+_WORKER_FLAGS = {"rpc_timeout": "--rpc-timeout", "heartbeat_interval": "--heartbeat-interval",
+                 "heartbeat_timeout": "--heartbeat-timeout", "shm_threshold": "--shm-threshold",
+                 "max_inflight_per_worker": "--max-inflight",
+                 "max_message_size": "--max-message-size",
+                 "rendezvous_timeout": "--rendezvous-timeout"}
+
 
 class World:
     """``n`` worker processes ``worker1..workerN``; this process joins as ``worker0``.
@@ -70,8 +77,9 @@ class World:
                "--transport", self.transport]
         for m in self.options.get("allowed_modules", ()):
             cmd += ["--allow", m]
-        if "rpc_timeout" in self.options:
-            cmd += ["--rpc-timeout", str(self.options["rpc_timeout"])]
+        for option, flag in _WORKER_FLAGS.items():
+            if option in self.options:
+                cmd += [flag, str(self.options[option])]
         cmd += list(extra_args)
         e = dict(os.environ)
         # workers import what this process imports: its import path (the test's own

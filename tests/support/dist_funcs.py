@@ -202,3 +202,25 @@ def module_fwd_pre_log(module, args):
 
 def module_bwd_pre_log(module, grad_output):
     _log.append(("module_bwd_pre_ref", type(module).__name__))
+
+
+# ---------------------------------------------------------------------- async_execution
+from distgrad.rpc.functions import async_execution  # noqa: E402
+
+
+@async_execution
+def stage_later(key, x, delay):
+    """The stage's result, delivered by a Future that a timer thread completes later."""
+    from distgrad.rpc import Future
+    fut = Future()
+    y = stage(key, x)
+    threading.Timer(delay, fut.set_result, (y,)).start()
+    return fut
+
+
+@async_execution
+def stage_via(other, key, x):
+    """A nested ``rpc_async(...).then(...)``: the reply is produced on another thread."""
+    from distgrad.rpc import api
+    h = stage(key, x)
+    return api.rpc_async(other, mul_add, (h, h)).then(lambda f: f.value() * 2.0 + h)

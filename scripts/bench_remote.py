@@ -1,0 +1,16 @@
+"""Functions the benchmarks run on their worker processes (allowed there by name)."""
+import numpy as np
+
+
+def echo(x):
+    return x
+
+
+def make_mlp(d, layers):
+    """``layers`` x (Linear(d, d), Tanh) as a Sequential (a RemoteModule constructor)."""
+    from distgrad import nn
+    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(d, d), nn.Tanh())])
+
+
+def nbytes(x):
+    return int(np.asarray(x).nbytes)
