@@ -38,7 +38,7 @@ def _reply(s, timeout=5.0):
 
 # ---------------------------------------------------------------------- load
 def test_backpressure_bounds_calls_in_flight_and_can_raise(rpc_world):
-    rpc_world(1, max_inflight_per_worker=8)
+    rpc_world(2, max_inflight_per_worker=8)
     agent = current_agent()
     rpc.rpc_sync("worker1", f.close_gate)
     seen, stop = [], threading.Event()
@@ -57,7 +57,8 @@ def test_backpressure_bounds_calls_in_flight_and_can_raise(rpc_world):
         t.start()
     time.sleep(0.5)
     assert sum(t.is_alive() for t in flooders) >= 3  # blocked: 8 slots, 40 calls
-    rpc.rpc_async("worker1", f.open_gate)  # waits for a slot too, then releases them all
+    # every slot to worker1 is taken: worker2 opens the gate for us
+    rpc.rpc_sync("worker2", f.nested_call, ("worker1", f.open_gate))
     for t in flooders:
         t.join(20)
     assert all(fut.wait(20) is True for fut in futs) and len(futs) == 40
@@ -70,7 +71,7 @@ def test_backpressure_bounds_calls_in_flight_and_can_raise(rpc_world):
     with pytest.raises(rpc.BackpressureError, match="8 calls"):
         rpc.rpc_async("worker1", f.add, (1, 2))
     agent.options.backpressure = "block"
-    rpc.rpc_async("worker1", f.open_gate)
+    rpc.rpc_sync("worker2", f.nested_call, ("worker1", f.open_gate))
     assert all(h.wait(10) for h in held)
 
 
