@@ -465,12 +465,14 @@ class Agent:
         return min(self.calls.next_deadline, self.owner.next_expiry)
 
     def on_tick(self, now):
-        for p in self.calls.expire(now):
-            if p.fut is not None:
-                self._complete(p.fut, None, RpcTimeoutError(
-                    f"RPC ran for more than set timeout ({p.timeout} s) calling {p.what} on "
-                    f"{self.describe(p.dst)}"))
-        self.owner.expire(now)
+        if now >= self.calls.next_deadline:  # read without the lock: a stale value only delays
+            for p in self.calls.expire(now):
+                if p.fut is not None:
+                    self._complete(p.fut, None, RpcTimeoutError(
+                        f"RPC ran for more than set timeout ({p.timeout} s) calling {p.what} "
+                        f"on {self.describe(p.dst)}"))
+        if now >= self.owner.next_expiry:
+            self.owner.expire(now)
         releases = self._releases
         if releases:
             by_src = {}
