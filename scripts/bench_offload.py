@@ -26,7 +26,6 @@ both ratios. Prints a table and one JSON line.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,38 +34,23 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from distgrad.offload.memory import (MEASURE_ENV, measure_steps,  # noqa: E402
+                                     measure_training_steps)
+
 VARIANTS = {
     "distgrad": ("distgrad", None),
     "distgrad-disk": ("distgrad", {"kind": "disk", "read": "read"}),
     "distgrad-disk-mmap": ("distgrad", {"kind": "disk", "read": "mmap"}),
+    "distgrad-disk-sync": ("distgrad", {"kind": "disk", "prefetch_bytes": 0}),
     "distgrad-store": ("distgrad", {"kind": "remote"}),
     "distgrad-tiered": ("distgrad", {"kind": "tiered", "memory_bytes": 16 << 20}),
     "torch": ("torch", None),
     "torch-disk-hooks": ("torch", "note"),
 }
-CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-             "MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 # ---------------------------------------------------------------- children
-def _measure(step, zero_grads, steps):
-    from distgrad.offload.memory import PeakMemory
-    step()                      # warm-up: .grad buffers, page cache, store connection
-    zero_grads()
-    times, peaks = [], []
-    for _ in range(steps):
-        pm = PeakMemory().start()
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-        peaks.append(pm.stop())
-        zero_grads()
-    return {"step_s": statistics.median(times), "peak_bytes": statistics.median(peaks),
-            "steps_s": times, "peaks": peaks, "memory_method": pm.method}
-
-
 def child_distgrad(args, spec, store):
-    import contextlib
     import distgrad
     from distgrad import nn
     from distgrad.offload import hooks_from_config
@@ -76,26 +60,13 @@ def child_distgrad(args, spec, store):
     x = distgrad.randn(args.batch, args.width)
     if spec:
         spec = dict(spec, policy={"min_bytes": 1 << 16})
-        if args.prefetch_bytes is not None:
+        if args.prefetch_bytes is not None and "prefetch_bytes" not in spec:
             spec["prefetch_bytes"] = args.prefetch_bytes
         if args.inflight_bytes is not None:
             spec["max_inflight_bytes"] = args.inflight_bytes
     hooks = hooks_from_config(spec, "bench", store=store) if spec else None
-
-    def step():
-        with hooks if hooks is not None else contextlib.nullcontext():
-            loss = model(x).pow(2).mean()
-        loss.backward()
-
-    def zero_grads():
-        for p in model.parameters():
-            p.grad.zero_()
-    out = _measure(step, zero_grads, args.steps)
+    out = measure_training_steps(model, x, hooks, args.steps)
     if hooks is not None:
-        hooks.flush()
-        stats = hooks.stats.as_dict()
-        out["stats"] = {k: v / (args.steps + 1) for k, v in stats.items()}  # per step,
-        # the warm-up step included
         hooks.close()
     return out
 
@@ -145,12 +116,34 @@ def child_torch(args, spec):
     def zero_grads():
         model.zero_grad(set_to_none=False)
     try:
-        return _measure(step, zero_grads, args.steps)
+        return measure_steps(step, zero_grads, args.steps)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- parent
+def read_costs(nbytes, repeats=21):
+    """Median seconds to read and verify one record of ``nbytes`` and touch its bytes, per
+    read mode, alternating the modes (the file is in the page cache, as right after
+    forward wrote it)."""
+    import numpy as np
+    from distgrad.offload.disk import READ_MODES, DiskTier
+    tiers = {mode: DiskTier(read=mode) for mode in READ_MODES}
+    data = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    for tier in tiers.values():
+        tier.put(0, data)
+        tier.flush()
+    times = {mode: [] for mode in READ_MODES}
+    for _ in range(repeats):
+        for mode, tier in tiers.items():
+            t0 = time.perf_counter()
+            tier.get(0).view(np.int64).sum()   # touch it, as backward will
+            times[mode].append(time.perf_counter() - t0)
+    for tier in tiers.values():
+        tier.close()
+    return {mode: sorted(t)[len(t) // 2] for mode, t in times.items()}
+
+
 def run_variant(name, args, store):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--batch", str(args.batch),
            "--width", str(args.width), "--layers", str(args.layers), "--steps", str(args.steps)]
@@ -160,7 +153,7 @@ def run_variant(name, args, store):
                         ("--inflight-bytes", args.inflight_bytes)):
         if value is not None:
             cmd += [flag, str(value)]
-    env = dict(os.environ, **CHILD_ENV)
+    env = dict(os.environ, **MEASURE_ENV)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
@@ -260,8 +253,12 @@ def main():
                             ("distgrad-store", 0.30, 1.30)):
         if name in results:
             target(name, mem, slow)
+    record = args.batch * args.width * 4
+    costs = read_costs(record)
+    print(f"read and verify one {record / (1 << 20):.0f} MiB record from the page cache: "
+          + ", ".join(f"{mode} {t * 1e3:.2f} ms" for mode, t in costs.items()))
     print(json.dumps({"bench": "offload", "shape": shape, "steps": args.steps,
-                      "results": results, "targets": targets}))
+                      "results": results, "targets": targets, "read_costs_s": costs}))
     return 0
 
 

@@ -19,7 +19,7 @@ coordinator sends it: ``hooks_from_config(table, namespace=context_id)``.
 from .contexts import save_on_disk, save_on_remote, save_tiered
 from .policy import OffloadPolicy
 
-__all__ = ["hooks_from_config", "KINDS", "KEYS"]
+__all__ = ["hooks_from_config", "check_config", "KINDS", "KEYS"]
 
 KINDS = ("none", "disk", "remote", "tiered")
 _INT_KEYS = ("memory_bytes", "prefetch_bytes", "max_inflight_bytes")
@@ -33,20 +33,8 @@ KEYS = {
 }
 
 
-def hooks_from_config(table, source="offload config", *, model=None, namespace=None,
-                      store=None):
-    """The hook object a table describes (None for ``kind = "none"``).
-
-    ``source`` names the file (and table) in error messages; ``model`` is what
-    the policy's module names refer to; ``namespace`` keeps a remote store's keys
-    apart (an autograd context id); ``store`` overrides the table's store (an
-    endpoint, a StoreClient or an RpcStore).
-
-    >>> hooks = hooks_from_config({"kind": "disk", "policy": {"min_bytes": 0}})
-    >>> type(hooks).__name__
-    'save_on_disk'
-    >>> hooks.close()
-    """
+def check_config(table, source="offload config"):
+    """Validate an offload table; return ``(kind, policy)``. Errors name the key and ``source``."""
     if not isinstance(table, dict):
         raise ValueError(f"{source}: the offload configuration must be a table")
     kind = table.get("kind", "disk")
@@ -63,9 +51,32 @@ def hooks_from_config(table, source="offload config", *, model=None, namespace=N
             raise ValueError(f"{source}: key {key!r} must be an integer >= 0, got {v!r}")
     if "read" in table and table["read"] not in ("read", "mmap"):
         raise ValueError(f"{source}: key 'read' must be 'read' or 'mmap', not {table['read']!r}")
+    if kind == "tiered" and "memory_bytes" not in table:
+        raise ValueError(f"{source}: kind 'tiered' needs key 'memory_bytes'")
+    for key in ("store", "directory"):
+        if key in table and not isinstance(table[key], str):
+            raise ValueError(f"{source}: key {key!r} must be a string, got {table[key]!r}")
+    policy = OffloadPolicy.from_dict(table.get("policy", {}), f"{source} [policy]")
+    return kind, policy
+
+
+def hooks_from_config(table, source="offload config", *, model=None, namespace=None,
+                      store=None):
+    """The hook object a table describes (None for ``kind = "none"``).
+
+    ``source`` names the file (and table) in error messages; ``model`` is what
+    the policy's module names refer to; ``namespace`` keeps a remote store's keys
+    apart (an autograd context id); ``store`` overrides the table's store (an
+    endpoint, a StoreClient or an RpcStore).
+
+    >>> hooks = hooks_from_config({"kind": "disk", "policy": {"min_bytes": 0}})
+    >>> type(hooks).__name__
+    'save_on_disk'
+    >>> hooks.close()
+    """
+    kind, policy = check_config(table, source)
     if kind == "none":
         return None
-    policy = OffloadPolicy.from_dict(table.get("policy", {}), f"{source} [policy]")
     common = {"policy": policy, "model": model}
     for key in ("prefetch_bytes", "max_inflight_bytes"):
         if key in table:
@@ -77,8 +88,6 @@ def hooks_from_config(table, source="offload config", *, model=None, namespace=N
         if store is None:
             raise ValueError(f"{source}: kind 'remote' needs key 'store' (the store's endpoint)")
         return save_on_remote(store, namespace=namespace, timeout=table.get("timeout"), **common)
-    if "memory_bytes" not in table:
-        raise ValueError(f"{source}: kind 'tiered' needs key 'memory_bytes'")
     return save_tiered(table["memory_bytes"], store=store, directory=table.get("directory"),
                        namespace=namespace, read=table.get("read", "read"),
                        timeout=table.get("timeout"), **common)
