@@ -13,8 +13,14 @@
     [offload.policy]             # see distgrad.offload.policy
     min_bytes = 65536
 
-A worker of a distributed pass builds its own hook object from the table the
-coordinator sends it: ``hooks_from_config(table, namespace=context_id)``.
+In a distributed pass each worker offloads its own graph segment under its own
+table, sent by the coordinator with the autograd context. On the worker:
+``hooks = hooks_from_config(table, f"worker {name}", namespace=context_id)`` when
+the context arrives; every request of that context runs inside ``with hooks:``
+(the hooks stack is per thread, so the handler thread enters it); when the
+coordinator says this worker's part of backward is about to start,
+``hooks.on_backward_start()`` starts reading ahead; when the context is released,
+``hooks.close()`` frees what is left (in a store: the context's namespace).
 """
 from .contexts import save_on_disk, save_on_remote, save_tiered
 from .policy import OffloadPolicy

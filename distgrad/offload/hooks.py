@@ -218,9 +218,6 @@ class OffloadHooks(saved_tensors_hooks):
             self.stats.add(tensors_kept=1)
             return _Kept(tensor.detach(), version)
         span, meta = span_of(data)
-        handle = _Saved()
-        handle.owner, handle.vc, handle.version = self, vc, version
-        handle.pass_gen = handle.plan_index = -1
         with self._cond:
             record = self._dedup.find(span, vc, version)
             if record is not None:
@@ -235,6 +232,9 @@ class OffloadHooks(saved_tensors_hooks):
                 self._dedup.add(span, record)
             self.stats.add(tensors_offloaded=1, bytes_offloaded=span.nbytes,
                            forward_wait_s=waited)
+        handle = _Saved()
+        handle.owner, handle.vc, handle.version = self, vc, version
+        handle.pass_gen = handle.plan_index = -1
         handle.record, handle.meta = record, meta
         with self._cond:
             handle.seq = next(self._seqs)
@@ -251,6 +251,8 @@ class OffloadHooks(saved_tensors_hooks):
             _check_version(t._vc, packed.version, t._data)
             return t
         _check_version(packed.vc, packed.version, packed.meta)
+        if self._closed:
+            raise RuntimeError(f"{self!r} was closed: the tensors it offloaded are gone")
         payload = self._prefetcher.take(packed, self._order)
         return _make(packed.meta.rebuild(payload))
 
