@@ -167,14 +167,18 @@ def test_no_store_there_is_an_error_naming_the_endpoint():
         fast_client("tcp://127.0.0.1:9", connect_timeout=0.5)
 
 
-def test_store_command_checks_its_options():
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "distgrad", "store", *args],
-                              capture_output=True, text=True, timeout=60)
-    out = run("--memory-bytes", "12X")
-    assert out.returncode == 2 and "--memory-bytes" in out.stderr and "12X" in out.stderr
-    out = run("--heartbeat-interval", "2", "--heartbeat-timeout", "1")
-    assert out.returncode == 2 and "--heartbeat-timeout must exceed" in out.stderr
-    help_text = run("--help").stdout
-    for word in ("DISTGRAD_STORE_MEMORY_BYTES", "default: 1G", "seconds"):
+def test_store_command_checks_its_options(capsys):
+    from distgrad.offload.store.command import main
+    for argv, message in ((["--memory-bytes", "12X"], "'12X' is not a byte count"),
+                          (["--heartbeat-interval", "2", "--heartbeat-timeout", "1"],
+                           "--heartbeat-timeout must exceed"),
+                          (["--heartbeat-timeout", "-1"], "must be between")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    for word in ("DISTGRAD_STORE_MEMORY_BYTES", "default: 1G", "SECONDS"):
         assert word in help_text

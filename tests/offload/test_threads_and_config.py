@@ -106,3 +106,71 @@ def test_policy_arguments_are_checked():
         save_on_disk(policy=OffloadPolicy(every_nth_layer=2))
     with pytest.raises(ValueError, match="not both"):
         save_on_disk(policy=OffloadPolicy(), min_bytes=3)
+
+
+def test_nested_hooks_the_innermost_wins(tmp_path):
+    import distgrad
+    outer, inner = save_on_disk(tmp_path, min_bytes=0), save_on_disk(tmp_path, min_bytes=0)
+    x = distgrad.randn(8, 8, requires_grad=True)
+    with outer:
+        a = (x * 2).exp()
+        with inner:
+            b = a.tanh()
+            with outer:                  # the same object, entered again inside
+                c = b.sin()
+        d = c.exp().sum()
+    assert (outer.stats.tensors_offloaded, inner.stats.tensors_offloaded) == (3, 1)
+    d.backward()
+    want = ((x * 2).exp().tanh().sin().exp().sum())
+    (g,) = distgrad.autograd.grad(want, x)
+    assert np.array_equal(x.grad.numpy(), g.numpy())
+    outer.close()
+    inner.close()
+
+
+def test_bytes_in_flight_are_bounded():
+    from distgrad.offload.tier import Tier
+
+    class Stuck(Tier):          # stores only when told to
+        def __init__(self):
+            super().__init__(max_inflight_bytes=2000)
+            self.started = []
+
+        def _start_put(self, key, payload):
+            self.started.append(key)
+    tier = Stuck()
+    tier.put(1, np.zeros(1500, np.uint8))
+    waited = []
+    t = threading.Thread(target=lambda: waited.append(tier.put(2, np.zeros(1000, np.uint8))))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive() and tier.started == [1]   # 2500 bytes would be in flight: it waits
+    tier._stored(1)
+    t.join(5)
+    assert tier.started == [1, 2] and waited[0] > 0.1
+    assert tier.get(2).nbytes == 1000             # still here until stored
+    tier._stored(2, RuntimeError("the disk is on fire"))
+    with pytest.raises(RuntimeError, match="on fire"):
+        tier.get(2)
+
+
+def test_experiment_config_errors_name_the_key_and_file(tmp_path):
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "offload_experiment.py")
+    spec = importlib.util.spec_from_file_location("offload_experiment", path)
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    cfg = tmp_path / "exp.toml"
+    base = '[model]\nbatch = 8\nwidth = 8\nlayers = 1\n[[run]]\nname = "none"\nkind = "none"\n'
+    cfg.write_text(base)
+    assert runner.load_config(str(cfg))["run"][0]["name"] == "none"
+    for extra, message in (('[experiment]\nstepz = 3\n', "unknown key 'stepz' in \\[experiment\\]"),
+                           ('[[run]]\nname = "d"\nkind = "disk"\nreed = "mmap"\n',
+                            "\\[\\[run\\]\\] 'd': unknown key 'reed'"),
+                           ('[[run]]\nname = "t"\nkind = "tiered"\n', "needs key 'memory_bytes'"),
+                           ('[modle]\n', "unknown table \\[modle\\]")):
+        cfg.write_text(base + extra)
+        with pytest.raises(ValueError, match=message) as info:
+            runner.load_config(str(cfg))
+        assert str(cfg) in str(info.value)
