@@ -3,18 +3,21 @@
     python scripts/bench_offload.py                 # B2048-D1024-L16 tanh MLP, float32
     python scripts/bench_offload.py --batch 256 --width 256 --layers 4 --steps 2   # quick
 
-Every variant runs in a fresh process: distgrad without offloading (the floor),
-with ``save_on_disk`` (plain reads and memory maps), with a ``distgrad store``
-process on this machine (ipc), with ``save_tiered`` (16 MiB in memory, then disk),
-and PyTorch without offloading and with the synchronous disk hooks of PyTorch's
-autograd note ("Saving tensors to disk": ``torch.save`` in pack, ``torch.load`` in
-unpack, one file per tensor of at least 1000 elements).
+Every variant runs in a fresh process of its own: distgrad without offloading
+(the floor), with ``save_on_disk`` (plain reads, memory maps, and without
+read-ahead), with a ``distgrad store`` process on this machine (ipc), with
+``save_tiered`` (16 MiB in memory, then disk), and PyTorch without offloading
+and with the synchronous disk hooks of PyTorch's autograd note ("Saving tensors
+to disk": ``torch.save`` in pack, ``torch.load`` in unpack, one file per tensor
+of at least 1000 elements). The processes run their steps in turns (one round =
+one step of each variant, :mod:`distgrad.offload.harness`), so a machine that
+gets busier slows all variants alike.
 
 What is measured, identically for all: after one warm-up step (it allocates the
 ``.grad`` buffers; later steps accumulate into them, zeroed in place), the peak
 RSS of the whole process during a step (forward + backward) above its RSS just
 before the step (the kernel's VmHWM, reset per step), and the step's wall time;
-medians over ``--steps`` steps. The children run NumPy/PyTorch on one thread
+medians over ``--steps`` rounds. The children run NumPy/PyTorch on one thread
 (``*_NUM_THREADS=1``, ``torch.set_num_threads(1)``), leaving the other core to
 I/O threads, and with ``MALLOC_MMAP_THRESHOLD_=65536`` so that a freed activation
 returns its pages to the OS at once and RSS tracks live memory (glibc would
@@ -26,7 +29,6 @@ both ratios. Prints a table and one JSON line.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +36,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from distgrad.offload.memory import (MEASURE_ENV, measure_steps,  # noqa: E402
-                                     measure_training_steps)
+from distgrad.offload.harness import Lockstep, serve_steps, serve_training  # noqa: E402
 
 VARIANTS = {
     "distgrad": ("distgrad", None),
@@ -65,10 +66,7 @@ def child_distgrad(args, spec, store):
         if args.inflight_bytes is not None:
             spec["max_inflight_bytes"] = args.inflight_bytes
     hooks = hooks_from_config(spec, "bench", store=store) if spec else None
-    out = measure_training_steps(model, x, hooks, args.steps)
-    if hooks is not None:
-        hooks.close()
-    return out
+    serve_training(model, x, hooks)
 
 
 def child_torch(args, spec):
@@ -116,7 +114,7 @@ def child_torch(args, spec):
     def zero_grads():
         model.zero_grad(set_to_none=False)
     try:
-        return measure_steps(step, zero_grads, args.steps)
+        serve_steps(step, zero_grads)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
@@ -144,21 +142,16 @@ def read_costs(nbytes, repeats=21):
     return {mode: sorted(t)[len(t) // 2] for mode, t in times.items()}
 
 
-def run_variant(name, args, store):
+def child_argv(name, args, store):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--batch", str(args.batch),
-           "--width", str(args.width), "--layers", str(args.layers), "--steps", str(args.steps)]
+           "--width", str(args.width), "--layers", str(args.layers)]
     if store:
         cmd += ["--store", store]
     for flag, value in (("--prefetch-bytes", args.prefetch_bytes),
                         ("--inflight-bytes", args.inflight_bytes)):
         if value is not None:
             cmd += [flag, str(value)]
-    env = dict(os.environ, **MEASURE_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return cmd
 
 
 def _mib(n):
@@ -170,7 +163,8 @@ def main():
     ap.add_argument("--batch", type=int, default=2048)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=3, help="measured steps per variant (median)")
+    ap.add_argument("--steps", type=int, default=5,
+                    help="measured rounds; each runs one step of every variant in turn")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated subset of: " + ", ".join(VARIANTS))
     ap.add_argument("--prefetch-bytes", type=int, default=None,
@@ -183,8 +177,10 @@ def main():
 
     if args.child:
         lib, spec = VARIANTS[args.child]
-        out = child_torch(args, spec) if lib == "torch" else child_distgrad(args, spec, args.store)
-        print(json.dumps(out))
+        if lib == "torch":
+            child_torch(args, spec)
+        else:
+            child_distgrad(args, spec, args.store)
         return 0
 
     names = [n for n in args.variants.split(",") if n]
@@ -197,14 +193,20 @@ def main():
         print("note: torch is not installed; the PyTorch variants are skipped")
         names = [n for n in names if VARIANTS[n][0] != "torch"]
     from distgrad.offload.store.command import spawn_store
-    results = {}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-offload-") as tmp:
         with spawn_store("--bind", f"ipc://{tmp}/store.sock", "--memory-bytes", "4G") \
                 as (endpoint, _):
-            for name in names:
-                t0 = time.perf_counter()
-                results[name] = run_variant(name, args, endpoint if "store" in name else None)
-                print(f"  {name}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+            argvs = {n: child_argv(n, args, endpoint if "store" in n else None) for n in names}
+            with Lockstep(argvs, env=env) as lockstep:
+                for i in range(args.steps):
+                    lockstep.round()
+                    print(f"  round {i + 1} of {args.steps} done after "
+                          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+                results = lockstep.summary()
+                for name, final in lockstep.finish().items():
+                    results[name]["stats"] = final.get("stats")
 
     def ratio(name, what):
         base = "torch" if name.startswith("torch") else "distgrad"

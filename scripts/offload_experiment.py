@@ -3,8 +3,10 @@
     python scripts/offload_experiment.py --config configs/offload_mlp.toml [--out DIR]
 
 Each ``[[run]]`` of the config (no offloading, disk, disk above a size threshold,
-the activation store, tiered, ...) runs in a fresh process: one warm-up step,
-then ``steps`` measured forward+backward steps. Written to the output directory:
+the activation store, tiered, ...) runs in a fresh process of its own: one
+warm-up step, then ``steps`` measured forward+backward steps, the processes
+taking turns step by step (so a machine that gets busier slows every run alike).
+Written to the output directory:
 
 * a table on stdout: step time, slowdown against the run named in
   ``[experiment] baseline``, peak memory and its ratio, bytes offloaded, dedup
@@ -32,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from distgrad.offload.config import check_config  # noqa: E402
-from distgrad.offload.memory import MEASURE_ENV, measure_training_steps  # noqa: E402
+from distgrad.offload.harness import Lockstep, serve_training  # noqa: E402
 from distgrad.offload.policy import load_toml_table  # noqa: E402
 
 SECTIONS = {
@@ -139,25 +141,16 @@ def child(config, index, endpoint):
     if store is not None:
         table.pop("store", None)
     hooks = hooks_from_config(table, f"run {run['name']!r}", model=model, store=store)
-    out = measure_training_steps(model, x, hooks, config["experiment"]["steps"],
-                                 config["experiment"]["timeline_interval"])
-    if hooks is not None:
-        hooks.close()
-    return out
+    serve_training(model, x, hooks, config["experiment"]["timeline_interval"])
 
 
 # ---------------------------------------------------------------- the experiment (parent)
-def run_child(config_path, index, endpoint):
+def child_argv(config_path, index, endpoint):
     cmd = [sys.executable, os.path.abspath(__file__), "--config", config_path,
            "--child", str(index)]
     if endpoint:
         cmd += ["--store", endpoint]
-    env = dict(os.environ, **MEASURE_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=6 * 3600)
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return cmd
 
 
 def _progress(items, desc):
@@ -167,12 +160,12 @@ def _progress(items, desc):
         print("note: install tqdm for a progress bar (pip install 'distgrad[offload]')",
               file=sys.stderr)
         return _plain_progress(items, desc)
-    return tqdm(items, desc=desc, unit="run", file=sys.stderr)
+    return tqdm(items, desc=desc, unit="round", file=sys.stderr)
 
 
 def _plain_progress(items, desc):
     for i, item in enumerate(items):
-        print(f"{desc}: run {i + 1} of {len(items)}", file=sys.stderr, flush=True)
+        print(f"{desc}: round {i + 1} of {len(items)}", file=sys.stderr, flush=True)
         yield item
 
 
@@ -272,13 +265,14 @@ def main(argv=None):
         print(f"offload_experiment: {e}", file=sys.stderr)
         return 2
     if args.child is not None:
-        print(json.dumps(child(config, args.child, args.store)))
+        child(config, args.child, args.store)
         return 0
 
     out_dir = args.out or os.path.join("runs", config["experiment"]["name"])
     os.makedirs(out_dir, exist_ok=True)
     needs_store = any(_run_store(run, "x") for run in config["run"])
-    results = {}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="offload-experiment-") as tmp:
         from contextlib import nullcontext
         from distgrad.offload.store.command import spawn_store
@@ -287,10 +281,17 @@ def main(argv=None):
         store_cm = spawn_store("--bind", bind, "--memory-bytes", st["memory_bytes"]) \
             if needs_store else nullcontext((None, None))
         with store_cm as (endpoint, _):
-            t0 = time.perf_counter()
-            for index in _progress(range(len(config["run"])), config["experiment"]["name"]):
-                name = config["run"][index]["name"]
-                results[name] = run_child(args.config, index, endpoint)
+            argvs = {run["name"]: child_argv(args.config, i,
+                                             endpoint if _run_store(run, endpoint) else None)
+                     for i, run in enumerate(config["run"])}
+            print(f"starting {len(argvs)} processes (they warm up together)", file=sys.stderr)
+            with Lockstep(argvs, env=env) as lockstep:
+                for _ in _progress(range(config["experiment"]["steps"]),
+                                   config["experiment"]["name"]):
+                    lockstep.round()
+                results = lockstep.summary()
+                for name, final in lockstep.finish().items():
+                    results[name]["stats"] = final.get("stats")
     rows = table(config, results)
     print_table(config, rows)
     pngs = plot(config, results, rows, out_dir)

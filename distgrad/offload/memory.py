@@ -9,8 +9,7 @@ import os
 import threading
 import time
 
-__all__ = ["rss_bytes", "PeakMemory", "MemoryTimeline", "MEASURE_ENV", "measure_steps",
-           "measure_training_steps"]
+__all__ = ["rss_bytes", "PeakMemory", "MemoryTimeline", "MEASURE_ENV"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -101,52 +100,3 @@ class MemoryTimeline:
 #: that RSS follows live memory (glibc would keep freed multi-MiB blocks in its heap).
 MEASURE_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "MALLOC_MMAP_THRESHOLD_": "65536"}
-
-
-def measure_steps(step, after_step, steps, timeline_interval=None):
-    """Run ``step()`` once to warm up, then ``steps`` times measured.
-
-    Returns medians of the step time and of the peak RSS above the RSS before each
-    step, the per-step values, and with ``timeline_interval`` the RSS over the
-    last step (seconds, bytes above its start). ``after_step()`` runs after each
-    step, outside the measurement (zero the gradients in place, say).
-    """
-    import statistics
-    step()
-    after_step()
-    times, peaks, timeline = [], [], None
-    for i in range(steps):
-        pm = PeakMemory().start()
-        sampler = MemoryTimeline(timeline_interval).start() \
-            if timeline_interval and i == steps - 1 else None
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-        if sampler is not None:
-            timeline = [(t, rss - pm.baseline) for t, rss in sampler.stop()]
-        peaks.append(pm.stop())
-        after_step()
-    return {"step_s": statistics.median(times), "peak_bytes": statistics.median(peaks),
-            "steps_s": times, "peaks": peaks, "memory_method": pm.method, "timeline": timeline}
-
-
-def measure_training_steps(model, inputs, hooks, steps, timeline_interval=None):
-    """:func:`measure_steps` of ``model(inputs).pow(2).mean().backward()``, forward under
-    ``hooks`` (an offloading hook object, or None), gradients zeroed in place between
-    steps; with ``stats``, the hook object's counters per step (warm-up included)."""
-    import contextlib
-
-    def step():
-        with hooks if hooks is not None else contextlib.nullcontext():
-            loss = model(inputs).pow(2).mean()
-        loss.backward()
-
-    def zero_grads():
-        for p in model.parameters():
-            p.grad.zero_()
-    out = measure_steps(step, zero_grads, steps, timeline_interval)
-    out["stats"] = None
-    if hooks is not None:
-        hooks.flush()
-        out["stats"] = {k: v / (steps + 1) for k, v in hooks.stats.as_dict().items()}
-    return out
