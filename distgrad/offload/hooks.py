@@ -5,7 +5,7 @@ store, memory with a budget); ``save_on_disk``, ``save_on_remote`` and
 ``save_tiered`` build it. What it guarantees, whatever the tier:
 
 * gradients are bit for bit those without offloading: the bytes come back
-  unchanged (checksummed on disk), at the same address alignment, with each saved
+  unchanged (checksummed on disk), aligned as at the source, with each saved
   tensor's own dtype, shape, strides and offset;
 * the same memory saved twice (``x`` and ``x.t()``, a slice of ``x``) is stored once
   (see :mod:`distgrad.offload.views`);

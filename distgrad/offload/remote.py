@@ -10,7 +10,7 @@ import itertools
 import os
 
 from .errors import StoreError
-from .tier import Tier, copy_aligned
+from .tier import Tier, frame_payload
 
 __all__ = ["RemoteTier", "remote_tier"]
 
@@ -44,7 +44,7 @@ class RemoteTier(Tier):
             blob = self.client.get(self.namespace, key, self._timeout)
         except StoreError as e:
             raise StoreError(f"saved tensor {key} cannot be brought back: {e}") from None
-        return copy_aligned(blob, align)
+        return frame_payload(blob, align)
 
     def _remove(self, key):
         self.client.delete(self.namespace, key)

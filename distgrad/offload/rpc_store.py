@@ -24,7 +24,7 @@ import threading
 
 from .errors import StoreError
 from .store.blobs import BlobStore
-from .tier import Tier, copy_aligned
+from .tier import Tier, frame_payload
 
 __all__ = ["serve_as_store", "stop_serving", "store_put", "store_get", "store_delete",
            "store_release", "store_stats", "RpcStore", "RpcTier"]
@@ -160,7 +160,7 @@ class RpcTier(Tier):
         except Exception as e:  # noqa: BLE001 - named, whatever RPC raised
             raise StoreError(f"saved tensor {key} cannot be brought back from "
                              f"{self.describe()}: {e}") from None
-        return copy_aligned(blob, align)
+        return frame_payload(blob, align)
 
     def _remove(self, key):
         from ..distributed import rpc

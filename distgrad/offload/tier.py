@@ -7,8 +7,8 @@ Every tier has the same life cycle for a record, written once here:
   acknowledgement), so a ``get`` before then is served from memory. Puts block
   only while more than ``max_inflight_bytes`` are on their way, so the forward
   pass cannot outrun the tier and balloon memory.
-* ``get(key, align)`` returns the bytes (read-only uint8, at address ``align`` mod
-  64 where the tier copies anyway); a failed store or read raises an
+* ``get(key, align)`` returns the bytes (read-only uint8, at an address agreeing with
+  ``align``, the source's, see :func:`frame_payload`); a failed store or read raises an
   :class:`~distgrad.offload.errors.OffloadError` naming the file or the store.
 * ``delete(key)`` frees the record, also while its put is still on its way.
 * ``holds(key)`` says whether a get would cost no I/O; ``flush()`` waits for
@@ -154,11 +154,20 @@ class Tier:
         raise NotImplementedError
 
 
-def copy_aligned(buf, align):
-    """``buf`` as a read-only uint8 array at address ``align`` mod 64 (copied only if needed)."""
-    from .records import ALIGN, aligned_empty
-    arr = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
-    if arr.ctypes.data % ALIGN != align % ALIGN:
+#: A received blob is used where it landed if its address agrees with the source's
+#: modulo this (NumPy's alignment of every dtype); otherwise it is copied.
+FRAME_ALIGN = 8
+
+
+def frame_payload(buf, align):
+    """A received blob as a read-only uint8 array whose address agrees with ``align``
+    modulo :data:`FRAME_ALIGN`, so every element is aligned as at the source; copied
+    only when it does not (a copy would double the bytes held while it is made).
+    NumPy's and OpenBLAS's results do not depend on alignment beyond that; the
+    disk tier, where it costs nothing, keeps the source's alignment mod 64."""
+    from .records import aligned_empty
+    arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    if arr.ctypes.data % FRAME_ALIGN != align % FRAME_ALIGN:
         out = aligned_empty(arr.nbytes, align)
         out[...] = arr
         arr = out
