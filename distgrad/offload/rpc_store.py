@@ -1,7 +1,11 @@
 """The activation store as a role of an RPC worker: spare memory of one worker holds
 another worker's activations, over the RPC connections the world already has.
 
-On the worker that serves (once; from its own code, or remotely)::
+The role is opt-in: ``distgrad.offload`` is not among the modules a worker runs
+for its peers by default, so the serving worker allows this module
+(``RpcBackendOptions(allowed_modules=["distgrad.offload.rpc_store"])``, or
+``distgrad worker --allow distgrad.offload.rpc_store``). Then, on it (once; from
+its own code, or remotely)::
 
     distgrad.offload.rpc_store.serve_as_store(2 << 30)
 

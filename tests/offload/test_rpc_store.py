@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(90)
 
 def test_an_rpc_worker_serves_as_store(rpc_world):
     from distgrad.offload.rpc_store import RpcStore
-    rpc_world(1)
+    rpc_world(1, allowed_modules=["distgrad.offload.rpc_store"])   # the role is opt-in
     store = RpcStore("worker1", memory_bytes=1 << 20)
     want = gradients(make_mlp, retain_graph=True)
     hooks = save_on_remote(store, policy=OffloadPolicy(min_bytes=0))
