@@ -17,7 +17,8 @@ What is measured, identically for all: after one warm-up step (it allocates the
 ``.grad`` buffers; later steps accumulate into them, zeroed in place), the peak
 RSS of the whole process during a step (forward + backward) above its RSS just
 before the step (the kernel's VmHWM, reset per step), and the step's wall time;
-medians over ``--steps`` rounds. The children run NumPy/PyTorch on one thread
+medians over ``--steps`` rounds (the slowdown is the median of the per-round
+ratios: steps of one round run moments apart). The children run NumPy/PyTorch on one thread
 (``*_NUM_THREADS=1``, ``torch.set_num_threads(1)``), leaving the other core to
 I/O threads, and with ``MALLOC_MMAP_THRESHOLD_=65536`` so that a freed activation
 returns its pages to the OS at once and RSS tracks live memory (glibc would
@@ -36,7 +37,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from distgrad.offload.harness import Lockstep, serve_steps, serve_training  # noqa: E402
+from distgrad.offload.harness import (Lockstep, serve_steps, serve_training,  # noqa: E402
+                                      slowdown)
 
 VARIANTS = {
     "distgrad": ("distgrad", None),
@@ -213,11 +215,12 @@ def main():
         r, b = results.get(name, {}), results.get(base, {})
         if what not in r or what not in b or not b[what]:
             return None
-        return r[what] / b[what]
+        return slowdown(r, b) if what == "step_s" else r[what] / b[what]
 
     shape = f"B{args.batch}-D{args.width}-L{args.layers}"
     print(f"\nActivation offloading, {shape} tanh MLP, float32, one forward+backward step "
-          f"(median of {args.steps}; peak = process peak RSS above its RSS before the step)")
+          f"(medians of {args.steps} rounds; slowdown = median of per-round ratios; "
+          "peak = process peak RSS above its RSS before the step)")
     head = (f"{'variant':<20}{'step s':>8}{'slowdown':>10}{'peak MiB':>10}{'mem ratio':>10}"
             f"{'offl MiB':>10}{'dedup MiB':>10}{'hit/miss':>10}{'fwd wait':>9}{'bwd wait':>9}")
     print(head)

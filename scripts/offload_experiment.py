@@ -8,9 +8,9 @@ warm-up step, then ``steps`` measured forward+backward steps, the processes
 taking turns step by step (so a machine that gets busier slows every run alike).
 Written to the output directory:
 
-* a table on stdout: step time, slowdown against the run named in
-  ``[experiment] baseline``, peak memory and its ratio, bytes offloaded, dedup
-  savings, I/O wait in forward and backward;
+* a table on stdout: step time; slowdown against the run named in
+  ``[experiment] baseline`` (the median of the per-round ratios); peak memory
+  and its ratio; bytes offloaded; dedup savings; I/O wait in forward and backward;
 * ``results.json``: the same, with per-step values and the memory timelines;
 * ``memory.png`` (RSS over the last step, per run) and ``tradeoff.png`` (step time
   against memory saved), if matplotlib is installed (``pip install
@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from distgrad.offload.config import check_config  # noqa: E402
-from distgrad.offload.harness import Lockstep, serve_training  # noqa: E402
+from distgrad.offload.harness import Lockstep, serve_training, slowdown  # noqa: E402
 from distgrad.offload.policy import load_toml_table  # noqa: E402
 
 SECTIONS = {
@@ -180,7 +180,7 @@ def table(config, results):
         s = r["stats"] or {}
         rows.append({
             "run": run["name"], "step_s": r["step_s"],
-            "slowdown": r["step_s"] / base["step_s"] if "step_s" in base else None,
+            "slowdown": slowdown(r, base),
             "peak_bytes": r["peak_bytes"],
             "peak_ratio": r["peak_bytes"] / base["peak_bytes"]
             if base.get("peak_bytes") else None,

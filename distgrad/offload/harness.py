@@ -11,6 +11,7 @@ is set up and warmed up, is ``{"ready": true}``.
 import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -18,7 +19,7 @@ import time
 
 from .memory import MEASURE_ENV, PeakMemory, MemoryTimeline
 
-__all__ = ["serve_steps", "serve_training", "Lockstep"]
+__all__ = ["serve_steps", "serve_training", "Lockstep", "slowdown"]
 
 
 def serve_training(model, inputs, hooks, timeline_interval=None):
@@ -83,10 +84,11 @@ class Lockstep:
     run one measured step in turn; ``summary()`` gives ``{name: {"step_s",
     "peak_bytes" (medians), "steps_s", "peaks", "timeline" (of the last step)}}``
     or ``{"error": ...}`` for a child that died; ``finish()`` collects each
-    child's final JSON. Leaving a ``with`` block kills and reaps what is left.
+    child's final JSON. A child silent for ``timeout`` seconds is killed and
+    reported. Leaving a ``with`` block kills and reaps what is left.
     """
 
-    def __init__(self, variants, env=None, timeout=3600.0):
+    def __init__(self, variants, env=None, timeout=1800.0):
         child_env = dict(os.environ, **MEASURE_ENV, **(env or {}))
         self.timeout = timeout
         self.children = {}
@@ -110,13 +112,23 @@ class Lockstep:
 
     def _read(self, name):
         proc = self.children[name]
-        line = proc.stdout.readline()
+        ready, _, _ = select.select([proc.stdout], [], [], self.timeout)
+        if not ready:
+            proc.kill()
+            self.errors[name] = f"no answer within {self.timeout:g} s"
+            line = ""
+        else:
+            line = proc.stdout.readline()
         if not line:
-            proc.wait(self.timeout)
-            self._stderr[name].seek(0)
-            err = self._stderr[name].read().strip().splitlines()
-            self.errors[name] = err[-1] if err else f"exited with {proc.returncode}"
-            del self.children[name]
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            if name not in self.errors:
+                self._stderr[name].seek(0)
+                err = self._stderr[name].read().strip().splitlines()
+                self.errors[name] = err[-1] if err else f"exited with {proc.returncode}"
+            self._reap(name)
             return None
         return json.loads(line)
 
@@ -162,17 +174,25 @@ class Lockstep:
         self.close()
         return finals
 
+    def _reap(self, name):
+        proc = self.children.pop(name)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+        for stream in (proc.stdin, proc.stdout):
+            stream.close()
+        self._stderr.pop(name).close()
+
     def close(self):
-        for proc in self.children.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.children.values():
-            proc.wait(30)
-            for stream in (proc.stdin, proc.stdout):
-                stream.close()
-        for f in self._stderr.values():
-            f.close()
-        self.children, self._stderr = {}, {}
+        for name in list(self.children):
+            self._reap(name)
+
+
+def slowdown(result, base):
+    """Median over rounds of ``result``'s step time over ``base``'s in the same round:
+    steps of one round ran moments apart, so load that comes and goes cancels out."""
+    pairs = list(zip(result.get("steps_s", ()), base.get("steps_s", ())))
+    return _median([r / b for r, b in pairs if b]) if pairs else None
 
 
 def _median(values):

@@ -130,18 +130,12 @@ class OffloadHooks(saved_tensors_hooks):
                  prefetch_bytes=DEFAULT_PREFETCH_BYTES, owns_tier=True):
         super().__init__(self._pack, self._unpack)
         self.tier = check_tier(tier)
-        if policy is None:
-            policy = OffloadPolicy(min_bytes=DEFAULT_MIN_BYTES if min_bytes is None else min_bytes)
-        elif not isinstance(policy, OffloadPolicy):
-            raise TypeError(f"policy must be an OffloadPolicy, not {type(policy).__name__}")
-        elif min_bytes is not None:
-            raise ValueError("give min_bytes either as an argument or in the policy, not both")
-        if prefetch_bytes < 0:
-            raise ValueError(f"prefetch_bytes must be >= 0, got {prefetch_bytes}")
-        if policy.tracks_modules and model is None and (
-                (policy.every_nth_layer > 1 and not policy.layers)):
-            raise ValueError("every_nth_layer without 'layers' counts the model's children: "
-                             "pass model=")
+        try:
+            policy = self._check(policy, min_bytes, model, prefetch_bytes)
+        except Exception:
+            if owns_tier:
+                tier.close()
+            raise
         self.policy = policy
         self.model = model
         self.stats = OffloadStats()
@@ -157,6 +151,21 @@ class OffloadHooks(saved_tensors_hooks):
         self._prefetcher = _Prefetcher(self.tier, self.stats, self._cond, prefetch_bytes)
         self._finalizer = weakref.finalize(self, _shutdown, self._prefetcher,
                                            self.tier if owns_tier else None)
+
+    @staticmethod
+    def _check(policy, min_bytes, model, prefetch_bytes):
+        if policy is None:
+            policy = OffloadPolicy(min_bytes=DEFAULT_MIN_BYTES if min_bytes is None else min_bytes)
+        elif not isinstance(policy, OffloadPolicy):
+            raise TypeError(f"policy must be an OffloadPolicy, not {type(policy).__name__}")
+        elif min_bytes is not None:
+            raise ValueError("give min_bytes either as an argument or in the policy, not both")
+        if prefetch_bytes < 0:
+            raise ValueError(f"prefetch_bytes must be >= 0, got {prefetch_bytes}")
+        if policy.every_nth_layer > 1 and not policy.layers and model is None:
+            raise ValueError("every_nth_layer without 'layers' counts the model's children: "
+                             "pass model=")
+        return policy
 
     # ------------------------------------------------------------ context
     def __enter__(self):

@@ -68,7 +68,8 @@ def test_memory_tier_evicts_what_backward_needs_last(tmp_path):
 
 def test_policy_from_toml_and_errors_naming_key_and_file(tmp_path):
     good = tmp_path / "good.toml"
-    good.write_text('[offload]\nkind = "tiered"\nmemory_bytes = 4096\n'
+    good.write_text(f'[offload]\nkind = "tiered"\nmemory_bytes = 4096\n'
+                    f'directory = "{tmp_path}"\n'
                     '[offload.policy]\nmin_bytes = 10\nexclude_modules = ["head"]\n')
     table = load_toml_table(good, "offload")
     hooks = hooks_from_config(table, str(good))
@@ -99,13 +100,14 @@ def test_policy_from_toml_and_errors_naming_key_and_file(tmp_path):
         load_toml_table(good, "nothing")
 
 
-def test_policy_arguments_are_checked():
+def test_policy_arguments_are_checked(tmp_path):
     with pytest.raises(TypeError, match="exclude_modules must be a list"):
         OffloadPolicy(exclude_modules=[3])
     with pytest.raises(ValueError, match="every_nth_layer without 'layers'.*model="):
-        save_on_disk(policy=OffloadPolicy(every_nth_layer=2))
+        save_on_disk(tmp_path, policy=OffloadPolicy(every_nth_layer=2))
     with pytest.raises(ValueError, match="not both"):
-        save_on_disk(policy=OffloadPolicy(), min_bytes=3)
+        save_on_disk(tmp_path, policy=OffloadPolicy(), min_bytes=3)
+    assert list(tmp_path.iterdir()) == []     # the refused objects' tiers are closed
 
 
 def test_nested_hooks_the_innermost_wins(tmp_path):
