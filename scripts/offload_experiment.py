@@ -25,7 +25,6 @@ script starts (``[store]``) and stops. A progress bar shows if tqdm is installed
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
