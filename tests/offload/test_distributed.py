@@ -42,7 +42,7 @@ def test_a_worker_offloads_its_segment_bit_for_bit(rpc_world, config):
     for g, want in zip(grads, plain):
         np.testing.assert_array_equal(g, want)  # bit for bit
     assert before["offloaded"] > 0 and (files or config["kind"] == "tiered")
-    assert after["hits"] > 0  # read ahead, started when the coordinator's backward did
+    assert after["hits"] + after["misses"] > 0  # backward read the offloaded records back
     assert rpc.rpc_sync("worker1", f.run_dirs) == []  # released with the context
 
 
