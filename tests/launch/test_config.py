@@ -1,0 +1,161 @@
+"""Launch configs: every way a config can be wrong fails before anything starts, with
+an error naming the key, the file and the line (or the command-line override)."""
+import textwrap
+
+import pytest
+
+from distgrad.launch.config import ConfigError, key_lines, load_config, parse_override
+from distgrad.launch.resolve import plan
+from distgrad.launch.command import _prepare
+
+pytestmark = pytest.mark.timeout(60)
+
+BASE = """\
+[run]
+steps = 4
+
+[world]
+workers = 2
+
+[model]
+factory = "mlp"
+kwargs = { sizes = [2, 8, 8, 2] }
+
+[data]
+source = "spirals"
+kwargs = { n = 128 }
+batch_size = 16
+
+[optim]
+name = "Adam"
+lr = 0.01
+"""
+
+
+def write(tmp_path, text=BASE, name="c.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def resolve(path, overrides=()):
+    """What `distgrad launch` does before starting anything."""
+    class Args:
+        config, local = path, True
+    Args.overrides = list(overrides)
+    return _prepare(Args)
+
+
+def test_a_good_config_gets_its_defaults(tmp_path):
+    config = load_config(write(tmp_path), ["optim.lr=0.5", "world.transport=tcp"])
+    assert config["optim"]["lr"] == 0.5 and config["world"]["transport"] == "tcp"
+    assert config["run"]["name"] == "c"                    # the file's name
+    assert config["pipeline"] == {"micro_batches": 1, "schedule": "gpipe"}
+    assert config["checkpoint"] == {"every": 0, "keep": 2}
+    assert config["hooks"] == [] and config["offload"] == {}
+    p = plan(config)
+    assert p.balance == [2, 3] and p.layers == [(0, 2), (2, 5)]
+    assert "distgrad.launch.stage" in p.worker_modules()
+
+
+def test_key_lines_follow_tables_arrays_and_dotted_keys():
+    lines = key_lines("[run]\nsteps = 1\n\n[[hooks]]\nref = 'a:b'\n[[hooks]]\nref = 'c:d'\n"
+                      "[model]\nkwargs.sizes = [1]\n")
+    assert lines["run.steps"] == 2 and lines["hooks.0.ref"] == 5 and lines["hooks.1.ref"] == 7
+    assert lines["model.kwargs.sizes"] == 9
+
+
+@pytest.mark.parametrize("edit, key, line, words", [
+    (("[run]\n", "[runs]\n"), "runs", 1, "unknown table"),
+    (("steps = 4", "steps = 4\nstep = 3"), "run.step", 3, "unknown key"),
+    (("steps = 4", 'steps = "four"'), "run.steps", 2, "expected an integer, got a string"),
+    (("steps = 4", "steps = true"), "run.steps", 2, "expected an integer, got a boolean"),
+    (("steps = 4", "steps = 0"), "run.steps", 2, "at least 1"),
+    (("steps = 4", "epochs = 2\nsteps = 4"), "run.epochs", 2, "not both"),
+    (("steps = 4", "seed = 1"), "run.steps", 1, "missing"),
+    (('factory = "mlp"\n', ""), "model.factory", 7, "missing"),
+    (('source = "spirals"\n', ""), "data.source", 11, "missing"),
+    (("batch_size = 16\n", ""), "data.batch_size", 11, "missing"),
+    (("workers = 2", 'workers = 2\nstrategy = "ddp"'), "world.strategy", 6, "'ddp' is not supported"),
+    (("workers = 2", 'workers = 2\ntransport = "udp"'), "world.transport", 6, "one of 'ipc', 'tcp'"),
+    (("workers = 2", "workers = 2\nrpc_timeout = -5"), "world.rpc_timeout", 6, "at least 0"),
+    (("[optim]", "[pipeline]\nbalance = [1, 2, 2]\n[optim]"), "pipeline.balance", 17, "3 stages"),
+    (("[optim]", "[pipeline]\nmicro_batches = 17\n[optim]"), "pipeline.micro_batches", 17,
+     "cannot split data.batch_size 16"),
+    (("[optim]", '[pipeline]\nschedule = "zigzag"\n[optim]'), "pipeline.schedule", 17, "one of"),
+    (('factory = "mlp"', 'factory = "not a name"'), "model.factory", 8, "neither a built-in"),
+    (("[run]\n", "offload = 3\n[run]\n"), "offload", 1, "expected a table"),
+    (("[optim]", '[[hooks]]\nref = "no colon"\n[optim]'), "hooks.0.ref", 17, "module:qualname"),
+    (("[optim]", "[[hooks]]\nevery = 2\n[optim]"), "hooks.0.ref", 16, "missing"),
+    (("[optim]", "[checkpoint]\nevery = 1.5\n[optim]"), "checkpoint.every", 17, "an integer"),
+])
+def test_config_errors_name_key_file_and_line(tmp_path, edit, key, line, words):
+    path = write(tmp_path, BASE.replace(*edit))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    e = info.value
+    assert (e.key, e.source, e.line) == (key, path, line), str(e)
+    assert words in str(e) and f"{path}:{line}: {key}:" in str(e)
+
+
+@pytest.mark.parametrize("edit, key, words", [
+    (('factory = "mlp"', 'factory = "nosuchmodule:f"'), "model.factory", "cannot import 'nosuchmodule'"),
+    (('factory = "mlp"', 'factory = "distgrad.launch.models:nope"'), "model.factory", "has no 'nope'"),
+    (('factory = "mlp"', 'factory = "cnn"'), "model.factory", "not a built-in name (known: mlp)"),
+    (("sizes = [2, 8, 8, 2] }", "sizes = [2, 8, 8, 2], depth = 3 }"), "model.kwargs.depth",
+     "unexpected keyword argument 'depth'"),
+    (("sizes = [2, 8, 8, 2] }", "sizes = [2, -1] }"), "model.factory", "building the model failed"),
+    (('factory = "mlp"\nkwargs = { sizes = [2, 8, 8, 2] }',
+      'factory = "distgrad.launch.data:spirals"'), "model.factory", "must return an nn.Sequential"),
+    (("kwargs = { n = 128 }", "kwargs = { m = 128 }"), "data.kwargs.m", "unexpected keyword"),
+    (('name = "Adam"', 'name = "Adamm"'), "optim.name", "not a built-in name"),
+    (("lr = 0.01", "lr = 0.01\nmomentun = 0.9"), "optim.momentun", "unexpected keyword"),
+    (("lr = 0.01", "lr = -1.0"), "optim.lr", "Adam (lr = -1.0): Invalid learning rate"),
+    (("workers = 2", "workers = 9"), "world.workers", "9 stages need at least 9 layers"),
+    (("[optim]", "[pipeline]\nbalance = [1, 1]\n[optim]"), "pipeline.balance",
+     "covers 2 layers but the model has 5"),
+    (("[optim]", '[[hooks]]\nref = "distgrad.launch.hooks:clip_grad_norm"\nmax_nrm = 1\n[optim]'),
+     "hooks.0.max_nrm", "unexpected keyword argument 'max_nrm'"),
+    (("[optim]", '[[hooks]]\nref = "distgrad.launch.hooks:clip_grad_norm"\n[optim]'),
+     "hooks.0", "missing a required argument: 'max_norm'"),
+])
+def test_references_and_arguments_are_checked_before_starting(tmp_path, edit, key, words):
+    path = write(tmp_path, BASE.replace(*edit))
+    with pytest.raises(ConfigError) as info:
+        resolve(path)
+    assert info.value.key == key and words in str(info.value), str(info.value)
+    assert info.value.source == path and info.value.line is not None
+
+
+def test_overrides_are_toml_or_strings_and_errors_name_them(tmp_path):
+    assert parse_override("optim.lr=1e-3") == (["optim", "lr"], 1e-3)
+    assert parse_override("pipeline.balance=[2, 3]") == (["pipeline", "balance"], [2, 3])
+    assert parse_override("data.source=spirals") == (["data", "source"], "spirals")
+    path = write(tmp_path)
+    with pytest.raises(ConfigError, match=r"command line override 'run.steps=lots': run.steps: "
+                                          r"expected an integer"):
+        load_config(path, ["run.steps=lots"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(path, ["run.steps"])
+    with pytest.raises(ConfigError, match="run.steps is not a table"):
+        load_config(path, ["run.steps.x=1"])
+    with pytest.raises(ConfigError, match=r"entries of \[\[hooks\]\]"):
+        load_config(write(tmp_path, BASE + '[[hooks]]\nref = "a:b"\n', "h.toml"), ["hooks.0.ref=c:d"])
+    with pytest.raises(ConfigError, match="override 'optim.lrr=1'.*unexpected keyword"):
+        resolve(path, ["optim.lrr=1"])
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"missing.toml: cannot read the config"):
+        load_config(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match=r"c.toml: not valid TOML: .*line 2"):
+        load_config(write(tmp_path, "[run]\nsteps = = 3\n"))
+
+
+def test_scheduler_world_size_must_match_the_config(tmp_path, monkeypatch):
+    from distgrad.launch.environment import detect
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "localhost"}
+    with pytest.raises(ValueError, match="SLURM_NTASKS=4 but the config's world.workers "
+                                         "needs 3 processes"):
+        detect(2, env)
