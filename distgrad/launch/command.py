@@ -50,10 +50,12 @@ class _HelpConfig(argparse.Action):
         parser.exit()
 
 
-def add_arguments(p):
+def add_arguments(p, rest=argparse.REMAINDER):
     p.add_argument("config", help="the TOML config of the run (see configs/*.toml and "
                                   "--help-config)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+    # REMAINDER, read again by _intermixed: argparse alone would not take overrides that
+    # follow an option (`cfg.toml --trace t.json optim.lr=0.1`)
+    p.add_argument("overrides", nargs=rest, metavar="KEY=VALUE",
                    help="replace config values, e.g. optim.lr=0.01 world.workers=3 "
                         "(values are TOML; a bare word is a string)")
     p.add_argument("--resume", action="store_true",
@@ -85,6 +87,13 @@ def add_arguments(p):
     p.add_argument("--help-config", action=_HelpConfig,
                    help="list every config key with its meaning and default, and exit")
     return p
+
+
+def _intermixed(args):
+    """Options and overrides in any order after the config (see add_arguments)."""
+    parser = add_arguments(argparse.ArgumentParser(prog="distgrad launch", description=HELP),
+                           rest="*")
+    return parser.parse_intermixed_args([args.config, *args.overrides], namespace=args)
 
 
 def _fail(message):
@@ -171,6 +180,7 @@ def run(args, parser=None):
     from .console import Console, plot_loss
     from .supervisor import Supervisor
 
+    args = _intermixed(args)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # user modules named in the config
     try:
@@ -191,7 +201,7 @@ def run(args, parser=None):
     launch = {"version": __version__, "command": sys.argv, "config_file":
               os.path.abspath(args.config), "overrides": list(args.overrides),
               "config": config, "trace": os.path.abspath(args.trace) if args.trace else None}
-    console.note(f"run directory {run_dir}; {layout.kind} launch, ranks "
+    console.note(f"run directory {run_dir}; {layout.kind} launch, "
                  f"{_span(layout.ranks)} of {layout.world_size}; model "
                  f"{resolved.parameters:,} parameters in {len(resolved.layers)} stages "
                  f"(layers {resolved.balance})")
@@ -222,7 +232,7 @@ def run(args, parser=None):
 
 
 def _span(ranks):
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+    return f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}"
 
 
 def _report(outcome, run_dir, records, console, plot_loss, coordinator_here):

@@ -346,7 +346,7 @@ def _options(world):
     cfg = world["config"]
     hb = cfg["heartbeat_timeout"]
     return rpc.RpcBackendOptions(
-        init_method=world["init_method"], transport=cfg["transport"],
+        init_method=world["init_method"], transport=world["transport"],
         bind_addr=world.get("bind_addr") or cfg["bind_addr"], rpc_timeout=cfg["rpc_timeout"],
         heartbeat_interval=min(0.5, hb / 4), heartbeat_timeout=hb,
         rendezvous_timeout=cfg["rendezvous_timeout"])

@@ -36,6 +36,9 @@ class Layout:
         self.rendezvous = rendezvous   # None: local, made by the supervisor
         self.run_id = run_id           # names the run directory all launchers share
         self.bind_addr = bind_addr     # None: the config's world.bind_addr
+        # processes started by different launchers may be on different hosts: unix
+        # sockets would not reach them
+        self.transport = None if kind == "local" else "tcp"
 
     @property
     def local(self):

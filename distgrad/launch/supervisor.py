@@ -122,10 +122,11 @@ class Supervisor:
             rendezvous = f"ipc://{self._tmp}/rendezvous-{attempt}.sock"
         workers = [f"worker{r}" for r in range(1, self.layout.world_size)]
         bind = self.layout.bind_addr or self.config["world"]["bind_addr"]
+        self.transport = self.layout.transport or self.config["world"]["transport"]
         if 0 in self.layout.ranks:
             launch = dict(self.launch, resume_from=resume_from, attempt=attempt,
                           world={"init_method": rendezvous, "workers": workers,
-                                 "bind_addr": bind})
+                                 "bind_addr": bind, "transport": self.transport})
             write_json(os.path.join(self.run_dir, LAUNCH), launch)
         for rank in self.layout.ranks:
             self._spawn(rank, "coordinator" if rank == 0 else workers[rank - 1], rendezvous, bind)
@@ -139,7 +140,7 @@ class Supervisor:
         world = self.config["world"]
         cmd = [sys.executable, "-m", "distgrad", "worker", "--name", name, "--rank", str(rank),
                "--world-size", str(self.layout.world_size), "--init-method", rendezvous,
-               "--transport", world["transport"], "--bind-addr", bind,
+               "--transport", self.transport, "--bind-addr", bind,
                "--rpc-timeout", str(world["rpc_timeout"]),
                "--rendezvous-timeout", str(world["rendezvous_timeout"])]
         for module in self.worker_modules:
@@ -260,6 +261,8 @@ class Supervisor:
         self._kill_all()
 
     def _follow_metrics(self):
+        if 0 not in self.layout.ranks:  # the coordinator's launcher shows the progress
+            return
         records = self.tail.read()
         if records:
             self.records.extend(records)

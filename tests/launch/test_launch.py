@@ -196,3 +196,26 @@ def test_a_worker_exit_status_is_the_launch_status_and_restarts_resume(
     finally:
         sys.path.remove(str(tmp_path))
     assert restarts.losses() == expected
+
+
+@pytest.mark.slow
+def test_under_torchrun_every_rank_runs_its_own_launcher(tiny_config, tmp_path, request):
+    """torchrun's agent holds MASTER_PORT: rank 0 publishes its rendezvous in the agent's
+    store. Costs ~18 s of CPU (every rank imports torch): runs with ``-m slow`` only."""
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("about 18 s of CPU: run with -m slow")
+    pytest.importorskip("torch")
+    import subprocess
+    from launch_support import ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+         "-m", "distgrad", "launch", str(tiny_config), "--no-progress", "--no-plot"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "torchrun launch, rank 0 of 3" in done.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").open()
+              if '"loss"' in line]
+    assert losses == reference(tiny_config)
