@@ -58,8 +58,8 @@ def window_rate(times, batch, warmup):
     if n < 5:
         return batch * n / (times[-1] - times[0])
     edges = [round(i * n / 5) for i in range(6)]
-    return statistics.median(batch * (edges[i + 1] - edges[i]) / (times[edges[i + 1]] - times[edges[i]])
-                             for i in range(5))
+    return statistics.median(batch * (b - a) / (times[b] - times[a])
+                             for a, b in zip(edges[:-1], edges[1:]))
 
 
 # -- one process ------------------------------------------------------------------
@@ -167,6 +167,8 @@ def torch_run(mode, micro, steps, warmup, workdir):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke test)")
+    parser.add_argument("--size", choices=sorted(CONFIGS), action="append",
+                        help="only this size (repeatable; default: both)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -182,6 +184,7 @@ def main(argv=None):
                            "micro": [1, 4], "extra": []},
             "wide": {"steps": 12 if args.quick else 36, "warmup": 3,
                      "micro": [1, 4, 8], "extra": []}}
+    plan = {size: p for size, p in plan.items() if not args.size or size in args.size}
     rows = []
     workdir = tempfile.mkdtemp(prefix="bench-launch-")
     try:
@@ -209,7 +212,7 @@ def main(argv=None):
             import torch  # noqa: F401
         except ImportError:
             torch = None
-        if torch is not None:
+        if torch is not None and "wide" in plan:
             steps, warmup = plan["wide"]["steps"], plan["wide"]["warmup"]
             single = torch_run("torch-single", 1, steps, warmup, workdir)
             rows.append({"size": "wide", "what": "torch: one process, 1 thread", "rate": single,
@@ -217,7 +220,8 @@ def main(argv=None):
             for micro in (4, 8):
                 rate = torch_run("torch-gpipe", micro, steps, warmup, workdir)
                 rows.append({"size": "wide", "what": f"torch: GPipe over gloo, 2 stages, "
-                             f"{micro} micro-batches", "rate": rate, "vs_one_thread": rate / single})
+                             f"{micro} micro-batches", "rate": rate,
+                             "vs_one_thread": rate / single})
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -206,7 +206,7 @@ def run(args, parser=None):
                  f"{resolved.parameters:,} parameters in {len(resolved.layers)} stages "
                  f"(layers {resolved.balance})")
     attempt, restarts = 0, config["run"]["max_restarts"]
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         while True:
             supervisor = Supervisor(run_dir, layout, launch, console,

@@ -14,16 +14,24 @@ __all__ = ["Console", "MetricsTail", "plot_loss"]
 
 
 class MetricsTail:
-    """New records of a JSON-lines file, read incrementally (complete lines only)."""
+    """New records of a JSON-lines file, read incrementally (complete lines only).
+
+    ``restarted`` turns true when the file was replaced (a resumed run rewrites it):
+    the records read so far are then stale.
+    """
 
     def __init__(self, path):
-        self.path, self._offset, self._partial = path, 0, b""
+        self.path, self._offset, self._partial, self._inode = path, 0, b"", None
+        self.restarted = False
 
     def read(self):
+        self.restarted = False
         try:
             with open(self.path, "rb") as fh:
-                if os.fstat(fh.fileno()).st_size < self._offset:  # rewritten on resume
-                    self._offset, self._partial = 0, b""
+                inode = os.fstat(fh.fileno()).st_ino
+                if inode != self._inode:
+                    self.restarted = self._inode is not None
+                    self._inode, self._offset, self._partial = inode, 0, b""
                 fh.seek(self._offset)
                 chunk = fh.read()
         except OSError:

@@ -24,8 +24,6 @@ import threading
 import time
 from collections import deque
 
-import numpy as np
-
 from distgrad.distributed import rpc
 
 from . import checkpoint as ckpt
@@ -33,10 +31,9 @@ from . import stage as _stage
 from . import trace as _trace
 from .data import Batches, micro_batches, split
 from .resolve import plan
+from .rundir import FAILURE, LAUNCH, METRICS, RESULT, write_json
 
-__all__ = ["Coordinator", "StageFailure", "main", "write_json"]
-
-FAILURE, RESULT, METRICS, LAUNCH = "failure.json", "result.json", "metrics.jsonl", "launch.json"
+__all__ = ["Coordinator", "StageFailure", "main"]
 
 
 class StageFailure(Exception):
@@ -45,14 +42,6 @@ class StageFailure(Exception):
     def __init__(self, record):
         super().__init__(record["message"])
         self.record = record
-
-
-def write_json(path, obj):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.write("\n")
-    os.replace(tmp, path)
 
 
 def _error_of(future):
@@ -230,8 +219,12 @@ class Coordinator:
                         continue
                     if rec.get("step", 0) <= self.start:
                         kept.append(line if line.endswith("\n") else line + "\n")
-        self.metrics = open(path, "w", encoding="utf-8")
+        # a new file, renamed into place: a reader of the old one sees it replaced
+        tmp = f"{path}.tmp-{os.getpid()}"
+        self.metrics = open(tmp, "w", encoding="utf-8")
         self.metrics.writelines(kept)
+        self.metrics.flush()
+        os.replace(tmp, path)
         self._log({"event": "start", "step": self.start, "total_steps": self.total,
                    "batch_size": self.config["data"]["batch_size"],
                    "stages": len(self.workers), "time": time.time()})

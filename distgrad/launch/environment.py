@@ -93,7 +93,8 @@ def detect(workers, env=None, force_local=False):
         host = first_host(env.get("SLURM_JOB_NODELIST") or socket.gethostname())
         multi = _int_env(env, "SLURM_JOB_NUM_NODES") > 1 if env.get("SLURM_JOB_NUM_NODES") \
             else False
-        return Layout("slurm", size, [rank], f"tcp://{_address(host)}:{slurm_port(env['SLURM_JOB_ID'])}",
+        rendezvous = f"tcp://{_address(host)}:{slurm_port(env['SLURM_JOB_ID'])}"
+        return Layout("slurm", size, [rank], rendezvous,
                       run_id=f"slurm{env['SLURM_JOB_ID']}",
                       bind_addr=_address(socket.gethostname()) if multi else None)
     size, rank = _int_env(env, "WORLD_SIZE"), _int_env(env, "RANK")

@@ -49,13 +49,12 @@ class _Inbox:
 
     def take(self, key, timeout, sender):
         with self._cond:
-            ok = self._cond.wait_for(lambda: key in self._items or self._closed, timeout)
+            self._cond.wait_for(lambda: key in self._items or self._closed, timeout)
             if key in self._items:
                 return self._items.pop(key)
             if self._closed:
                 raise RuntimeError(f"stage stopped while waiting for {key} from {sender}: "
                                    f"{self._closed}")
-            assert not ok
             raise TimeoutError(f"no {key[-1]} for micro-batch {key[1]} of step {key[0]} "
                                f"from {sender} within {timeout} s")
 
@@ -184,12 +183,10 @@ class Stage:
 
     def _backward(self, key, mb, held, sends):
         x, y = held
+        grad = None if self.last else \
+            distgrad.from_numpy(self.inbox.take((key, mb, "grad"), self.timeout, self.next))
         with self.trace.span("backward", step=key, micro_batch=mb):
-            if self.last:
-                y.backward()
-            else:
-                grad = self.inbox.take((key, mb, "grad"), self.timeout, self.next)
-                y.backward(distgrad.from_numpy(grad))
+            y.backward(grad)  # the last stage holds the loss: no gradient to start from
         if not self.first:
             sends.append(self._send(self.prev, "grad", key, mb, x.grad.numpy()))
 

@@ -13,7 +13,6 @@ fails, the others are killed; the outcome names the first process that failed,
 the step, its exit status, and the root cause (the traceback the coordinator
 collected, or the end of that process's log).
 """
-import json
 import os
 import selectors
 import shutil
@@ -26,7 +25,7 @@ from distgrad.utils.tempdirs import owned_tempdir
 
 from . import checkpoint as ckpt
 from .console import MetricsTail
-from .coordinator import FAILURE, LAUNCH, METRICS, RESULT, write_json
+from .rundir import FAILURE, LAUNCH, LOGS, METRICS, PROCESSES, RESULT, read_json, write_json
 
 __all__ = ["Supervisor", "Outcome"]
 
@@ -109,7 +108,7 @@ class Supervisor:
 
     # -- starting --
     def start(self, resume_from=None, attempt=0):
-        os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
+        os.makedirs(os.path.join(self.run_dir, LOGS), exist_ok=True)
         for name in (FAILURE, RESULT):
             if 0 in self.layout.ranks:
                 try:
@@ -131,8 +130,9 @@ class Supervisor:
         for rank in self.layout.ranks:
             self._spawn(rank, "coordinator" if rank == 0 else workers[rank - 1], rendezvous, bind)
         pids = {"launcher": os.getpid(), "children": {c.rank: c.pid for c in self.children}}
-        suffix = "" if self.layout.local else f"-rank{self.layout.ranks[0]}"
-        write_json(os.path.join(self.run_dir, f"processes{suffix}.json"), pids)
+        name = PROCESSES if self.layout.local else PROCESSES.replace(
+            ".json", f"-rank{self.layout.ranks[0]}.json")
+        write_json(os.path.join(self.run_dir, name), pids)
 
     def _command(self, rank, name, rendezvous, bind):
         if rank == 0:
@@ -161,7 +161,7 @@ class Supervisor:
         return env
 
     def _spawn(self, rank, name, rendezvous, bind):
-        log = open(os.path.join(self.run_dir, "logs", f"{rank}-{name}.log"), "ab")
+        log = open(os.path.join(self.run_dir, LOGS, f"{rank}-{name}.log"), "ab")
         kwargs = {}
         if sys.version_info >= (3, 11):
             kwargs["process_group"] = self.pgid or 0
@@ -254,6 +254,9 @@ class Supervisor:
             if child.rank == 0:
                 self.finished_at = time.monotonic()
             return
+        if self.signals:  # stopping anyway (e.g. interrupted before the coordinator was
+            self._kill_all()  # ready for SIGTERM): not a failure of its own
+            return
         if self.failure is None:
             self.failure = child
             # how the others were doing before they are killed: a stopped one is the likely cause
@@ -264,6 +267,8 @@ class Supervisor:
         if 0 not in self.layout.ranks:  # the coordinator's launcher shows the progress
             return
         records = self.tail.read()
+        if self.tail.restarted:
+            self.records = []
         if records:
             self.records.extend(records)
             self.console.metrics(records)
@@ -319,7 +324,7 @@ class Supervisor:
     def _outcome(self):
         if self.failure is not None:
             return self._failure_outcome()
-        result = _read_json(os.path.join(self.run_dir, RESULT))
+        result = read_json(os.path.join(self.run_dir, RESULT))
         if self.signals:
             sig = self.signals[0]
             step = result.get("step") if result else self._last_step()
@@ -334,7 +339,7 @@ class Supervisor:
 
     def _failure_outcome(self):
         first = self.failure
-        report = _read_json(os.path.join(self.run_dir, FAILURE)) if first.rank == 0 else None
+        report = read_json(os.path.join(self.run_dir, FAILURE)) if first.rank == 0 else None
         if report:  # the coordinator stopped because of a stage: name that stage
             step = report["step"]
             if report["reason"] == "unreachable":
@@ -349,14 +354,6 @@ class Supervisor:
         step = self._last_step() + 1
         message = f"{first.describe()} {describe_status(first.status)} at step {step}"
         return Outcome(exit_code(first.status), message, _log_tail(first.log.name), step=step)
-
-
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
 
 
 def _log_tail(path, lines=25):

@@ -85,7 +85,8 @@ def align(offsets, events_by_process, margin_ns=1000):
                 sends[ident] = (proc, t)
             elif ph == "f":
                 receipts[ident] = (proc, t)
-    # receipt - off[dst] >= send - off[src] + margin  <=>  off[dst] <= off[src] + (receipt - send - margin)
+    # receipt - off[dst] >= send - off[src] + margin
+    #   <=>  off[dst] <= off[src] + (receipt - send - margin)
     edges = [(src, dst, rt - st - margin_ns) for ident, (dst, rt) in receipts.items()
              if ident in sends for src, st in [sends[ident]] if src != dst]
     offsets = dict(offsets)

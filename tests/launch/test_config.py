@@ -76,8 +76,10 @@ def test_key_lines_follow_tables_arrays_and_dotted_keys():
     (('factory = "mlp"\n', ""), "model.factory", 7, "missing"),
     (('source = "spirals"\n', ""), "data.source", 11, "missing"),
     (("batch_size = 16\n", ""), "data.batch_size", 11, "missing"),
-    (("workers = 2", 'workers = 2\nstrategy = "ddp"'), "world.strategy", 6, "'ddp' is not supported"),
-    (("workers = 2", 'workers = 2\ntransport = "udp"'), "world.transport", 6, "one of 'ipc', 'tcp'"),
+    (("workers = 2", 'workers = 2\nstrategy = "ddp"'), "world.strategy", 6,
+     "'ddp' is not supported"),
+    (("workers = 2", 'workers = 2\ntransport = "udp"'), "world.transport", 6,
+     "one of 'ipc', 'tcp'"),
     (("workers = 2", "workers = 2\nrpc_timeout = -5"), "world.rpc_timeout", 6, "at least 0"),
     (("[optim]", "[pipeline]\nbalance = [1, 2, 2]\n[optim]"), "pipeline.balance", 17, "3 stages"),
     (("[optim]", "[pipeline]\nmicro_batches = 17\n[optim]"), "pipeline.micro_batches", 17,
@@ -99,8 +101,10 @@ def test_config_errors_name_key_file_and_line(tmp_path, edit, key, line, words):
 
 
 @pytest.mark.parametrize("edit, key, words", [
-    (('factory = "mlp"', 'factory = "nosuchmodule:f"'), "model.factory", "cannot import 'nosuchmodule'"),
-    (('factory = "mlp"', 'factory = "distgrad.launch.models:nope"'), "model.factory", "has no 'nope'"),
+    (('factory = "mlp"', 'factory = "nosuchmodule:f"'), "model.factory",
+     "cannot import 'nosuchmodule'"),
+    (('factory = "mlp"', 'factory = "distgrad.launch.models:nope"'), "model.factory",
+     "has no 'nope'"),
     (('factory = "mlp"', 'factory = "cnn"'), "model.factory", "not a built-in name (known: mlp)"),
     (("sizes = [2, 8, 8, 2] }", "sizes = [2, 8, 8, 2], depth = 3 }"), "model.kwargs.depth",
      "unexpected keyword argument 'depth'"),
@@ -140,7 +144,8 @@ def test_overrides_are_toml_or_strings_and_errors_name_them(tmp_path):
     with pytest.raises(ConfigError, match="run.steps is not a table"):
         load_config(path, ["run.steps.x=1"])
     with pytest.raises(ConfigError, match=r"entries of \[\[hooks\]\]"):
-        load_config(write(tmp_path, BASE + '[[hooks]]\nref = "a:b"\n', "h.toml"), ["hooks.0.ref=c:d"])
+        load_config(write(tmp_path, BASE + '[[hooks]]\nref = "a:b"\n', "h.toml"),
+                    ["hooks.0.ref=c:d"])
     with pytest.raises(ConfigError, match="override 'optim.lrr=1'.*unexpected keyword"):
         resolve(path, ["optim.lrr=1"])
 

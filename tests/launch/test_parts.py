@@ -1,5 +1,6 @@
 """The launcher's parts without processes: schedules, the stage split, scheduler
 environments, the command line."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -110,3 +111,38 @@ def test_check_prints_the_resolved_config_and_errors_start_nothing(tmp_path):
 def test_every_shipped_config_checks(config, tmp_path):
     result = _distgrad("launch", Path(ROOT) / "configs" / config, "--check", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_loss_curve_or_a_one_line_note(tmp_path, monkeypatch):
+    from distgrad.launch.console import plot_loss
+    records = [{"step": i, "loss": 1.0 / i} for i in range(1, 20)]
+    records.append({"step": 19, "eval_loss": 0.1})
+    if importlib.util.find_spec("matplotlib") is not None:
+        path, note = plot_loss(str(tmp_path), records)
+        assert note is None and Path(path).read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # as if not installed
+    path, note = plot_loss(str(tmp_path), records)
+    assert path is None and note == ("no loss curve: matplotlib is not installed "
+                                     "(pip install 'distgrad[launch]')")
+
+
+def test_hooks_log_and_clip_a_stage_gradients():
+    import distgrad
+    from distgrad.launch.hooks import clip_grad_norm, grad_norm
+    layer = distgrad.nn.Linear(3, 2)
+    layer(distgrad.ones(4, 3)).pow(2).sum().mul(10).backward()
+    before = grad_norm(layer)["grad_norm"]
+    assert clip_grad_norm(layer, max_norm=1.0)["grad_norm"] == pytest.approx(before, rel=1e-5)
+    assert grad_norm(layer)["grad_norm"] == pytest.approx(1.0, rel=1e-5)
+
+
+def test_epochs_count_steps_from_the_training_split(tmp_path):
+    from distgrad.launch.config import load_config
+    from distgrad.launch.coordinator import Coordinator
+    text = (Path(ROOT) / "configs" / "quickstart.toml").read_text()
+    path = tmp_path / "epochs.toml"
+    path.write_text("\n".join(line for line in text.splitlines()
+                              if not line.startswith("steps =")))  # epochs instead
+    config = load_config(path, ["run.epochs=3", "data.kwargs={n = 1000}", "data.batch_size=100"])
+    coordinator = Coordinator(str(tmp_path), {"config": config, "world": {"workers": ["a", "b"]}})
+    assert coordinator.batches.steps_per_epoch == 8 and coordinator.total == 24  # 800 train
