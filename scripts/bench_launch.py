@@ -180,10 +180,13 @@ def main(argv=None):
         return _torch_child(mode, int(rank), int(micro), int(steps), int(warmup), store)
 
     cores = _cores()
+    # (stages, micro-batches, schedule) per size
     plan = {"quickstart": {"steps": 120 if args.quick else 400, "warmup": 20,
-                           "micro": [1, 4], "extra": []},
+                           "runs": [(2, 1, "gpipe"), (2, 4, "gpipe"), (4, 1, "gpipe"),
+                                    (4, 4, "gpipe")]},
             "wide": {"steps": 12 if args.quick else 36, "warmup": 3,
-                     "micro": [1, 4, 8], "extra": []}}
+                     "runs": [(2, 1, "gpipe"), (2, 4, "gpipe"), (2, 8, "gpipe"),
+                              (2, 8, "1f1b"), (4, 1, "gpipe"), (4, 8, "gpipe")]}}
     plan = {size: p for size, p in plan.items() if not args.size or size in args.size}
     rows = []
     workdir = tempfile.mkdtemp(prefix="bench-launch-")
@@ -196,14 +199,14 @@ def main(argv=None):
                                                steps, warmup)
                 rows.append({"size": size, "what": f"one process, {threads} BLAS thread"
                              + ("s" if threads > 1 else ""), "rate": base[threads]})
-            for stages in (2, 4):
-                for micro in p["micro"]:
-                    rate = pipeline(config, [f"world.workers={stages}",
-                                             f"pipeline.micro_batches={micro}"], steps, warmup,
-                                    workdir)
-                    rows.append({"size": size, "what": f"pipeline, {stages} stages, {micro} "
-                                 f"micro-batch{'es' if micro > 1 else ''}", "rate": rate,
-                                 "stages": stages, "micro": micro})
+            for stages, micro, schedule in p["runs"]:
+                rate = pipeline(config, [f"world.workers={stages}",
+                                         f"pipeline.micro_batches={micro}",
+                                         f"pipeline.schedule={schedule}"], steps, warmup, workdir)
+                rows.append({"size": size, "what": f"pipeline, {stages} stages, {micro} "
+                             f"micro-batch{'es' if micro > 1 else ''}"
+                             + (f", {schedule}" if micro > 1 else ""), "rate": rate,
+                             "stages": stages, "micro": micro, "schedule": schedule})
             for row in rows:
                 if row["size"] == size:
                     row["vs_one_thread"] = row["rate"] / base[1]

@@ -19,7 +19,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10: the backport has the same API
     import tomli as tomllib
 
-__all__ = ["ConfigError", "load_config", "parse_override", "SCHEMA", "describe_schema"]
+__all__ = ["ConfigError", "load_config", "from_dict", "parse_override", "SCHEMA",
+           "describe_schema"]
 
 
 class ConfigError(ValueError):
@@ -311,6 +312,11 @@ def load_config(path, overrides=()):
     if config["run"]["name"] is None:
         config["run"]["name"] = os.path.splitext(os.path.basename(path))[0]
     return config
+
+
+def from_dict(data, source="<dict>"):
+    """Check a config given as a dict (parsed TOML) and fill in its defaults."""
+    return check(data, _Where(source, None))
 
 
 def check(data, where):

@@ -5,12 +5,15 @@ loss scaling and optimizer as the stages run, without processes or messages, so 
 pipeline's losses can be checked against it and its speed compared with it
 (``scripts/bench_launch.py``).
 
->>> from distgrad.launch.config import check, _Where
->>> cfg = check({"run": {"steps": 3}, "model": {"factory": "mlp", "kwargs": {"sizes": [2, 4, 2]}},
-...              "data": {"source": "spirals", "kwargs": {"n": 64}, "batch_size": 8}},
-...             _Where("inline", ""))
+>>> from distgrad.launch.config import from_dict
+>>> cfg = from_dict({"run": {"steps": 3},
+...                  "model": {"factory": "mlp", "kwargs": {"sizes": [2, 4, 2]}},
+...                  "data": {"source": "spirals", "kwargs": {"n": 64}, "batch_size": 8}})
 >>> len(train_in_one_process(cfg))
 3
+
+Hooks see the whole model here, each stage only its own part in a pipeline: a
+clipping hook clips by the global norm here and per stage there.
 """
 import distgrad
 

@@ -127,8 +127,13 @@ class Supervisor:
                           world={"init_method": rendezvous, "workers": workers,
                                  "bind_addr": bind, "transport": self.transport})
             write_json(os.path.join(self.run_dir, LAUNCH), launch)
-        for rank in self.layout.ranks:
-            self._spawn(rank, "coordinator" if rank == 0 else workers[rank - 1], rendezvous, bind)
+        try:
+            for rank in self.layout.ranks:
+                self._spawn(rank, "coordinator" if rank == 0 else workers[rank - 1],
+                            rendezvous, bind)
+        except BaseException:  # those already started must not outlive a failed start
+            self._kill_all()
+            raise
         pids = {"launcher": os.getpid(), "children": {c.rank: c.pid for c in self.children}}
         name = PROCESSES if self.layout.local else PROCESSES.replace(
             ".json", f"-rank{self.layout.ranks[0]}.json")
