@@ -14,8 +14,10 @@ with all cores. With torch installed, PyTorch's own pipelining (GPipe over gloo,
 one thread per stage) runs beside it on the wide model, against torch in one
 process with one thread.
 
-Every figure is the median of the rates of five windows of steady-state steps.
-Prints a table and one JSON line.
+A run's rate is the median over five windows of its steady-state steps; every
+configuration runs once per round (``--rounds``, default 3) and the table shows the
+median over rounds, so a burst of load from elsewhere on the machine moves one
+repetition of each, not one configuration. Prints a table and one JSON line.
 """
 import argparse
 import json
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -169,6 +172,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke test)")
     parser.add_argument("--size", choices=sorted(CONFIGS), action="append",
                         help="only this size (repeatable; default: both)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="repetitions of every measurement, medians reported (default 3)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -184,52 +189,59 @@ def main(argv=None):
     plan = {"quickstart": {"steps": 120 if args.quick else 400, "warmup": 20,
                            "runs": [(2, 1, "gpipe"), (2, 4, "gpipe"), (4, 1, "gpipe"),
                                     (4, 4, "gpipe")]},
-            "wide": {"steps": 12 if args.quick else 36, "warmup": 3,
+            "wide": {"steps": 10 if args.quick else 24, "warmup": 3,
                      "runs": [(2, 1, "gpipe"), (2, 4, "gpipe"), (2, 8, "gpipe"),
                               (2, 8, "1f1b"), (4, 1, "gpipe"), (4, 8, "gpipe")]}}
     plan = {size: p for size, p in plan.items() if not args.size or size in args.size}
-    rows = []
     workdir = tempfile.mkdtemp(prefix="bench-launch-")
+    # every measurement, as (row, how to take it); all are taken once per round, rounds
+    # one after the other, so a burst of load elsewhere hits one repetition of each
+    todo = []
+    for size, p in plan.items():
+        config, steps, warmup = CONFIGS[size], p["steps"], p["warmup"]
+        for threads in (1, cores):
+            todo.append(({"size": size, "what": f"one process, {threads} BLAS thread"
+                          + ("s" if threads > 1 else ""), "threads": threads},
+                         partial(single_process, config, ["pipeline.micro_batches=1"],
+                                 threads, steps, warmup)))
+        for stages, micro, schedule in p["runs"]:
+            overrides = [f"world.workers={stages}", f"pipeline.micro_batches={micro}",
+                         f"pipeline.schedule={schedule}"]
+            todo.append(({"size": size, "what": f"pipeline, {stages} stages, {micro} "
+                          f"micro-batch{'es' if micro > 1 else ''}"
+                          + (f", {schedule}" if micro > 1 else ""),
+                          "stages": stages, "micro": micro, "schedule": schedule},
+                         partial(pipeline, config, overrides, steps, warmup, workdir)))
     try:
-        for size, p in plan.items():
-            config, steps, warmup = CONFIGS[size], p["steps"], p["warmup"]
-            base = {}
-            for threads in (1, cores):
-                base[threads] = single_process(config, ["pipeline.micro_batches=1"], threads,
-                                               steps, warmup)
-                rows.append({"size": size, "what": f"one process, {threads} BLAS thread"
-                             + ("s" if threads > 1 else ""), "rate": base[threads]})
-            for stages, micro, schedule in p["runs"]:
-                rate = pipeline(config, [f"world.workers={stages}",
-                                         f"pipeline.micro_batches={micro}",
-                                         f"pipeline.schedule={schedule}"], steps, warmup, workdir)
-                rows.append({"size": size, "what": f"pipeline, {stages} stages, {micro} "
-                             f"micro-batch{'es' if micro > 1 else ''}"
-                             + (f", {schedule}" if micro > 1 else ""), "rate": rate,
-                             "stages": stages, "micro": micro, "schedule": schedule})
-            for row in rows:
-                if row["size"] == size:
-                    row["vs_one_thread"] = row["rate"] / base[1]
-                    row["vs_all_cores"] = row["rate"] / base[cores]
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            torch = None
-        if torch is not None and "wide" in plan:
-            steps, warmup = plan["wide"]["steps"], plan["wide"]["warmup"]
-            single = torch_run("torch-single", 1, steps, warmup, workdir)
-            rows.append({"size": "wide", "what": "torch: one process, 1 thread", "rate": single,
-                         "vs_one_thread": 1.0})
-            for micro in (4, 8):
-                rate = torch_run("torch-gpipe", micro, steps, warmup, workdir)
-                rows.append({"size": "wide", "what": f"torch: GPipe over gloo, 2 stages, "
-                             f"{micro} micro-batches", "rate": rate,
-                             "vs_one_thread": rate / single})
+        import torch  # noqa: F401
+    except ImportError:
+        torch = None
+    if torch is not None and "wide" in plan:
+        steps, warmup = plan["wide"]["steps"], plan["wide"]["warmup"]
+        todo.append(({"size": "wide", "what": "torch: one process, 1 thread", "torch": True,
+                      "threads": 1}, partial(torch_run, "torch-single", 1, steps, warmup, workdir)))
+        for micro in (4, 8):
+            todo.append(({"size": "wide", "what": f"torch: GPipe over gloo, 2 stages, {micro} "
+                          "micro-batches", "torch": True},
+                         partial(torch_run, "torch-gpipe", micro, steps, warmup, workdir)))
+    rates = [[] for _ in todo]
+    try:
+        for _ in range(args.rounds):
+            for i, (_, measure) in enumerate(todo):
+                rates[i].append(measure())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    rows = [dict(row, rate=statistics.median(r), rounds=r) for (row, _), r in zip(todo, rates)]
+    for row in rows:
+        same = [r for r in rows if r["size"] == row["size"] and r.get("torch") == row.get("torch")]
+        one = next(r for r in same if r.get("threads") == 1)["rate"]
+        row["vs_one_thread"] = row["rate"] / one
+        if not row.get("torch"):
+            row["vs_all_cores"] = row["rate"] / next(r for r in same
+                                                     if r.get("threads") == cores)["rate"]
 
-    print(f"distgrad launch pipelines vs one process ({cores} cores; ratios against the same "
-          "framework's one-process run)")
+    print(f"distgrad launch pipelines vs one process ({cores} cores; medians of {args.rounds} "
+          "rounds; ratios against the same framework's one-process run)")
     print(f"{'size':11s} {'configuration':46s} {'samples/s':>10s} {'x 1 thread':>11s} "
           f"{'x all cores':>12s}")
     for r in rows:

@@ -262,11 +262,21 @@ class Supervisor:
         if self.signals:  # stopping anyway (e.g. interrupted before the coordinator was
             self._kill_all()  # ready for SIGTERM): not a failure of its own
             return
+        if child.rank != 0 and self._training_finished():
+            self.console.note(f"{child.describe()} {describe_status(child.status)} while the "
+                              f"world shut down after training finished (see "
+                              f"{os.path.relpath(child.log.name)})")
+            return
         if self.failure is None:
             self.failure = child
             # how the others were doing before they are killed: a stopped one is the likely cause
             self.states = {c.name: _process_state(c.pid) for c in self.children if c.running}
         self._kill_all()
+
+    def _training_finished(self):
+        """The coordinator's verdict (a shared run directory shows it to every launcher)."""
+        result = read_json(os.path.join(self.run_dir, RESULT))
+        return bool(result) and result.get("status") == "finished"
 
     def _follow_metrics(self):
         if 0 not in self.layout.ranks:  # the coordinator's launcher shows the progress
