@@ -118,14 +118,17 @@ class Coordinator:
             except Exception as e:  # noqa: BLE001 - unreachable or timed out: this one
                 culprit, reason, message = k, "unreachable", str(e)
                 break
-        name = self.workers[culprit]
         text, _, remote_tb = message.partition("\n\nRemote traceback")
-        if reason == "error" and not isinstance(error, rpc.RemoteError):  # it names its type
-            text = f"{type(error).__name__}: {text}"
+        traceback = remote_tb.partition(":\n")[2] if remote_tb else ""
+        if reason == "error":  # name the exception's class, as a traceback's last line does
+            kind = getattr(error, "remote_type", None) or type(error).__name__
+            if not text.startswith(kind):
+                text = f"{kind.removeprefix('builtins.')}: {text}"
+            traceback = getattr(error, "remote_traceback", None) or traceback
         return StageFailure({
-            "worker": name, "rank": culprit + 1, "stage": culprit, "step": step + 1,
-            "reason": reason, "message": text.strip(),
-            "traceback": remote_tb.partition(":\n")[2] if remote_tb else ""})
+            "worker": self.workers[culprit], "rank": culprit + 1, "stage": culprit,
+            "step": step + 1, "reason": reason, "message": text.strip(),
+            "traceback": traceback})
 
     # -- setup --
     def _setup(self):

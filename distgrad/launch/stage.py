@@ -7,16 +7,18 @@ go straight from one stage to the next and gradients straight back, as
 ``deliver`` calls; the coordinator only sends each step's inputs (to the first
 stage) and targets (to the last) and collects the losses.
 
-Commands carry a sequence number and run on the stage's own thread strictly in
-that order, whatever order the RPC handler threads pick them up in, so the
-coordinator can send the next step before the current one has finished, and every
-run of the same config does the same arithmetic in the same order (checkpoint
-resumes are bit-exact). Their handlers only queue the command and return a Future
-(``async_execution``): no RPC thread is held for the length of a step, so a
-neighbour's ``deliver`` is taken in at once.
+Commands carry a sequence number and run strictly in that order, whatever order
+the RPC handler threads pick them up in, so the coordinator can send the next step
+before the current one has finished, and every run of the same config does the
+same arithmetic in the same order (checkpoint resumes are bit-exact). A command
+runs on the handler thread that received it: the handler pool grows while others
+wait, so a neighbour's ``deliver`` is served meanwhile, and the stage's own calls
+are nested calls of a handler, which RPC accepts even once the worker's main
+thread has entered ``shutdown()`` (as ``distgrad worker`` does at once).
 """
 import os
 import threading
+from contextlib import contextmanager
 
 import distgrad
 from distgrad import nn
@@ -89,49 +91,24 @@ class Stage:
         self.inbox = _Inbox()
         if spec["resume_from"]:
             self._load(spec["resume_from"])
-        self._commands = {}  # seq -> (function, args, Future)
-        self._queue = threading.Condition()
+        self._order = threading.Condition()
         self._next_seq = 1
-        self._closed = False
-        threading.Thread(target=self._serve, name=f"stage-{self.index}", daemon=True).start()
 
-    # -- commands, in sequence order, on the stage's thread --
-    def submit(self, seq, fn, *args):
-        future = rpc.Future()
-        with self._queue:
-            if self._closed:
-                raise RuntimeError(f"stage {self.index} is closed")
-            if seq < self._next_seq or seq in self._commands:
+    @contextmanager
+    def turn(self, seq):
+        """Run the body as command ``seq``, after every command before it."""
+        with self._order:
+            if not self._order.wait_for(lambda: self._next_seq >= seq, self.timeout):
+                raise TimeoutError(f"stage {self.index}: command {seq} waited more than "
+                                   f"{self.timeout} s for command {self._next_seq}")
+            if self._next_seq != seq:
                 raise RuntimeError(f"stage {self.index}: command {seq} arrived twice")
-            self._commands[seq] = (fn, args, future)
-            self._queue.notify()
-        return future
-
-    def _serve(self):
-        while True:
-            with self._queue:
-                while self._next_seq not in self._commands and not self._closed:
-                    self._queue.wait(1.0)
-                if self._closed:
-                    pending = list(self._commands.values())
-                    self._commands.clear()
-                    break
-                fn, args, future = self._commands.pop(self._next_seq)
-                self._next_seq += 1
-            try:
-                result = fn(self, *args)
-            except Exception as e:  # noqa: BLE001 - the error is the coordinator's to report
-                future.set_exception(e)
-            else:
-                future.set_result(result)
-        for _, _, future in pending:
-            future.set_exception(RuntimeError(f"stage {self.index} closed"))
-
-    def close(self, reason):
-        self.inbox.close(reason)
-        with self._queue:
-            self._closed = True
-            self._queue.notify()
+        try:
+            yield
+        finally:
+            with self._order:
+                self._next_seq = seq + 1
+                self._order.notify_all()
 
     # -- passes --
     def run(self, key, micro_batches, inputs, targets, train):
@@ -218,70 +195,53 @@ def _require():
     return _stage
 
 
-# -- what the stage's thread runs ----------------------------------------------------
-
-def _train(stage, step_index, micro_batches, inputs, targets):
-    with stage.trace.span("step", lane="steps", step=step_index):
-        out = stage.run(step_index, micro_batches, inputs, targets, train=True)
-    stage.trace.message("send", "result", flow_id("result", step_index, 0, stage.index))
-    return out
-
-
-def _evaluate(stage, key, micro_batches, inputs, targets):
-    with stage.trace.span("evaluate", lane="steps"):
-        return stage.run(key, micro_batches, inputs, targets, train=False)
-
-
-def _save(stage, directory, step_count):
-    with stage.trace.span("checkpoint", lane="steps", step=step_count):
-        atomic_save(stage.state(step_count), stage_path(directory, stage.index))
-    return True
-
-
-def _finish(stage):
-    global _stage
-    stage.close("finished")
-    if _stage is stage:
-        _stage = None
-    return stage.trace.take()
-
-
 # -- the commands the coordinator sends ----------------------------------------------
 
 def setup(spec):
     """Build this worker's stage from ``spec`` (made by the coordinator); returns its size."""
     global _stage
     if _stage is not None:
-        _stage.close("replaced by a new setup")
+        _stage.inbox.close("replaced by a new setup")
     _stage = Stage(spec)
     return {"parameters": sum(p.numel() for p in _stage.module.parameters()),
             "pid": os.getpid()}
 
 
-@rpc.functions.async_execution
 def step(seq, step_index, micro_batches, inputs, targets):
-    """Train on one batch (as micro-batches); a Future of the last stage's loss."""
+    """Train on one batch (as micro-batches); returns the last stage's loss."""
     stage = _require()
     stage.trace.message("receive", "input", flow_id("input", step_index, 0, stage.index))
-    return stage.submit(seq, _train, step_index, micro_batches, inputs, targets)
+    with stage.turn(seq), stage.trace.span("step", lane="steps", step=step_index):
+        out = stage.run(step_index, micro_batches, inputs, targets, train=True)
+    stage.trace.message("send", "result", flow_id("result", step_index, 0, stage.index))
+    return out
 
 
-@rpc.functions.async_execution
 def evaluate(seq, key, micro_batches, inputs, targets):
-    """Forward passes only, on held-out data; a Future of loss and accuracy counts."""
-    return _require().submit(seq, _evaluate, key, micro_batches, inputs, targets)
+    """Forward passes only, on held-out data; returns loss and accuracy counts."""
+    stage = _require()
+    with stage.turn(seq), stage.trace.span("evaluate", lane="steps"):
+        return stage.run(key, micro_batches, inputs, targets, train=False)
 
 
-@rpc.functions.async_execution
 def save(seq, directory, step_count):
     """Write this stage's parameters, optimizer state and RNG state (atomically)."""
-    return _require().submit(seq, _save, directory, step_count)
+    stage = _require()
+    with stage.turn(seq), stage.trace.span("checkpoint", lane="steps", step=step_count):
+        atomic_save(stage.state(step_count), stage_path(directory, stage.index))
+    return True
 
 
-@rpc.functions.async_execution
 def finish(seq):
-    """A Future of the stage's trace events; the stage is dropped afterwards."""
-    return _require().submit(seq, _finish)
+    """The stage's trace events; the stage is dropped afterwards."""
+    global _stage
+    stage = _require()
+    with stage.turn(seq):
+        events = stage.trace.take()
+    stage.inbox.close("finished")
+    if _stage is stage:
+        _stage = None
+    return events
 
 
 def deliver(key, array, sender):

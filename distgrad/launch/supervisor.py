@@ -354,8 +354,11 @@ class Supervisor:
 
     def _failure_outcome(self):
         first = self.failure
-        report = read_json(os.path.join(self.run_dir, FAILURE)) if first.rank == 0 else None
-        if report:  # the coordinator stopped because of a stage: name that stage
+        report = read_json(os.path.join(self.run_dir, FAILURE))
+        if report and report["worker"] == first.name:
+            report = None  # it died on its own: its exit status says more than "unreachable"
+        if report:  # the coordinator found a stage at fault (and then left the world, which
+            # may have ended the other workers before the coordinator itself was seen to exit)
             step = report["step"]
             if report["reason"] == "unreachable":
                 how = "stopped answering" + (" (its process was stopped, state T)"
