@@ -20,7 +20,7 @@ else:  # pragma: no cover - Python 3.10: the backport has the same API
     import tomli as tomllib
 
 __all__ = ["ConfigError", "load_config", "from_dict", "parse_override", "SCHEMA",
-           "describe_schema"]
+           "describe_schema", "heartbeat_interval"]
 
 
 class ConfigError(ValueError):
@@ -124,7 +124,8 @@ SCHEMA = {
         "rpc_timeout": Field(float, 120.0, low=0.0, doc="seconds one step may take before "
                                                         "the run fails (0: no limit)"),
         "heartbeat_timeout": Field(float, 3.0, low=0.2, doc="seconds of silence after which "
-                                                            "a process is declared dead"),
+                                                            "a process is declared dead "
+                                                            "(and how soon a hang is found)"),
         "rendezvous_timeout": Field(float, 60.0, low=0.1, doc="seconds for every process to "
                                                               "join"),
     },
@@ -169,6 +170,11 @@ SCHEMA = {
 OPEN = {"optim", "hooks", "offload"}
 ARRAY_OF_TABLES = {"hooks"}
 OPEN_FIELDS = {("model", "kwargs"), ("data", "kwargs")}
+
+
+def heartbeat_interval(timeout):
+    """How often processes ping each other, given ``world.heartbeat_timeout``."""
+    return min(0.5, timeout / 4)
 
 
 def describe_schema():

@@ -30,6 +30,7 @@ from . import checkpoint as ckpt
 from . import stage as _stage
 from . import trace as _trace
 from .data import Batches, micro_batches, split
+from .config import heartbeat_interval
 from .resolve import plan
 from .rundir import FAILURE, LAUNCH, METRICS, RESULT, write_json
 
@@ -344,7 +345,7 @@ def _options(world):
     return rpc.RpcBackendOptions(
         init_method=world["init_method"], transport=world["transport"],
         bind_addr=world.get("bind_addr") or cfg["bind_addr"], rpc_timeout=cfg["rpc_timeout"],
-        heartbeat_interval=min(0.5, hb / 4), heartbeat_timeout=hb,
+        heartbeat_interval=heartbeat_interval(hb), heartbeat_timeout=hb,
         rendezvous_timeout=cfg["rendezvous_timeout"])
 
 

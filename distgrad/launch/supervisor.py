@@ -24,6 +24,7 @@ import time
 from distgrad.utils.tempdirs import owned_tempdir
 
 from . import checkpoint as ckpt
+from .config import heartbeat_interval
 from .console import MetricsTail
 from .rundir import FAILURE, LAUNCH, LOGS, METRICS, PROCESSES, RESULT, read_json, write_json
 
@@ -147,7 +148,9 @@ class Supervisor:
                "--world-size", str(self.layout.world_size), "--init-method", rendezvous,
                "--transport", self.transport, "--bind-addr", bind,
                "--rpc-timeout", str(world["rpc_timeout"]),
-               "--rendezvous-timeout", str(world["rendezvous_timeout"])]
+               "--rendezvous-timeout", str(world["rendezvous_timeout"]),
+               "--heartbeat-timeout", str(world["heartbeat_timeout"]),
+               "--heartbeat-interval", str(heartbeat_interval(world["heartbeat_timeout"]))]
         for module in self.worker_modules:
             cmd += ["--allow", module]
         return cmd
