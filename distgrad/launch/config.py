@@ -396,6 +396,13 @@ def _check_together(c, where):
         _check_reference_syntax(c[table][key], ref_key, where)
     for i, hook in enumerate(c["hooks"]):
         _check_reference_syntax(hook["ref"], f"hooks.{i}.ref", where, builtin_names=False)
+    if c["offload"]:
+        from distgrad.offload.config import check_config
+        try:
+            check_config(c["offload"], "offload")
+        except ValueError as e:  # names the key; the file and line come from here
+            key = str(e).split("'")[1] if "'" in str(e) else ""
+            raise _error(where, f"offload.{key}" if key else "offload", str(e)) from None
 
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

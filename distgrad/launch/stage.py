@@ -18,7 +18,7 @@ thread has entered ``shutdown()`` (as ``distgrad worker`` does at once).
 """
 import os
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import distgrad
 from distgrad import nn
@@ -83,9 +83,13 @@ class Stage:
         self.classify = spec["loss"] == "cross_entropy"
         self.hooks = list(spec["hooks"])
         self.schedule = SCHEDULES[spec["schedule"]]
-        # The offload policy of this worker; applied once distgrad.offload lands (see the
-        # report of the launch issue): wrap forward and backward in its saved-tensor hooks.
-        self.offload = spec["offload"]
+        # This stage's activation offloading (the config's [offload] table): its forward
+        # passes save tensors under these hooks; backward reads them back (ahead).
+        self.offload = None
+        if spec["offload"]:
+            from distgrad.offload import hooks_from_config
+            self.offload = hooks_from_config(spec["offload"], f"[offload] of stage {self.index}",
+                                             model=self.module)
         self.timeout = spec["timeout"] or None
         self.trace = Recorder(spec["trace"])
         self.inbox = _Inbox()
@@ -146,7 +150,8 @@ class Stage:
         else:
             x = distgrad.from_numpy(self.inbox.take((key, mb, "act"), self.timeout, self.prev))
             x.requires_grad_(distgrad.is_grad_enabled())
-        with self.trace.span("forward", step=key, micro_batch=mb):
+        with self.trace.span("forward", step=key, micro_batch=mb), \
+                self.offload if self.offload is not None else nullcontext():
             y = self.module(x)
             if self.last:
                 target = distgrad.from_numpy(targets[mb])
@@ -239,6 +244,8 @@ def finish(seq):
     with stage.turn(seq):
         events = stage.trace.take()
     stage.inbox.close("finished")
+    if stage.offload is not None:
+        stage.offload.close()  # its run directory (or store namespace) goes with it
     if _stage is stage:
         _stage = None
     return events

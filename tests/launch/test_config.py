@@ -69,6 +69,8 @@ def test_key_lines_follow_tables_arrays_and_dotted_keys():
     (('factory = "mlp"', 'factory = "not a name"'), "model.factory", "factory =",
      "neither a built-in"),
     (("[run]\n", "offload = 3\n[run]\n"), "offload", "offload =", "expected a table"),
+    (("[optim]", '[offload]\nkind = "disk"\nbogus = 1\n[optim]'), "offload.bogus", "bogus =",
+     "unknown key 'bogus'"),
     (("[optim]", '[[hooks]]\nref = "no colon"\n[optim]'), "hooks.0.ref", "ref =",
      "module:qualname"),
     (("[optim]", "[[hooks]]\nevery = 2\n[optim]"), "hooks.0.ref", "[[hooks]]", "missing"),

@@ -230,3 +230,14 @@ def test_under_torchrun_every_rank_runs_its_own_launcher(tiny_config, tmp_path, 
     losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").open()
               if '"loss"' in line]
     assert losses == reference(tiny_config)
+
+
+def test_each_stage_offloads_its_activations_and_trains_the_same(launcher, tiny_config,
+                                                                 tmp_path):
+    config = tmp_path / "offloaded.toml"
+    config.write_text(tiny_config.read_text() + '[offload]\nkind = "disk"\n'
+                      f'directory = "{tmp_path}"\n[offload.policy]\nmin_bytes = 0\n')
+    launch = launcher(config)
+    assert launch.wait() == 0, launch.output
+    assert launch.losses() == reference(tiny_config)  # bit for bit, offloaded or not
+    assert not list(tmp_path.glob("distgrad-offload-*"))  # each stage removed its directory
