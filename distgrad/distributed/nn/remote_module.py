@@ -1,8 +1,10 @@
 """``RemoteModule``: a module created and run on another worker, called like a local one.
 
->>> layer = RemoteModule("worker1/cpu", distgrad.nn.Linear, args=(4, 5))   # doctest: +SKIP
->>> with dist_autograd.context() as cid:                                   # doctest: +SKIP
-...     y = layer(x)               # runs on worker1; recorded for the distributed backward
+Inside a running world (a complete program: ``scripts/example_distributed.py``)::
+
+    layer = RemoteModule("worker1/cpu", distgrad.nn.Linear, args=(4, 5))
+    with dist_autograd.context() as cid:
+        y = layer(x)               # runs on worker1; recorded for the distributed backward
 """
 from distgrad.distributed.autograd import container as _c
 from distgrad.distributed.autograd import hooks as _hooks
