@@ -3,7 +3,8 @@
 At construction every rank checks that all ranks hold the same parameters (count,
 names, shapes, dtypes; a mismatch is an error on every rank that names it) and
 takes rank 0's parameters and buffers. Gradients are averaged in *buckets* of
-about ``bucket_cap_mb`` (the first one 1 MB, so communication starts early),
+about ``bucket_cap_mb`` (with the default cap the first one is 1 MB, so communication
+starts early),
 filled in reverse registration order, which is about the order backward produces
 them. When the last gradient of a bucket has accumulated (a post hook on each
 parameter's ``AccumulateGrad`` node), the bucket is divided by the world size and
@@ -57,9 +58,9 @@ class _Bucket:
         self.work = None
 
 
-def _assign_buckets(params, cap_bytes):
+def _assign_buckets(params, cap_bytes, first_bytes):
     """Buckets of parameters in reverse registration order, one dtype each; the first
-    is at most 1 MB, the others about ``cap_bytes``."""
+    closes at ``first_bytes``, the others at ``cap_bytes``."""
     open_buckets, done = {}, []
     limit = {}
     for p in reversed(params):
@@ -67,7 +68,7 @@ def _assign_buckets(params, cap_bytes):
         cur = open_buckets.setdefault(dt, [])
         cur.append(p)
         size = sum(q._data.nbytes for q in cur)
-        if size >= limit.get(dt, _FIRST_BUCKET_BYTES):
+        if size >= limit.get(dt, first_bytes):
             done.append((dt, cur))
             open_buckets[dt] = []
             limit[dt] = cap_bytes
@@ -167,8 +168,10 @@ class DistributedDataParallel(Module):
         self._verify_same_model()
         if init_sync:
             self._broadcast_coalesced(self._params + [b for b in module.buffers()])
-        cap = (_DEFAULT_BUCKET_MB if bucket_cap_mb is None else bucket_cap_mb) * (1 << 20)
-        self._buckets = _assign_buckets(self._params, int(cap))
+        # as PyTorch: with the default cap, a small first bucket starts communication early
+        cap = int((_DEFAULT_BUCKET_MB if bucket_cap_mb is None else bucket_cap_mb) * (1 << 20))
+        self._buckets = _assign_buckets(self._params, cap,
+                                        _FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap)
         self._where = {}  # param index -> (bucket, position in it)
         index = {id(p): i for i, p in enumerate(self._params)}
         for b in self._buckets:
