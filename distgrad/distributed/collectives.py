@@ -97,8 +97,10 @@ def _group(group, collective):
     return g
 
 
-def _root(g, global_rank, group_rank, param, collective):
-    """The group rank of a root given as a global rank or (``group_*``) a group rank."""
+def _root(g, global_rank, group_rank, param, collective, checked=True):
+    """The group rank of a root given as a global rank or (``group_*``) a group rank; with
+    ``checked=False`` its range is left to :func:`_check_root` (gather and scatter check
+    their lists first, as PyTorch does)."""
     if group_rank is not None:
         if global_rank is not None:
             raise ValueError(f"Can't specify both {param} and group_{param}")
@@ -109,6 +111,10 @@ def _root(g, global_rank, group_rank, param, collective):
         r = global_rank
     else:
         r = get_group_rank(g, global_rank)
+    return _check_root(g, r, collective) if checked else r
+
+
+def _check_root(g, r, collective):
     if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < g.size():
         raise RuntimeError(f"{collective}: invalid root rank: {r} (the group has ranks "
                            f"0..{g.size() - 1})")
@@ -294,7 +300,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     g = _group(group, "gather")
     if g is None:
         return None
-    root = _root(g, dst, group_dst, "dst", "gather")
+    root = _root(g, dst, group_dst, "dst", "gather", checked=False)
     if g.rank() == root:
         _tensors(gather_list, "gather_list")
         if len(gather_list) != g.size():
@@ -308,6 +314,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
                          "ranks.")
     else:
         outs = None
+    _check_root(g, root, "gather")
     got = [None] * g.size() if outs is not None else None
 
     def finish():
@@ -324,7 +331,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     g = _group(group, "scatter")
     if g is None:
         return None
-    root = _root(g, src, group_src, "src", "scatter")
+    root = _root(g, src, group_src, "src", "scatter", checked=False)
     ins = None
     if g.rank() == root:
         _tensors(scatter_list, "scatter_list")
@@ -336,6 +343,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
         ins = [_flat(t) for t in scatter_list]
     elif scatter_list:
         raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
+    _check_root(g, root, "scatter")
     out = _Out(tensor, "scatter")
 
     def deliver(x):
