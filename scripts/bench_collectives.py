@@ -149,6 +149,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--skip-ddp", action="store_true")
+    ap.add_argument("--skip-collectives", action="store_true")
     args = ap.parse_args()
     have_torch = not args.no_torch
     if have_torch:
@@ -159,7 +160,8 @@ def main():
     load = os.getloadavg()[0]
     result = {"load_before": round(load, 2), "all_reduce": {}, "ddp": {}}
     with tempfile.TemporaryDirectory() as outdir:
-        for world in WORLDS:
+        worlds = () if args.skip_collectives else WORLDS
+        for world in worlds:
             for which in (["distgrad", "torch"] if have_torch else ["distgrad"]):
                 _run(_collectives_worker, world, which, outdir, args.quick)
         if not args.skip_ddp:
@@ -169,7 +171,7 @@ def main():
               f"{os.cpu_count()} cores)")
         print(f"{'ranks':>5}{'size':>8}{'distgrad ms':>13}{'GB/s':>7}{'gloo ms':>10}{'GB/s':>7}"
               f"{'dg/gloo time':>14}")
-        for world in WORLDS:
+        for world in worlds:
             ours = _load(outdir, f"distgrad-{world}.json")
             theirs = _load(outdir, f"torch-{world}.json") if have_torch else None
             for nbytes in SIZES:

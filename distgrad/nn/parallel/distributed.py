@@ -6,13 +6,13 @@ takes rank 0's parameters and buffers. Gradients are averaged in *buckets* of
 about ``bucket_cap_mb`` (with the default cap the first one is 1 MB, so communication
 starts early),
 filled in reverse registration order, which is about the order backward produces
-them. When the last gradient of a bucket has accumulated (a post hook on each
-parameter's ``AccumulateGrad`` node), the bucket is divided by the world size and
-its all-reduce starts asynchronously on the process group's I/O thread, while
-backward goes on computing the gradients of earlier layers. Buckets start in
-index order on every rank, so every rank issues the same collectives in the same
-order. When the last bucket has started, backward waits for all of them and
-writes the averages back into ``.grad`` (or into the bucket views they already
+them. When the last gradient of a bucket (or of a few-MB segment of a large bucket,
+see ``_Unit``) has accumulated (a post hook on each parameter's ``AccumulateGrad``
+node), its averaging all-reduce starts asynchronously on the process group's I/O
+thread, while backward goes on computing the gradients of earlier layers. They
+start in the same order on every rank, so every rank issues the same collectives
+in the same order. When the last one has started, backward waits for all of them
+and writes the averages back into ``.grad`` (or into the bucket views they already
 are, with ``gradient_as_bucket_view=True``).
 
 Inside a distributed autograd context the gradients of a pass accumulate in the
@@ -39,12 +39,13 @@ __all__ = ["DistributedDataParallel"]
 
 _FIRST_BUCKET_BYTES = 1 << 20
 _DEFAULT_BUCKET_MB = 25
+_SEGMENT_BYTES = 4 << 20  # see _Unit
 
 
 class _Bucket:
     """Gradients of some parameters (one dtype) in one flat buffer."""
 
-    __slots__ = ("index", "params", "ids", "flat", "views", "offsets", "pending", "work")
+    __slots__ = ("index", "params", "ids", "flat", "views", "offsets")
 
     def __init__(self, index, params, dtype):
         self.index, self.params = index, params
@@ -54,8 +55,34 @@ class _Bucket:
         self.flat = np.zeros(self.offsets[-1], dtype=dtype)
         self.views = [self.flat[a:b].reshape(p._data.shape)
                       for p, a, b in zip(params, self.offsets, self.offsets[1:])]
-        self.pending = len(params)
+
+
+class _Unit:
+    """Parameters ``lo:hi`` of a bucket whose all-reduce starts as one: the whole bucket
+    when a comm hook is registered (it is given buckets), otherwise segments of a few MB,
+    so that the last gradient of a large bucket does not hold back the all-reduce of the
+    rest of it: what backward still waits for at its end is at most one segment."""
+
+    __slots__ = ("bucket", "lo", "hi", "flat", "pending", "work")
+
+    def __init__(self, bucket, lo, hi):
+        self.bucket, self.lo, self.hi = bucket, lo, hi
+        self.flat = bucket.flat[bucket.offsets[lo]:bucket.offsets[hi]]
+        self.pending = hi - lo
         self.work = None
+
+
+def _units(buckets, segment_bytes):
+    units = []
+    for b in buckets:
+        lo, size = 0, 0
+        for k, p in enumerate(b.params):
+            size += p._data.nbytes
+            if segment_bytes and size >= segment_bytes and k + 1 < len(b.params):
+                units.append(_Unit(b, lo, k + 1))
+                lo, size = k + 1, 0
+        units.append(_Unit(b, lo, len(b.params)))
+    return units
 
 
 def _assign_buckets(params, cap_bytes, first_bytes):
@@ -172,12 +199,10 @@ class DistributedDataParallel(Module):
         cap = int((_DEFAULT_BUCKET_MB if bucket_cap_mb is None else bucket_cap_mb) * (1 << 20))
         self._buckets = _assign_buckets(self._params, cap,
                                         _FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap)
-        self._where = {}  # param index -> (bucket, position in it)
         index = {id(p): i for i, p in enumerate(self._params)}
         for b in self._buckets:
-            for k, p in enumerate(b.params):
-                b.ids.append(index[id(p)])
-                self._where[index[id(p)]] = (b, k)
+            b.ids = [index[id(p)] for p in b.params]
+        self._plan_units(_SEGMENT_BYTES)
         self._hooks = []
         for i, p in enumerate(self._params):
             acc = p._grad_edge()[0]  # the leaf keeps its AccumulateGrad alive
@@ -240,16 +265,23 @@ class DistributedDataParallel(Module):
                     self._mark_ready(i, sink=None, unused=True)
         return out
 
+    def _plan_units(self, segment_bytes):
+        self._units = _units(self._buckets, segment_bytes)
+        self._where = {}  # param index -> (unit, bucket, position in the bucket)
+        for u in self._units:
+            for k in range(u.lo, u.hi):
+                self._where[u.bucket.ids[k]] = (u, u.bucket, k)
+
     def _reset_iteration(self, active):
         self._active = active        # gradients of the coming backward get averaged
         self._started = False        # a gradient of this iteration arrived
         self._ready = set()
-        self._next_bucket = 0
+        self._next_unit = 0
         self._locally_used = None
         self._sink = None            # the distributed autograd context of this backward
-        for b in self._buckets:
-            b.pending = len(b.params)
-            b.work = None
+        for u in self._units:
+            u.pending = u.hi - u.lo
+            u.work = None
 
     def _raise_unfinished(self):
         missing = [i for i in range(len(self._params)) if i not in self._ready]
@@ -295,16 +327,16 @@ class DistributedDataParallel(Module):
                 f"this iteration.")
         self._started = True
         self._ready.add(i)
-        bucket, k = self._where[i]
-        self._fill(bucket, k, i, sink, unused)
-        bucket.pending -= 1
+        unit, bucket, k = self._where[i]
+        self._fill(bucket, k, sink, unused)
+        unit.pending -= 1
         if self._sink is None and sink is not None:
             self._sink = sink
-        while self._next_bucket < len(self._buckets) \
-                and self._buckets[self._next_bucket].pending == 0:
-            self._launch(self._buckets[self._next_bucket])
-            self._next_bucket += 1
-        if self._next_bucket == len(self._buckets) and not unused:
+        units = self._units  # they start in order: every rank issues the same all-reduces
+        while self._next_unit < len(units) and units[self._next_unit].pending == 0:
+            self._launch(units[self._next_unit])
+            self._next_unit += 1
+        if self._next_unit == len(units) and not unused:
             self._finalize()
 
     def _grad_of(self, p, sink):
@@ -314,7 +346,7 @@ class DistributedDataParallel(Module):
         g = p._grad
         return g._data if g is not None else None
 
-    def _fill(self, bucket, k, i, sink, unused):
+    def _fill(self, bucket, k, sink, unused):
         view = bucket.views[k]
         g = None if unused else self._grad_of(bucket.params[k], sink)
         if g is None:
@@ -322,14 +354,14 @@ class DistributedDataParallel(Module):
         elif g is not view:
             view[...] = g
 
-    def _launch(self, bucket):
+    def _launch(self, unit):
         if self._comm_hook is not None:
             state, hook = self._comm_hook
-            bucket.work = hook(state, GradBucket(bucket, len(self._buckets)))
+            unit.work = hook(state, GradBucket(unit.bucket, len(self._buckets)))
             return
-        np.divide(bucket.flat, self.world_size, out=bucket.flat)
-        bucket.work = self._dist.all_reduce(_make(bucket.flat), group=self.process_group,
-                                            async_op=True).get_future()
+        # AVG divides on the communicator's thread, each rank only its share of the ring
+        unit.work = self._dist.all_reduce(_make(unit.flat), op=self._dist.ReduceOp.AVG,
+                                          group=self.process_group, async_op=True).get_future()
 
     def _finalize(self):
         """Every bucket started: wait for them and write the averages where the gradients
@@ -341,16 +373,17 @@ class DistributedDataParallel(Module):
             used[sorted(self._locally_used)] = 1
             self._dist.all_reduce(_make(used), group=self.process_group)
             used_anywhere = used
-        for b in self._buckets:
-            result = b.work.wait()
+        for u in self._units:
+            result = u.work.wait()
             if isinstance(result, list):
                 result = result[0]
-            if isinstance(result, Tensor) and result._data is not b.flat:
-                b.flat[...] = result._data.reshape(-1)
-            for k, p in enumerate(b.params):
+            if isinstance(result, Tensor) and result._data is not u.flat:
+                u.flat[...] = result._data.reshape(-1)
+            b = u.bucket
+            for k in range(u.lo, u.hi):
                 if used_anywhere is not None and not used_anywhere[b.ids[k]]:
                     continue  # no rank used it: its gradient stays as it is (None)
-                self._write_back(p, b.views[k], sink)
+                self._write_back(b.params[k], b.views[k], sink)
         self._active = False
 
     def _write_back(self, p, view, sink):
@@ -380,6 +413,8 @@ class DistributedDataParallel(Module):
         if not callable(hook):
             raise TypeError("Communication hook must be callable.")
         self._comm_hook = (state, hook)
+        self._plan_units(0)  # the hook is given whole buckets
+        self._reset_iteration(active=False)
 
     def will_sync_module_buffers(self):
         return self.require_forward_param_sync and self.broadcast_buffers \
