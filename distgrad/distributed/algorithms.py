@@ -7,11 +7,13 @@ that the program reads and writes in place; received arrays are read-only views
 (over the message, or over a shared-memory segment).
 
 Small messages take one round: every rank sends to every rank that needs its
-data, so the latency is one message. Large ones take a ring, split into pieces
-that move on as soon as they are reduced (a pipeline), so each rank sends and
-receives ``2 (n-1)/n`` of the data in an all-reduce. Every reduction combines
-contributions in an order fixed by the ranks alone, so every rank gets the same
-bits and a rerun gets them again.
+data, so the latency is one message (for the few ranks of one machine this beats
+a tree's log n rounds). Large ones take a ring, split into pieces that move on as
+soon as they are reduced (a pipeline), so each rank sends and receives
+``2 (n-1)/n`` of the data in an all-reduce. Two ranks exchange whole tensors up to
+a few MB: the same bytes as their ring (``2 (n-1)/n`` is 1), in one round instead
+of two. Every reduction combines contributions in an order fixed by the ranks
+alone, so every rank gets the same bits and a rerun gets them again.
 
 ``NATURAL`` algorithms send to their right neighbour before they wait for
 anything and cannot end without a message from their left neighbour; for the
@@ -29,6 +31,8 @@ __all__ = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", 
 SMALL_BYTES = 64 << 10
 #: Ring pieces: large enough that a message's fixed cost is small, small enough to pipeline.
 PIECE_BYTES = 2 << 20
+#: Two ranks exchange whole tensors up to this size (one round; the ring takes two).
+TWO_RANKS_DIRECT = 4 << 20
 
 
 def _bounds(numel, n):
@@ -99,24 +103,30 @@ def ring(prog, flat, bounds, op=None, reduce=True, gather=True):
 def all_reduce(flat, op, n):
     """(program, natural) reducing ``flat`` in place on every rank."""
     def direct(prog):
+        # every rank sends its whole tensor (in pieces) to every other and reduces them all
+        # in rank order: one round, n - 1 copies of the data per rank
         r, n = prog.rank, prog.size
-        for p in range(n):
-            if p != r:
-                prog.send(p, 0, flat)
-        acc = None
-        for p in range(n):
-            x = flat if p == r else (yield prog.recv(p, 0))
-            if acc is None:
-                acc = np.array(x, copy=True)
-            else:
-                combine(op, acc, x)
-        finish(op, acc, n)
-        flat[...] = acc
+        pieces = _pieces(0, flat.size, max(1, PIECE_BYTES // max(flat.itemsize, 1)))
+        for k, (a, b) in enumerate(pieces):
+            for p in range(n):
+                if p != r:
+                    prog.send(p, k, flat[a:b])
+        for k, (a, b) in enumerate(pieces):
+            acc = None
+            for p in range(n):
+                x = flat[a:b] if p == r else (yield prog.recv(p, k))
+                if acc is None:
+                    acc = np.array(x, copy=True)
+                else:
+                    combine(op, acc, x)
+            finish(op, acc, n)
+            flat[a:b] = acc
 
     def pipelined(prog):
         yield from ring(prog, flat, _bounds(flat.size, prog.size), op)
 
-    return (direct if _one_round(flat.nbytes, n) else pipelined), True
+    return (direct if _one_round(flat.nbytes, n) or (n == 2 and flat.nbytes <= TWO_RANKS_DIRECT)
+            else pipelined), True
 
 
 def reduce_scatter(work, block, op, out, n):

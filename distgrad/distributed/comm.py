@@ -39,6 +39,8 @@ import heapq
 import itertools
 import logging
 import os
+import shutil
+import socket
 import threading
 import time
 
@@ -52,6 +54,7 @@ from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.pool import HandlerPool
 from distgrad.rpc.shm import SegmentMaps, SegmentPool, shm_root
 from distgrad.rpc.transport import Transport
+from distgrad.utils.tempdirs import owned_tempdir
 
 from .errors import DistBackendError
 
@@ -257,20 +260,41 @@ class Communicator:
         self.shm_pool = self.shm_maps = None
         self.shm_peers = set()
         self._callbacks = None
+        self._ipc_dir = None
         self.closed = False
 
     # ------------------------------------------------------------------ setup (caller thread)
     def bind(self):
-        return self.transport.bind(f"tcp://{self.options.bind_addr}:0")
+        """Listen; return this rank's address for its peers: a TCP endpoint, and an ipc://
+        one (lower latency) for peers on this host, with the host's boot id."""
+        tcp = self.transport.bind(f"tcp://{self.options.bind_addr}:0")
+        try:
+            self._ipc_dir = owned_tempdir("dg-pg-")
+            ipc = f"ipc://{self._ipc_dir}/r{self.rank}.sock"
+            self.transport.router.bind(ipc)
+        except (OSError, zmq.ZMQError) as e:  # no unix sockets here: TCP only
+            log.debug("process group: no ipc endpoint: %s", e)
+            return tcp
+        return f"{tcp} {ipc} {_boot_id()}"
 
-    def connect(self, endpoints):
+    @staticmethod
+    def _choose(address):
+        """The endpoint to reach a peer at ``address`` (see :meth:`bind`): its ipc:// one
+        when it runs on this host (same boot id, its socket file visible), else TCP."""
+        parts = address.split()
+        if len(parts) == 3 and parts[2] == _boot_id() and \
+                os.path.exists(parts[1][len("ipc://"):]):
+            return parts[1]
+        return parts[0]
+
+    def connect(self, addresses):
         root = shm_root()
         if root is not None and self.world_size > 1:
             self.shm_pool = SegmentPool(root, _SHM_THRESHOLD, self.options.shm_pool_bytes)
             self.shm_maps = SegmentMaps(root, self._queue_release,
                                         2 * self.options.shm_pool_bytes)
         self._callbacks = HandlerPool(1, name=f"pg-callbacks-{self.rank}")
-        self.transport.connect(endpoints)
+        self.transport.connect([self._choose(a) for a in addresses])
 
     def add_group(self, gid, ranks, timeout, name):
         """Register a group this process belongs to (members register the same ``gid``);
@@ -747,6 +771,17 @@ class Communicator:
         if self.shm_pool is not None:
             self.shm_pool.close()
             self.shm_maps.close()
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+
+def _boot_id():
+    """This boot of this host (processes that share it share the kernel: ipc:// works)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip() or "unknown"
+    except OSError:
+        return f"host-{socket.gethostname()}"
 
 
 class _PostedRecv:
