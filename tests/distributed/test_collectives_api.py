@@ -205,3 +205,28 @@ def test_names_of_the_api():
         dist.init_process_group("gloo", store=dist.HashStore(), world_size=1)
     assert not dist.is_initialized()
     np.testing.assert_equal(dist.default_pg_timeout.total_seconds(), 1800)
+
+
+def test_env_init_method_reads_master_addr_port_rank_and_world_size(monkeypatch):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "DISTGRAD_COORDINATOR"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="RANK expected"):
+        dist.init_process_group("gloo")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        dist.init_process_group("gloo", init_method="env://")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    dist.init_process_group("gloo")
+    try:
+        assert dist.get_rank() == 0 and dist.get_world_size() == 1
+        store = process_group.default_store()
+        assert isinstance(store, dist.TCPStore) and store.port == port
+    finally:
+        dist.destroy_process_group()
