@@ -63,7 +63,8 @@ def _time_all_reduce(lib, dist, rank, quick):
     return out
 
 
-def _collectives_worker(rank, world, port, which, outdir, quick):
+def _join(which, rank, world, port):
+    """(library, its distributed package) after joining the world (torch: one thread)."""
     if which == "torch":
         import torch as lib
         import torch.distributed as dist
@@ -73,6 +74,11 @@ def _collectives_worker(rank, world, port, which, outdir, quick):
         import distgrad.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
+    return lib, dist
+
+
+def _collectives_worker(rank, world, port, which, outdir, quick):
+    lib, dist = _join(which, rank, world, port)
     result = _time_all_reduce(lib, dist, rank, quick)
     if rank == 0:
         Path(outdir, f"{which}-{world}.json").write_text(json.dumps(result))
@@ -94,15 +100,7 @@ def _mlp(nn):
 
 def _ddp_worker(rank, world, port, which, outdir, quick):
     import contextlib
-    if which == "torch":
-        import torch as lib
-        import torch.distributed as dist
-        lib.set_num_threads(1)
-    else:
-        import distgrad as lib
-        import distgrad.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    lib, dist = _join(which, rank, world, port)
     lib.manual_seed(0)
     model = lib.nn.parallel.DistributedDataParallel(_mlp(lib.nn))
     opt = lib.optim.SGD(model.parameters(), lr=1e-4)

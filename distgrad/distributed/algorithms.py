@@ -53,6 +53,20 @@ def _one_round(nbytes, n):
     return nbytes <= SMALL_BYTES or n == 1
 
 
+def reduced(prog, own, step, op):
+    """Combine ``own`` with the same piece of every other rank (which sent it at ``step``),
+    in rank order; return the result (a new array)."""
+    acc = None
+    for p in range(prog.size):
+        x = own if p == prog.rank else (yield prog.recv(p, step))
+        if acc is None:
+            acc = np.array(x, copy=True)
+        else:
+            combine(op, acc, x)
+    finish(op, acc, prog.size)
+    return acc
+
+
 # ---------------------------------------------------------------------- the ring
 def ring(prog, flat, bounds, op=None, reduce=True, gather=True):
     """Ring over chunks ``flat[bounds[c]:bounds[c+1]]``: with ``reduce``, a reduce-scatter
@@ -112,15 +126,7 @@ def all_reduce(flat, op, n):
                 if p != r:
                     prog.send(p, k, flat[a:b])
         for k, (a, b) in enumerate(pieces):
-            acc = None
-            for p in range(n):
-                x = flat[a:b] if p == r else (yield prog.recv(p, k))
-                if acc is None:
-                    acc = np.array(x, copy=True)
-                else:
-                    combine(op, acc, x)
-            finish(op, acc, n)
-            flat[a:b] = acc
+            flat[a:b] = yield from reduced(prog, flat[a:b], k, op)
 
     def pipelined(prog):
         yield from ring(prog, flat, _bounds(flat.size, prog.size), op)
@@ -137,15 +143,7 @@ def reduce_scatter(work, block, op, out, n):
         for p in range(n):
             if p != r:
                 prog.send(p, 0, work[p * block:(p + 1) * block])
-        acc = None
-        for p in range(n):
-            x = work[r * block:(r + 1) * block] if p == r else (yield prog.recv(p, 0))
-            if acc is None:
-                acc = np.array(x, copy=True)
-            else:
-                combine(op, acc, x)
-        finish(op, acc, n)
-        out[...] = acc
+        out[...] = yield from reduced(prog, work[r * block:(r + 1) * block], 0, op)
 
     def pipelined(prog):
         n = prog.size
@@ -205,15 +203,7 @@ def reduce(flat, op, root, n):
         if r != root:
             prog.send(root, 0, flat)
             return
-        acc = None
-        for p in range(n):
-            x = flat if p == r else (yield prog.recv(p, 0))
-            if acc is None:
-                acc = np.array(x, copy=True)
-            else:
-                combine(op, acc, x)
-        finish(op, acc, n)
-        flat[...] = acc
+        flat[...] = yield from reduced(prog, flat, 0, op)
 
     def pipelined(prog):
         r, n = prog.rank, prog.size

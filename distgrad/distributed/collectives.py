@@ -79,6 +79,14 @@ def _flat(t):
     return np.ascontiguousarray(t._data).reshape(-1)
 
 
+def _same_list(ts, ref, n, collective, what, exc=RuntimeError):
+    """``ts`` has ``n`` tensors shaped and typed like ``ref``."""
+    if len(ts) != n:
+        raise exc(f"{collective}: invalid {what} (expected {n} tensors, got {len(ts)})")
+    for i, t in enumerate(ts):
+        _same(t, ref, collective, what, i)
+
+
 def _same(t, ref, collective, what, i):
     if t._data.shape != ref._data.shape:
         raise RuntimeError(f"{collective}: invalid tensor size at index {i} of {what} "
@@ -218,11 +226,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     g = _group(group, "all_gather")
     if g is None:
         return None
-    if len(tensor_list) != g.size():
-        raise RuntimeError(f"all_gather: invalid output tensor list (expected length "
-                           f"{g.size()}, got {len(tensor_list)})")
-    for i, t in enumerate(tensor_list):
-        _same(t, tensor, "all_gather", "tensor_list", i)
+    _same_list(tensor_list, tensor, g.size(), "all_gather", "tensor_list")
     outs = [_Out(t, "all_gather") for t in tensor_list]
     return _gather_into(g, "all_gather", tensor, outs, async_op, list(tensor_list))
 
@@ -266,11 +270,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     g = _group(group, "reduce_scatter")
     if g is None:
         return None
-    if len(input_list) != g.size():
-        raise RuntimeError(f"reduce_scatter: invalid input tensor list (expected length "
-                           f"{g.size()}, got {len(input_list)})")
-    for i, t in enumerate(input_list):
-        _same(t, output, "reduce_scatter", "input_list", i)
+    _same_list(input_list, output, g.size(), "reduce_scatter", "input_list")
     work = np.concatenate([_flat(t) for t in input_list]) if input_list else \
         np.empty(0, output._data.dtype)
     return _reduce_scatter(g, "reduce_scatter", output, work, op, async_op)
@@ -302,12 +302,8 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
         return None
     root = _root(g, dst, group_dst, "dst", "gather", checked=False)
     if g.rank() == root:
-        _tensors(gather_list, "gather_list")
-        if len(gather_list) != g.size():
-            raise ValueError(f"gather: gather_list must have {g.size()} tensors on the "
-                             f"destination rank, not {len(gather_list)}")
-        for i, t in enumerate(gather_list):
-            _same(t, tensor, "gather", "gather_list", i)
+        _same_list(_tensors(gather_list, "gather_list"), tensor, g.size(), "gather",
+                   "gather_list", ValueError)
         outs = [_Out(t, "gather") for t in gather_list]
     elif gather_list:
         raise ValueError("Argument ``gather_list`` must NOT be specified on non-destination "
@@ -334,12 +330,8 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     root = _root(g, src, group_src, "src", "scatter", checked=False)
     ins = None
     if g.rank() == root:
-        _tensors(scatter_list, "scatter_list")
-        if len(scatter_list) != g.size():
-            raise ValueError(f"scatter: scatter_list must have {g.size()} tensors on the "
-                             f"source rank, not {len(scatter_list)}")
-        for i, t in enumerate(scatter_list):
-            _same(t, tensor, "scatter", "scatter_list", i)
+        _same_list(_tensors(scatter_list, "scatter_list"), tensor, g.size(), "scatter",
+                   "scatter_list", ValueError)
         ins = [_flat(t) for t in scatter_list]
     elif scatter_list:
         raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")

@@ -47,12 +47,11 @@ import time
 import numpy as np
 import zmq
 
-from distgrad import codec
 from distgrad.rpc import wire
 from distgrad.rpc.futures import Future
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.pool import HandlerPool
-from distgrad.rpc.shm import SegmentMaps, SegmentPool, shm_root
+from distgrad.rpc.shm import LendingContext, SegmentMaps, SegmentPool, shm_root
 from distgrad.rpc.transport import Transport
 from distgrad.utils.tempdirs import owned_tempdir
 
@@ -202,7 +201,7 @@ class Program:
         self.comm._expire(self)
 
 
-class _Shm:
+class _Shm(LendingContext):
     """Codec context of one data message: large arrays lent through shared memory."""
 
     __slots__ = ("comm", "peer", "segments", "mapped")
@@ -212,27 +211,9 @@ class _Shm:
         self.segments = list(segments)
         self.mapped = set()
 
-    def external_array(self, a):
+    def _shm(self):
         c = self.comm
-        if c.shm_pool is None or a.nbytes < _SHM_THRESHOLD or self.peer not in c.shm_peers:
-            return None
-        name = c.shm_pool.lend(a, self.peer)
-        if name is None:
-            return None
-        self.segments.append(name)
-        return [name, a.nbytes]
-
-    def external_buffer(self, ref):
-        maps = self.comm.shm_maps
-        if maps is None or len(ref) != 2 or ref[0] not in self.segments:
-            raise codec.CodecError(f"shared-memory reference {ref!r} is not declared in the "
-                                   "message header")
-        try:
-            view = maps.view(ref[0], ref[1], self.peer)
-        except (OSError, ValueError) as e:
-            raise codec.CodecError(f"shared-memory segment {ref[0]!r}: {e}") from None
-        self.mapped.add(ref[0])
-        return view
+        return c.shm_pool, c.shm_maps, c.shm_peers
 
 
 class Communicator:
@@ -436,6 +417,8 @@ class Communicator:
                 item.expire()
         for group in list(self.groups.values()):
             if group.mismatch is not None and now >= group.mismatch[2]:
+                if self.rank not in group.mismatch[1]:
+                    self._answer_mismatch(group, None)
                 self._conclude_mismatch(group)
         self._send_releases()
 
@@ -473,13 +456,16 @@ class Communicator:
             # tell the right neighbour what this rank runs (the algorithm may not)
             self._send(group.ranks[(prog.rank + 1) % prog.size],
                        [COLL, group.gid, prog.seq, -1, prog.fp], None)
+        if group.mismatch is not None and prog.seq >= group.mismatch[0]:
+            # ranks disagree: this collective waits for the verdict instead of running
+            if prog.seq == group.mismatch[0] and self.rank not in group.mismatch[1]:
+                self._answer_mismatch(group, prog.fp)
+                self._on_mismatch(group, prog.seq, {})
+            return
         # messages that came before this collective started: check what their senders called
         for key in [k for k in self._stash if k[0] == group.gid and k[1] == prog.seq]:
             if not self._check_fp(prog, key[3], self._stash[key][0]):
                 return
-        if group.mismatch is not None and group.mismatch[0] == prog.seq:
-            self._on_mismatch(group, prog.seq, {})
-            return
         self._advance(prog, None)
 
     def _advance(self, prog, value):
@@ -573,16 +559,15 @@ class Communicator:
     # ------------------------------------------------------------------ mismatches
     def _on_mismatch(self, group, seq, reports):
         """Ranks called different collectives at ``seq``: collect what every member called,
-        then fail every rank's collective with the whole table."""
+        then fail every rank's collective with the whole table. A rank that has not
+        reached ``seq`` yet answers when it does (or, after the grace period, that it
+        has not called it)."""
         if group.mismatch is None:
             if group.broken is not None:
                 return
-            mine = group.last_fp.get(seq) if seq <= group.started else None
-            group.mismatch = [seq, {self.rank: mine},
-                              time.monotonic() + min(group.timeout, _MISMATCH_GRACE)]
-            for r in group.ranks:
-                if r != self.rank and self.transport.down(r) is None:
-                    self._send(r, [MISMATCH, group.gid, seq, 0, mine], None)
+            group.mismatch = [seq, {}, time.monotonic() + min(group.timeout, _MISMATCH_GRACE)]
+            if seq <= group.started:
+                self._answer_mismatch(group, group.last_fp.get(seq))
         elif seq != group.mismatch[0]:
             return
         for r, fp in reports.items():
@@ -590,6 +575,14 @@ class Communicator:
                 group.mismatch[1][r] = fp
         if len(group.mismatch[1]) == len(group.ranks):
             self._conclude_mismatch(group)
+
+    def _answer_mismatch(self, group, mine):
+        """Tell every member what this rank called at the mismatched collective."""
+        seq, called, _ = group.mismatch
+        called[self.rank] = mine
+        for r in group.ranks:
+            if r != self.rank and self.transport.down(r) is None:
+                self._send(r, [MISMATCH, group.gid, seq, 0, mine], None)
 
     def _conclude_mismatch(self, group):
         seq, called, _ = group.mismatch
@@ -599,7 +592,8 @@ class Communicator:
             if r not in called:
                 lines.append(f"rank {r} did not answer")
             elif called[r] is None:
-                lines.append(f"rank {r} has not called collective #{seq} yet")
+                lines.append(f"rank {r} did not call collective #{seq} within "
+                             f"{min(group.timeout, _MISMATCH_GRACE):g} s")
             else:
                 lines.append(f"rank {r} called {describe_fingerprint(called[r])}")
         err = DistBackendError(f"Detected mismatch between collectives on ranks of "

@@ -6,21 +6,11 @@ and checks it against the same model trained in this one process on the whole ba
 import numpy as np
 
 import distgrad
-import distgrad.distributed as dist
 from distgrad import nn
 from distgrad.nn.parallel import DistributedDataParallel as DDP
+from support import pg_world
 
-CASES = {}
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
-
-
-class Context:
-    def __init__(self, rank, n, store, options):
-        self.rank, self.n, self.store, self.options = rank, n, store, options
+CASES, case = pg_world.registry()
 
 
 def mlp(seed, width=16):

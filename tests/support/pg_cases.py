@@ -3,34 +3,33 @@ reference on the rank itself and returns digests, so the test can check that eve
 holds the same bits."""
 import hashlib
 import os
-import zlib
 import signal
 import time
+import zlib
 
 import numpy as np
 
 import distgrad
 import distgrad.distributed as dist
 from distgrad.distributed import ReduceOp
+from support import pg_world
 
-CASES = {}
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
+CASES, case = pg_world.registry()
 
 
-class Context:
-    """A rank's view of the world: groups of the first 1, 2, ... n ranks (``group(k)``)."""
+def configure(options):
+    from distgrad.distributed import algorithms, comm
+    if "piece_bytes" in options:
+        algorithms.PIECE_BYTES = options["piece_bytes"]
+    if "shm_threshold" in options:
+        comm._SHM_THRESHOLD = options["shm_threshold"]
+
+
+class Context(pg_world.Context):
+    """A rank's view of the world, with groups of its first 1, 2, ... n ranks."""
 
     def __init__(self, rank, n, store, options):
-        from distgrad.distributed import algorithms, comm
-        self.rank, self.n, self.store, self.options = rank, n, store, options
-        if "piece_bytes" in options:
-            algorithms.PIECE_BYTES = options["piece_bytes"]
-        if "shm_threshold" in options:
-            comm._SHM_THRESHOLD = options["shm_threshold"]
+        super().__init__(rank, n, store, options)
         self.groups = {k: dist.new_group(list(range(k))) for k in range(1, n)}
         self.groups[n] = None
 

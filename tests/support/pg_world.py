@@ -4,7 +4,7 @@ The test process serves a :class:`TCPStore`; each rank (a process started with
 ``distgrad.multiprocessing.spawn``) joins the process group through it and then
 runs the cases the test posts: ``world.run("case", *args)`` runs
 ``CASES["case"](ctx, *args)`` of the cases module (``support.pg_cases`` unless
-``options["cases"]`` names another; it defines ``Context``) on every rank and returns the
+``options["cases"]`` names another) on every rank and returns the
 ranks' results (a case that raises on any rank fails the call, with the rank's
 traceback). Case names are looked up in that one registry: nothing that comes
 through the store is imported or evaluated, and arguments and results travel
@@ -21,9 +21,26 @@ from distgrad import codec
 import distgrad.multiprocessing as mp
 from distgrad.distributed import TCPStore
 
-__all__ = ["World"]
+__all__ = ["World", "Context", "registry"]
 
 _POLL = 0.05
+
+
+def registry():
+    """A cases module's table and the decorator that fills it: ``CASES, case = registry()``."""
+    cases = {}
+
+    def case(fn):
+        cases[fn.__name__] = fn
+        return fn
+    return cases, case
+
+
+class Context:
+    """What a case gets besides its arguments (a cases module may define a richer one)."""
+
+    def __init__(self, rank, n, store, options):
+        self.rank, self.n, self.store, self.options = rank, n, store, options
 
 
 class World:
@@ -108,10 +125,12 @@ def serve(rank, n, port, options):
     import importlib
     import distgrad.distributed as dist
     cases = importlib.import_module(options.get("cases", "support.pg_cases"))
+    if hasattr(cases, "configure"):
+        cases.configure(options)  # before the group forms: knobs its communicator reads
     store = TCPStore("127.0.0.1", port, timeout=3600)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=n,
                             timeout=options.get("timeout", 30))
-    ctx = cases.Context(rank, n, store, options)
+    ctx = getattr(cases, "Context", Context)(rank, n, store, options)
     k = 0
     while True:
         k += 1
