@@ -3,8 +3,8 @@ NumPy reference in groups of 1, 2, 3 and 4 ranks (subsets of one 4-rank world), 
 dtypes, non-contiguous and 0-d tensors, bitwise equal results on every rank; async work
 handles; mismatched collectives and timeouts reported on every rank.
 
-The ranks are spawned once for the module (``support.pg_world``); each test posts one case
-that every rank runs (``support.pg_cases``).
+The ranks are spawned once per session (``conftest.py``, ``support.pg_world``); each test
+posts one case that every rank runs (``support.pg_cases``).
 """
 import re
 
@@ -17,15 +17,9 @@ pytestmark = pytest.mark.timeout(120)
 DTYPES = ["float32", "float64", "int64", "bool", "complex128"]
 
 
-@pytest.fixture(scope="module")
-def world():
-    # small pieces and a low shared-memory threshold, so that modest tensors take the
-    # pipelined ring, over both the socket and shared memory
-    w = World(4, options={"piece_bytes": 16 << 10, "shm_threshold": 32 << 10})
-    try:
-        yield w
-    finally:
-        w.close()
+@pytest.fixture
+def world(pg_world):
+    return pg_world
 
 
 def _same_bits(results):

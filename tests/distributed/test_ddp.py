@@ -1,28 +1,27 @@
-"""DistributedDataParallel on two spawned ranks: training equals one process on the whole
-batch and PyTorch's DDP over gloo; buckets of every size, gradients as bucket views,
-``no_sync`` accumulation, unused parameters, models that differ between ranks, buffers."""
+"""DistributedDataParallel on two spawned ranks (of the session's world, see conftest.py):
+training equals one process on the whole batch and PyTorch's DDP over gloo; buckets of
+every size, gradients as bucket views, ``no_sync`` accumulation, unused parameters, models
+that differ between ranks, buffers."""
 import pytest
-
-from support.pg_world import World
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def world():
-    w = World(2, options={"cases": "support.ddp_cases"})
-    try:
-        yield w
-    finally:
-        w.close()
+@pytest.fixture
+def world(pg_world):
+    """Ranks 0 and 1 of the session's world, in their group of two."""
+    class Pair:
+        def run(self, case, *args, timeout=None):
+            return pg_world.run(case, *args, ranks=[0, 1], timeout=timeout)
+    return Pair()
 
 
 @pytest.mark.parametrize("config", [
-    {},                                             # default buckets (one here)
-    {"bucket_cap_mb": 0.0001},                       # a bucket per parameter or two
-    {"bucket_cap_mb": 0.0001, "view": True},         # .grad lives in the buckets
-    {"view": True, "set_to_none": False},           # zero_grad keeps the views
-    {"micro": 3},                                   # two no_sync micro-batches, then a sync
+    {},                                         # default buckets (one here)
+    {"bucket_cap_mb": 0.0001},                  # a bucket per parameter or two
+    {"bucket_cap_mb": 0.0001, "view": True},    # .grad lives in the buckets
+    {"view": True, "set_to_none": False},       # zero_grad keeps the views
+    {"micro": 3},                               # two no_sync micro-batches, then a sync
     {"micro": 2, "view": True, "bucket_cap_mb": 0.01},
 ], ids=["default", "small-buckets", "small-views", "views-zeroed", "no_sync", "no_sync-views"])
 def test_ddp_equals_one_process_on_the_whole_batch(world, config):

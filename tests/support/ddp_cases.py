@@ -1,4 +1,4 @@
-"""What the ranks of the DDP tests run (``pg_world.World(..., options={"cases": ...})``).
+"""What ranks 0 and 1 of a ``pg_world.World`` run for the DDP tests (in their group of two).
 
 Each rank trains a small model under ``DistributedDataParallel`` on its shard of a batch
 and checks it against the same model trained in this one process on the whole batch
@@ -11,6 +11,11 @@ from distgrad.nn.parallel import DistributedDataParallel as DDP
 from support import pg_world
 
 CASES, case = pg_world.registry()
+N = 2  # the ranks of the DDP group: the world's first two
+
+
+def ddp(ctx, module, **kwargs):
+    return DDP(module, process_group=ctx.groups[N], **kwargs)
 
 
 def mlp(seed, width=16):
@@ -59,7 +64,7 @@ def train(ctx, config):
     """DDP with ``config`` (bucket_cap_mb, gradient_as_bucket_view, micro: micro-batches per
     step, all but the last under no_sync) equals the one-process reference."""
     micro = config.get("micro", 1)
-    model = DDP(mlp(ctx.rank), bucket_cap_mb=config.get("bucket_cap_mb"),
+    model = ddp(ctx, mlp(ctx.rank), bucket_cap_mb=config.get("bucket_cap_mb"),
                 gradient_as_bucket_view=config.get("view", False))
     for p, q in zip(model.parameters(), mlp(0).parameters()):  # every rank starts from rank 0's
         np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
@@ -68,7 +73,7 @@ def train(ctx, config):
     steps = 3
     for _ in range(steps):
         opt.zero_grad(set_to_none=config.get("set_to_none", True))
-        xs, ys = shard(X, ctx.rank, ctx.n), shard(Y, ctx.rank, ctx.n)
+        xs, ys = shard(X, ctx.rank, N), shard(Y, ctx.rank, N)
         parts = np.array_split(np.arange(len(xs)), micro)
         for j, i in enumerate(parts):
             if j < micro - 1:
@@ -83,7 +88,7 @@ def train(ctx, config):
             assert all(any(p.grad._data is v for v in bk.views) for bk in b for p in bk.params)
         opt.step()
     got = params(model)
-    want = reference(steps, micro * ctx.n)
+    want = reference(steps, micro * N)
     err = max(float(np.abs(a - b).max()) for a, b in zip(got, want))
     assert err < 1e-5, err
     return [err, float(sum(a.sum() for a in got)), len(model._buckets)]
@@ -102,10 +107,10 @@ def against_torch(ctx):
         s.close()
     port = int(ctx.store.get("torch_port"))
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=ctx.rank,
-                             world_size=ctx.n)
+                             world_size=N)
     try:
         torch.set_num_threads(1)
-        ours = DDP(mlp(0), bucket_cap_mb=0.01)
+        ours = ddp(ctx, mlp(0), bucket_cap_mb=0.01)
         theirs_net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(),
                                          torch.nn.Linear(16, 50), torch.nn.Tanh(),
                                          torch.nn.Linear(50, 3))
@@ -116,7 +121,7 @@ def against_torch(ctx):
         o1 = distgrad.optim.Adam(ours.parameters(), lr=0.01)
         o2 = torch.optim.Adam(theirs.parameters(), lr=0.01)
         X, Y = data()
-        xs, ys = shard(X, ctx.rank, ctx.n), shard(Y, ctx.rank, ctx.n)
+        xs, ys = shard(X, ctx.rank, N), shard(Y, ctx.rank, N)
         for _ in range(4):
             o1.zero_grad()
             ((ours(distgrad.tensor(xs)) - distgrad.tensor(ys)) ** 2).mean().backward()
@@ -149,7 +154,7 @@ class Branches(nn.Module):
 @case
 def unused_parameters(ctx):
     distgrad.manual_seed(0)
-    model = DDP(Branches(), find_unused_parameters=True)
+    model = ddp(ctx, Branches(), find_unused_parameters=True)
     x = distgrad.ones(2, 4) * (ctx.rank + 1)
     use_b = ctx.rank == 0
     model(x, use_b).sum().backward()
@@ -159,7 +164,7 @@ def unused_parameters(ctx):
     distgrad.manual_seed(0)
     ref = Branches()
     ref(distgrad.ones(2, 4), True).sum().backward()
-    np.testing.assert_allclose(m.b.weight.grad.numpy(), ref.b.weight.grad.numpy() / ctx.n,
+    np.testing.assert_allclose(m.b.weight.grad.numpy(), ref.b.weight.grad.numpy() / N,
                                rtol=1e-6)
     # a second iteration works (nothing left pending)
     model.zero_grad()
@@ -169,7 +174,7 @@ def unused_parameters(ctx):
 
 @case
 def unused_without_detection(ctx):
-    model = DDP(Branches())
+    model = ddp(ctx, Branches())
     model(distgrad.ones(2, 4), False).sum().backward()
     try:
         model(distgrad.ones(2, 4), False)
@@ -184,7 +189,7 @@ def unused_without_detection(ctx):
 def model_mismatch(ctx):
     width = 16 if ctx.rank == 0 else 17
     try:
-        DDP(mlp(0, width=width))
+        ddp(ctx, mlp(0, width=width))
     except RuntimeError as e:
         return str(e)
     raise AssertionError("different models were accepted")
@@ -195,7 +200,7 @@ def buffers(ctx):
     net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     bn = net[1]
     bn.running_mean.data = distgrad.full((3,), float(ctx.rank))
-    model = DDP(net)
+    model = ddp(ctx, net)
     assert bn.running_mean.tolist() == [0.0] * 3  # rank 0's, from the construction
     bn.running_mean.data = distgrad.full((3,), float(ctx.rank) + 1)
     model.eval()

@@ -3,8 +3,8 @@
 The test process serves a :class:`TCPStore`; each rank (a process started with
 ``distgrad.multiprocessing.spawn``) joins the process group through it and then
 runs the cases the test posts: ``world.run("case", *args)`` runs
-``CASES["case"](ctx, *args)`` of the cases module (``support.pg_cases`` unless
-``options["cases"]`` names another) on every rank and returns the
+``CASES["case"](ctx, *args)`` of the cases modules (``options["cases"]``, by default
+``support.pg_cases``; the first one's ``Context``) on every rank and returns the
 ranks' results (a case that raises on any rank fails the call, with the rank's
 traceback). Case names are looked up in that one registry: nothing that comes
 through the store is imported or evaluated, and arguments and results travel
@@ -124,13 +124,15 @@ def serve(rank, n, port, options):
     from the test process itself, never from a socket)."""
     import importlib
     import distgrad.distributed as dist
-    cases = importlib.import_module(options.get("cases", "support.pg_cases"))
-    if hasattr(cases, "configure"):
-        cases.configure(options)  # before the group forms: knobs its communicator reads
+    modules = [importlib.import_module(m) for m in options.get("cases", ["support.pg_cases"])]
+    table = {name: fn for m in modules for name, fn in m.CASES.items()}
+    for m in modules:
+        if hasattr(m, "configure"):
+            m.configure(options)  # before the group forms: knobs its communicator reads
     store = TCPStore("127.0.0.1", port, timeout=3600)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=n,
                             timeout=options.get("timeout", 30))
-    ctx = getattr(cases, "Context", Context)(rank, n, store, options)
+    ctx = getattr(modules[0], "Context", Context)(rank, n, store, options)
     k = 0
     while True:
         k += 1
@@ -140,7 +142,7 @@ def serve(rank, n, port, options):
         if rank not in ranks:
             continue
         try:
-            value = [True, os.getpid() if case == "ready" else cases.CASES[case](ctx, *args)]
+            value = [True, os.getpid() if case == "ready" else table[case](ctx, *args)]
         except BaseException:  # noqa: BLE001 - the test gets the traceback
             value = [False, traceback.format_exc()]
         store.set(f"res/{k}/{rank}", codec.dumps(value))
