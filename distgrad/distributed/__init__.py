@@ -12,7 +12,7 @@ from .collectives import (P2POp, all_gather, all_gather_into_tensor, all_gather_
                           monitored_barrier, recv, recv_object_list, reduce, reduce_scatter,
                           reduce_scatter_tensor, scatter, scatter_object_list, send,
                           send_object_list)
-from .comm import Work
+from .work import Work
 from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError
 from .process_group import (Backend, GroupMember, ProcessGroup, default_pg_timeout,
                             destroy_process_group, get_backend, get_global_rank, get_group_rank,

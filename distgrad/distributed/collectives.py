@@ -18,7 +18,7 @@ from distgrad import codec
 from distgrad.autograd.tensor import Tensor
 
 from . import algorithms as alg
-from .comm import Work
+from .work import Work
 from .process_group import (GroupMember, _warn_not_in_group, _world, get_group_rank,
                             resolve_group)
 from .reduce_op import ReduceOp, check_op, op_name

@@ -48,7 +48,6 @@ import numpy as np
 import zmq
 
 from distgrad.rpc import wire
-from distgrad.rpc.futures import Future
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.pool import HandlerPool
 from distgrad.rpc.shm import LendingContext, SegmentMaps, SegmentPool, shm_root
@@ -57,7 +56,7 @@ from distgrad.utils.tempdirs import owned_tempdir
 
 from .errors import DistBackendError
 
-__all__ = ["Communicator", "Work", "Program", "describe_fingerprint"]
+__all__ = ["Communicator", "Program", "describe_fingerprint", "shm_handshake"]
 
 log = logging.getLogger("distgrad.distributed")
 Kind = wire.Kind
@@ -82,62 +81,6 @@ def describe_fingerprint(fp):
         parts.append(f"dtype={dtypes[0]}" if len(set(dtypes)) == 1 else f"dtypes={dtypes}")
     parts += [f"{k}={v}" for k, v in params]
     return f"{name}({', '.join(parts)})"
-
-
-class Work:
-    """The handle of a collective (``torch.distributed.Work``): ``wait``, ``is_completed``,
-    ``get_future``; what a collective with ``async_op=True`` returns."""
-
-    def __init__(self, result=None):
-        self._fut = Future()
-        self._result = result if result is not None else []
-        self._source = -1
-
-    # the communicator completes it (on its I/O thread, or inline for a one-rank group)
-    def _finish(self, exc=None, pool=None):
-        fut = self._fut
-        if pool is not None and fut.has_callbacks():  # user callbacks may block: not here
-            pool.submit(fut._complete, None if exc else self._result, exc)
-        else:
-            fut._complete(None if exc else self._result, exc)
-
-    def wait(self, timeout=None):
-        """Block until the collective finished; raise its error. ``timeout`` (a timedelta
-        or seconds; 0 or None waits for as long as the group's own timeout allows)."""
-        from .store import seconds
-        t = seconds(timeout)
-        if not self._fut.wait_done(t if t else None):
-            raise DistBackendError(f"Work.wait() timed out after {t:g} s (the collective "
-                                   "itself goes on)")
-        self._fut.value()
-        return True
-
-    def is_completed(self):
-        return self._fut.done()
-
-    def is_success(self):
-        return self._fut.done() and self._fut._exc is None
-
-    def exception(self):
-        return self._fut._exc if self._fut.done() else None
-
-    def get_future(self):
-        """A Future completed with the output tensors (a list) when the work is done."""
-        return self._fut
-
-    def result(self):
-        self.wait()
-        return self._result
-
-    def source_rank(self):
-        """The sender's rank of a finished ``irecv`` (from any source)."""
-        return self._source
-
-    def synchronize(self):
-        self.wait()
-
-    def block_current_stream(self):  # CPU only: there is no stream to block
-        self.wait()
 
 
 class Group:
@@ -180,10 +123,6 @@ class Program:
         self.seq = self.gen = self.waiting = None
         self.deadline = float("inf")
         self.heard = set()
-
-    @property
-    def name(self):
-        return self.fp[0]
 
     def send(self, peer, step, payload):
         self.comm.send_coll(self, peer, step, payload)
@@ -297,10 +236,7 @@ class Communicator:
         function); ``work`` completes when it ends. Fails at once in a broken group."""
         prog = Program(self, group, fp, body, work, needs_left, on_done)
         with self.lock:
-            if group.broken is not None:
-                raise group.broken
-            if self.closed:
-                raise DistBackendError("the process group was destroyed")
+            self._check_usable(group)
             group.seq += 1
             prog.seq = group.seq
             prog.deadline = time.monotonic() + group.timeout
@@ -314,14 +250,17 @@ class Communicator:
         value comes, as the work's result), then ``on_done()``. Point-to-point messages are
         outside the order of collectives."""
         with self.lock:
-            if group.broken is not None:
-                raise group.broken
-            if self.closed:
-                raise DistBackendError("the process group was destroyed")
+            self._check_usable(group)
             self._submitted.append((kind, (group, peer, tag, array, work, on_done,
                                            time.monotonic() + group.timeout)))
         self.transport.wake()
         return work
+
+    def _check_usable(self, group):
+        if group.broken is not None:
+            raise DistBackendError(str(group.broken)) from group.broken
+        if self.closed:
+            raise DistBackendError("the process group was destroyed")
 
     # ------------------------------------------------------------------ transport handlers
     # (the I/O thread; none blocks)
@@ -347,8 +286,12 @@ class Communicator:
         group = self.groups.get(gid)
         if group is None:
             # a group the peer made before this process did: keep until it is made here
-            if len(self._early[gid]) < _MAX_STASHED:
+            if self._stashed[src] < _MAX_STASHED:
+                self._stashed[src] += 1
                 self._early[gid].append((src, kind, gid, a, b, meta, payload))
+            else:
+                self.transport.drop(f"rank {src} sent more than {_MAX_STASHED} messages for "
+                                    "groups not made here")
             return
         if src not in group.ranks:
             self.transport.drop(f"rank {src} sent a message for {group.describe()}, which it "
@@ -434,6 +377,7 @@ class Communicator:
             elif what == "group":
                 self.groups[item.gid] = item
                 for msg in self._early.pop(item.gid, ()):
+                    self._stashed[msg[0]] -= 1
                     self._deliver(*msg)
             elif what == "drop":
                 self._drop_group(item)

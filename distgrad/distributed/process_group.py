@@ -31,6 +31,7 @@ from distgrad.rpc.rendezvous import resolve_address
 from . import comm as _comm
 from .errors import DistError, DistStoreError
 from .store import PrefixStore, Store, TCPStore, seconds
+from .work import Work
 
 __all__ = ["Backend", "ProcessGroup", "GroupMember", "group", "init_process_group",
            "destroy_process_group", "new_group", "is_initialized", "is_available",
@@ -303,7 +304,6 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         _world.default_pg = pg
         if comm is not None:
             fp = ["init_process_group", [], [], []]
-            from .comm import Work
             comm.submit(pg._state, fp, _comm.shm_handshake(comm), Work(), needs_left=False).wait()
     except BaseException:
         if comm is not None:
