@@ -250,14 +250,14 @@ class Communicator:
         value comes, as the work's result), then ``on_done()``. Point-to-point messages are
         outside the order of collectives."""
         with self.lock:
-            self._check_usable(group)
+            self._check_usable(group, kind)
             self._submitted.append((kind, (group, peer, tag, array, work, on_done,
                                            time.monotonic() + group.timeout)))
         self.transport.wake()
         return work
 
-    def _check_usable(self, group):
-        if group.broken is not None:
+    def _check_usable(self, group, kind="run"):
+        if group.broken is not None and kind != "recv":  # a recv may find a message kept
             raise DistBackendError(str(group.broken)) from group.broken
         if self.closed:
             raise DistBackendError("the process group was destroyed")
@@ -329,7 +329,7 @@ class Communicator:
             if rank in group.ranks:
                 self._break(group, DistBackendError(
                     f"rank {rank} {what} ({why}); {group.describe()} cannot run collectives "
-                    "any more"), tell=False)
+                    "any more"), tell=False, keep_received=left)
 
     def on_peer_up(self, rank):
         log.warning("process group: rank %d answers again, but its groups stay broken", rank)
@@ -554,8 +554,10 @@ class Communicator:
             f"{prog.describe()} timed out after {group.timeout:g} s{waiting} on rank "
             f"{self.rank}"), tell=True, seq=prog.seq)
 
-    def _break(self, group, err, tell, seq=0):
-        """Fail every collective of ``group`` with ``err``; later calls fail at once too."""
+    def _break(self, group, err, tell, seq=0, keep_received=False):
+        """Fail every collective of ``group`` with ``err``; later calls fail at once too.
+        With ``keep_received`` (a member left cleanly), messages it sent before leaving
+        can still be received."""
         if group.broken is not None:
             return
         group.broken = err
@@ -573,6 +575,8 @@ class Communicator:
             for entry in self._p2p_recvs.pop(key):
                 work, entry[3] = entry[3], None
                 work._finish(err, self._callbacks)
+        if keep_received:
+            return
         for key in [k for k in self._p2p_msgs if k[0] == group.gid]:
             for src, _ in self._p2p_msgs.pop(key):
                 self._stashed[src] -= 1
@@ -593,22 +597,25 @@ class Communicator:
 
     # ------------------------------------------------------------------ point to point
     def _start_p2p(self, kind, group, peer, tag, array, work, on_done, deadline):
-        if group.broken is not None:
-            work._finish(group.broken, self._callbacks)
-            return
         if kind == "send":
+            if group.broken is not None:
+                work._finish(group.broken, self._callbacks)
+                return
             self._send(peer, [P2P, group.gid, tag, 0, None], array)
             work._finish(None, self._callbacks)
             return
         entry = [peer, array, on_done, work]
         msgs = self._p2p_msgs.get((group.gid, tag))
-        if msgs:
+        if msgs:  # received before (also from a peer that has left since)
             for i, (src, payload) in enumerate(msgs):
                 if peer is None or src == peer:
                     del msgs[i]
                     self._stashed[src] -= 1
                     self._complete_recv(entry, src, payload)
                     return
+        if group.broken is not None:
+            work._finish(group.broken, self._callbacks)
+            return
         self._p2p_recvs[(group.gid, tag)].append(entry)
         heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), _PostedRecv(
             self, group, entry)))

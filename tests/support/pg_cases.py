@@ -414,17 +414,37 @@ def timeout(ctx):
 
 
 @case
-def die_during_all_reduce(ctx, victim):
-    """``victim`` starts a large all-reduce and is killed in the middle of it."""
+def send_then_leave(ctx, receiver, leaver):
+    """``leaver`` sends and leaves at once; what it sent can still be received."""
+    if ctx.rank == leaver:
+        dist.send(distgrad.tensor([1.0, 2.0]), receiver)
+        dist.destroy_process_group()
+        return True
+    time.sleep(0.3)  # the message and the departure are both in by now
+    t = distgrad.zeros(2)
+    assert dist.recv(t, leaver) == leaver and t.tolist() == [1.0, 2.0]
+    try:
+        dist.recv(t, leaver)
+    except dist.DistBackendError as e:
+        assert f"rank {leaver} left" in str(e), str(e)
+        return True
+    raise AssertionError("a second recv from a departed rank succeeded")
+
+
+@case
+def die_during_all_reduce(ctx, k, victim):
+    """``victim`` starts a large all-reduce in the group of the first ``k`` ranks and is
+    killed in the middle of it."""
+    g = ctx.groups[k]
     x = distgrad.ones(4_000_000)
     if ctx.rank == victim:
-        dist.all_reduce(x, async_op=True)
+        dist.all_reduce(x, group=g, async_op=True)
         time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
     t0 = time.monotonic()
     try:
         for _ in range(50):
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=g)
     except dist.DistBackendError as e:
         return [str(e), time.monotonic() - t0]
     raise AssertionError("the victim's death went unnoticed")
