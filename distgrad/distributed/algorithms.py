@@ -8,7 +8,8 @@ that the program reads and writes in place; received arrays are read-only views
 
 Small messages take one round: every rank sends to every rank that needs its
 data, so the latency is one message (for the few ranks of one machine this beats
-a tree's log n rounds). Large ones take a ring, split into pieces that move on as
+a tree's log n rounds); more than ``DIRECT_MAX_RANKS`` ranks take recursive doubling
+for a small all-reduce (log2 n rounds of one message per rank). Large ones take a ring, split into pieces that move on as
 soon as they are reduced (a pipeline), so each rank sends and receives
 ``2 (n-1)/n`` of the data in an all-reduce. Two ranks exchange whole tensors up to
 a few MB: the same bytes as their ring (``2 (n-1)/n`` is 1), in one round instead
@@ -33,6 +34,9 @@ SMALL_BYTES = 64 << 10
 PIECE_BYTES = 2 << 20
 #: Two ranks exchange whole tensors up to this size (one round; the ring takes two).
 TWO_RANKS_DIRECT = 4 << 20
+#: Small all-reduces of more ranks than this take recursive doubling (log2 n rounds, one
+#: message per rank and round) instead of one round of n - 1 messages per rank.
+DIRECT_MAX_RANKS = 8
 
 
 def _bounds(numel, n):
@@ -131,8 +135,44 @@ def all_reduce(flat, op, n):
     def pipelined(prog):
         yield from ring(prog, flat, _bounds(flat.size, prog.size), op)
 
+    if n > DIRECT_MAX_RANKS and flat.nbytes <= SMALL_BYTES:
+        return (lambda prog: doubling(prog, flat, op)), False
     return (direct if _one_round(flat.nbytes, n) or (n == 2 and flat.nbytes <= TWO_RANKS_DIRECT)
             else pipelined), True
+
+
+def doubling(prog, flat, op):
+    """Recursive doubling: the ranks beyond the largest power of two ``m`` first hand their
+    tensor to rank ``r - m``; then in round ``i`` every rank ``r < m`` exchanges its partial
+    result with rank ``r ^ 2**i``; the lower-ranked partial always comes first, so both
+    partners compute the same bits. The folded ranks get the result at the end."""
+    r, n = prog.rank, prog.size
+    m = 1 << (n.bit_length() - 1)
+    last = 1 << 40  # the step of the result sent back to a folded rank
+    if r >= m:
+        prog.send(r - m, 0, flat)
+        flat[...] = yield prog.recv(r - m, last)
+        return
+    acc = np.array(flat, copy=True)
+    if r + m < n:
+        combine(op, acc, (yield prog.recv(r + m, 0)))
+    mask, step = 1, 1
+    while mask < m:
+        partner = r ^ mask
+        prog.send(partner, step, acc)
+        x = yield prog.recv(partner, step)
+        if partner < r:
+            x = np.array(x, copy=True)
+            combine(op, x, acc)
+            acc = x
+        else:
+            combine(op, acc, x)
+        mask <<= 1
+        step += 1
+    finish(op, acc, n)
+    flat[...] = acc
+    if r + m < n:
+        prog.send(r + m, last, flat)
 
 
 def reduce_scatter(work, block, op, out, n):

@@ -39,6 +39,11 @@ def test_all_reduce(world, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_all_reduce_by_recursive_doubling(world, dtype):
+    _same_bits(world.run("all_reduce_doubling", dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
 def test_broadcast_and_reduce(world, dtype):
     _same_bits(world.run("broadcast", dtype, ["plain", "scalar", "strided", "large"]))
     world.run("reduce", dtype, ["plain", "strided", "large"])

@@ -135,6 +135,17 @@ def all_reduce(ctx, dtype, layouts):
 
 
 @case
+def all_reduce_doubling(ctx, dtype):
+    """Small all-reduces by recursive doubling (for 3 ranks: one folded rank)."""
+    from distgrad.distributed import algorithms
+    old, algorithms.DIRECT_MAX_RANKS = algorithms.DIRECT_MAX_RANKS, 1
+    try:
+        return all_reduce(ctx, dtype, ["plain", "scalar", "strided"])
+    finally:
+        algorithms.DIRECT_MAX_RANKS = old
+
+
+@case
 def broadcast(ctx, dtype, layouts):
     out = {}
     for k in ctx.sizes():
