@@ -1,7 +1,7 @@
 """A process-group world of spawned ranks that a test drives, case by case.
 
-The test process serves a :class:`TCPStore`; each rank (a process started with
-``distgrad.multiprocessing.spawn``) joins the process group through it and then
+The test process serves a :class:`TCPStore`; each rank (a spawned process that dies
+with the test process, ``die_with_parent``) joins the process group through it and then
 runs the cases the test posts: ``world.run("case", *args)`` runs
 ``CASES["case"](ctx, *args)`` of the cases modules (``options["cases"]``, by default
 ``support.pg_cases``; the first one's ``Context``) on every rank and returns the
@@ -13,13 +13,14 @@ through ``distgrad.codec``.
 Every rank is reaped when the world closes, also when a test failed; a rank that
 dies unexpectedly fails the waiting call at once.
 """
+import multiprocessing
 import os
 import time
 import traceback
 
 from distgrad import codec
-import distgrad.multiprocessing as mp
 from distgrad.distributed import TCPStore
+from distgrad.multiprocessing.lifetime import die_with_parent, reap
 
 __all__ = ["World", "Context", "registry"]
 
@@ -49,9 +50,15 @@ class World:
         self.timeout = timeout
         self.store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
         self.count = 0
-        self.ctx = mp.spawn(serve, args=(n, self.store.port, dict(options or {})), nprocs=n,
-                            join=False)
-        self.pids = [p.pid for p in self.ctx.processes]
+        # plain spawned processes: a world may live for a whole session, and spawn()'s
+        # error-file directory would outlive the tests that check for leftovers
+        ctx = multiprocessing.get_context("spawn")
+        self.processes = [ctx.Process(target=_rank_main, daemon=True,
+                                      args=(r, n, self.store.port, dict(options or {}),
+                                            os.getpid()))
+                          for r in range(n)]
+        for p in self.processes:
+            p.start()
         try:
             self.run("ready")
         except BaseException:
@@ -82,7 +89,7 @@ class World:
                     raise AssertionError(f"case failed on rank {r} (ranks "
                                          f"{sorted(set(ranks) - set(done))} still running):\n"
                                          f"{value}")
-            for r, p in enumerate(self.ctx.processes):
+            for r, p in enumerate(self.processes):
                 if not p.is_alive() and r not in dead and r in ranks and r not in done:
                     raise AssertionError(f"rank {r} died (exit code {p.exitcode}) during case "
                                          f"{k}")
@@ -107,15 +114,17 @@ class World:
         try:
             self.post("stop")
             deadline = time.monotonic() + 10
-            while any(p.is_alive() for p in self.ctx.processes) and time.monotonic() < deadline:
+            while any(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
                 time.sleep(_POLL)
         except Exception:  # noqa: BLE001 - reap below whatever happened
             pass
-        for p in self.ctx.processes:
-            if p.is_alive():
-                p.kill()
-            p.join(5)
+        reap(self.processes, grace_period=2.0)
         self.store.close()
+
+
+def _rank_main(rank, n, port, options, parent):
+    die_with_parent(parent)
+    serve(rank, n, port, options)
 
 
 def serve(rank, n, port, options):
