@@ -87,7 +87,7 @@ class Group:
     """A group's state in the communicator (the Python-facing object is the ProcessGroup)."""
 
     __slots__ = ("gid", "ranks", "rank", "timeout", "name", "seq", "started", "broken",
-                 "mismatch", "last_fp", "running")
+                 "mismatch", "last_fp", "running", "gone")
 
     def __init__(self, gid, ranks, rank, timeout, name):
         self.gid, self.ranks, self.rank, self.timeout, self.name = gid, ranks, rank, timeout, name
@@ -97,6 +97,7 @@ class Group:
         self.mismatch = None  # [seq, {rank: fingerprint}, deadline] while collecting answers
         self.last_fp = {}     # seq -> fingerprint of recent collectives (for reports)
         self.running = {}     # seq -> Program
+        self.gone = {}        # rank -> error: members that left cleanly
 
     def describe(self):
         return f"group {self.name!r}" if self.name else "the default group"
@@ -326,10 +327,21 @@ class Communicator:
         self.shm_peers.discard(rank)
         what = "left the process group" if left else "is unreachable"
         for group in list(self.groups.values()):
-            if rank in group.ranks:
-                self._break(group, DistBackendError(
-                    f"rank {rank} {what} ({why}); {group.describe()} cannot run collectives "
-                    "any more"), tell=False, keep_received=left)
+            if rank not in group.ranks:
+                continue
+            err = DistBackendError(f"rank {rank} {what} ({why}); {group.describe()} cannot "
+                                   "run collectives that need it")
+            if not left:
+                self._break(group, err, tell=False)
+                continue
+            # a clean departure: what it sent before leaving is here and may still be
+            # used (a peer that finished a collective leaves while this rank finishes it);
+            # whatever waits for more from it fails
+            group.gone[rank] = err
+            if any(prog.waiting is not None and prog.waiting[3] == rank
+                   for prog in group.running.values()):
+                self._break(group, err, tell=False, keep_received=True)
+            self._fail_recvs_from(group, rank, err)
 
     def on_peer_up(self, rank):
         log.warning("process group: rank %d answers again, but its groups stay broken", rank)
@@ -426,6 +438,9 @@ class Communicator:
                 key = (group.gid, prog.seq, step, src)
                 got = self._stash.pop(key, None)
                 if got is None:
+                    if src in group.gone:  # it left without sending this
+                        self._break(group, group.gone[src], tell=False, keep_received=True)
+                        return
                     self._waiting[key] = prog
                     prog.waiting = key
                     return
@@ -598,8 +613,8 @@ class Communicator:
     # ------------------------------------------------------------------ point to point
     def _start_p2p(self, kind, group, peer, tag, array, work, on_done, deadline):
         if kind == "send":
-            if group.broken is not None:
-                work._finish(group.broken, self._callbacks)
+            if group.broken is not None or peer in group.gone:
+                work._finish(group.broken or group.gone[peer], self._callbacks)
                 return
             self._send(peer, [P2P, group.gid, tag, 0, None], array)
             work._finish(None, self._callbacks)
@@ -613,12 +628,32 @@ class Communicator:
                     self._stashed[src] -= 1
                     self._complete_recv(entry, src, payload)
                     return
-        if group.broken is not None:
-            work._finish(group.broken, self._callbacks)
+        if group.broken is not None or self._unreachable(group, peer) is not None:
+            work._finish(group.broken or self._unreachable(group, peer), self._callbacks)
             return
         self._p2p_recvs[(group.gid, tag)].append(entry)
         heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), _PostedRecv(
             self, group, entry)))
+
+    @staticmethod
+    def _unreachable(group, peer):
+        """Why a recv from ``peer`` (None: any member) can get nothing more, or None."""
+        if peer is not None:
+            return group.gone.get(peer)
+        others = [r for r in group.ranks if r != group.ranks[group.rank]]
+        if others and all(r in group.gone for r in others):
+            return group.gone[others[0]]
+        return None
+
+    def _fail_recvs_from(self, group, rank, err):
+        """Posted recvs that only ``rank`` (gone) could have satisfied fail."""
+        for key in [k for k in self._p2p_recvs if k[0] == group.gid]:
+            queue = self._p2p_recvs[key]
+            for entry in list(queue):
+                if self._unreachable(group, entry[0]) is not None:
+                    queue.remove(entry)
+                    work, entry[3] = entry[3], None
+                    work._finish(err, self._callbacks)
 
     def _on_p2p(self, group, src, tag, payload):
         recvs = self._p2p_recvs.get((group.gid, tag))
