@@ -57,18 +57,22 @@ def _one_round(nbytes, n):
     return nbytes <= SMALL_BYTES or n == 1
 
 
-def reduced(prog, own, step, op):
-    """Combine ``own`` with the same piece of every other rank (which sent it at ``step``),
-    in rank order; return the result (a new array)."""
+def reduce_in_place(prog, own, step, op):
+    """``own`` becomes the reduction of the same piece of every rank (the others sent it
+    at ``step``), combined in rank order. In place: only a rank from 2 on needs a
+    temporary, for the ranks before it."""
     acc = None
     for p in range(prog.size):
         x = own if p == prog.rank else (yield prog.recv(p, step))
         if acc is None:
-            acc = np.array(x, copy=True)
-        else:
-            combine(op, acc, x)
-    finish(op, acc, prog.size)
-    return acc
+            acc = x
+        elif acc is own or p == prog.rank:
+            acc = combine(op, acc, x, out=own)
+        elif acc.flags.writeable:  # the temporary
+            combine(op, acc, x, out=acc)
+        else:  # a received (read-only) piece so far
+            acc = combine(op, acc, x)
+    finish(op, own, prog.size)
 
 
 # ---------------------------------------------------------------------- the ring
@@ -96,7 +100,7 @@ def ring(prog, flat, bounds, op=None, reduce=True, gather=True):
             for k in range(len(pieces[c])):
                 x = yield prog.recv(left, s * stride + k)
                 v = view(c, k)
-                combine(op, v, x)
+                combine(op, v, x, out=v)
                 if s < n - 2:
                     prog.send(right, (s + 1) * stride + k, v)
                 else:  # chunk r is complete
@@ -130,7 +134,7 @@ def all_reduce(flat, op, n):
                 if p != r:
                     prog.send(p, k, flat[a:b])
         for k, (a, b) in enumerate(pieces):
-            flat[a:b] = yield from reduced(prog, flat[a:b], k, op)
+            yield from reduce_in_place(prog, flat[a:b], k, op)
 
     def pipelined(prog):
         yield from ring(prog, flat, _bounds(flat.size, prog.size), op)
@@ -153,24 +157,21 @@ def doubling(prog, flat, op):
         prog.send(r - m, 0, flat)
         flat[...] = yield prog.recv(r - m, last)
         return
-    acc = np.array(flat, copy=True)
+    acc = flat
     if r + m < n:
-        combine(op, acc, (yield prog.recv(r + m, 0)))
+        combine(op, acc, (yield prog.recv(r + m, 0)), out=acc)
     mask, step = 1, 1
     while mask < m:
         partner = r ^ mask
         prog.send(partner, step, acc)
         x = yield prog.recv(partner, step)
         if partner < r:
-            x = np.array(x, copy=True)
-            combine(op, x, acc)
-            acc = x
+            combine(op, x, acc, out=acc)
         else:
-            combine(op, acc, x)
+            combine(op, acc, x, out=acc)
         mask <<= 1
         step += 1
     finish(op, acc, n)
-    flat[...] = acc
     if r + m < n:
         prog.send(r + m, last, flat)
 
@@ -183,7 +184,9 @@ def reduce_scatter(work, block, op, out, n):
         for p in range(n):
             if p != r:
                 prog.send(p, 0, work[p * block:(p + 1) * block])
-        out[...] = yield from reduced(prog, work[r * block:(r + 1) * block], 0, op)
+        mine = work[r * block:(r + 1) * block]
+        yield from reduce_in_place(prog, mine, 0, op)
+        out[...] = mine
 
     def pipelined(prog):
         n = prog.size
@@ -243,7 +246,7 @@ def reduce(flat, op, root, n):
         if r != root:
             prog.send(root, 0, flat)
             return
-        flat[...] = yield from reduced(prog, flat, 0, op)
+        yield from reduce_in_place(prog, flat, 0, op)
 
     def pipelined(prog):
         r, n = prog.rank, prog.size

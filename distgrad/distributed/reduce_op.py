@@ -99,14 +99,13 @@ _TORCH_NAMES = {"int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char
                 "uint8": "Byte", "bool": "Bool"}
 
 
-def combine(op, acc, x):
-    """``acc = acc (op) x`` in place (``acc`` is writable; ``x`` comes second)."""
-    if acc.dtype == np.bool_ and op in (_RedOpType.SUM, _RedOpType.AVG):
-        np.logical_or(acc, x, out=acc)
-    elif acc.dtype == np.bool_ and op == _RedOpType.PRODUCT:
-        np.logical_and(acc, x, out=acc)
-    else:
-        _UFUNC[op](acc, x, out=acc)
+def combine(op, a, b, out=None):
+    """``a (op) b``, into ``out`` (which may be ``a`` or ``b``) or a new array."""
+    if a.dtype == np.bool_ and op in (_RedOpType.SUM, _RedOpType.AVG):
+        return np.logical_or(a, b, out=out)
+    if a.dtype == np.bool_ and op == _RedOpType.PRODUCT:
+        return np.logical_and(a, b, out=out)
+    return _UFUNC[op](a, b, out=out)
 
 
 def finish(op, acc, n):
