@@ -31,7 +31,7 @@ __all__ = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", 
 #: Below this many bytes (per rank) a collective takes one round of direct messages.
 SMALL_BYTES = 64 << 10
 #: Ring pieces: large enough that a message's fixed cost is small, small enough to pipeline.
-PIECE_BYTES = 2 << 20
+PIECE_BYTES = 8 << 20
 #: Two ranks exchange whole tensors up to this size (one round; the ring takes two).
 TWO_RANKS_DIRECT = 4 << 20
 #: Small all-reduces of more ranks than this take recursive doubling (log2 n rounds, one
