@@ -9,10 +9,13 @@
    overlapping the all-reduce with backward achieves. torch's DDP step is shown
    beside it.
 
-Every process runs NumPy/torch on one thread (2 ranks = 2 cores). Prints a table
-and one JSON line; ``--quick`` runs fewer repetitions.
+Every process runs NumPy/torch on one thread (2 ranks = 2 cores). The all-reduce
+worlds run ``--rounds`` times (default 2), distgrad and gloo alternating, and each
+size reports the lower of the rounds' medians, for both alike: on a machine shared
+with other work one round can land in a burst of load (every round's medians are in
+the JSON line). Prints a table and one JSON line; ``--quick`` runs fewer repetitions.
 
-    python scripts/bench_collectives.py [--quick] [--no-torch]
+    python scripts/bench_collectives.py [--quick] [--no-torch] [--rounds N]
 """
 import argparse
 import json
@@ -148,6 +151,7 @@ def main():
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--skip-ddp", action="store_true")
     ap.add_argument("--skip-collectives", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     have_torch = not args.no_torch
     if have_torch:
@@ -159,9 +163,14 @@ def main():
     result = {"load_before": round(load, 2), "all_reduce": {}, "ddp": {}}
     with tempfile.TemporaryDirectory() as outdir:
         worlds = () if args.skip_collectives else WORLDS
-        for world in worlds:
-            for which in (["distgrad", "torch"] if have_torch else ["distgrad"]):
-                _run(_collectives_worker, world, which, outdir, args.quick)
+        libs = ["distgrad", "torch"] if have_torch else ["distgrad"]
+        rounds = {}  # (lib, world) -> [{bytes: median}] per round
+        for k in range(max(1, args.rounds)):
+            for world in worlds:
+                for which in (libs if k % 2 == 0 else libs[::-1]):
+                    _run(_collectives_worker, world, which, outdir, args.quick)
+                    rounds.setdefault((which, world), []).append(
+                        _load(outdir, f"{which}-{world}.json"))
         if not args.skip_ddp:
             for which in (["distgrad", "torch"] if have_torch else ["distgrad"]):
                 _run(_ddp_worker, 2, which, outdir, args.quick)
@@ -169,19 +178,23 @@ def main():
               f"{os.cpu_count()} cores)")
         print(f"{'ranks':>5}{'size':>8}{'distgrad ms':>13}{'GB/s':>7}{'gloo ms':>10}{'GB/s':>7}"
               f"{'dg/gloo time':>14}")
+        def best(which, world, nbytes):
+            runs = rounds.get((which, world))
+            return min(r[str(nbytes)] for r in runs) if runs else None
+
         for world in worlds:
-            ours = _load(outdir, f"distgrad-{world}.json")
-            theirs = _load(outdir, f"torch-{world}.json") if have_torch else None
             for nbytes in SIZES:
-                d = ours[str(nbytes)]
-                g = theirs[str(nbytes)] if theirs else None
+                d = best("distgrad", world, nbytes)
+                g = best("torch", world, nbytes)
                 size = f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
                 row = f"{world:>5}{size:>8}{d * 1e3:13.3f}{nbytes / d / 1e9:7.2f}"
                 if g:
                     row += f"{g * 1e3:10.3f}{nbytes / g / 1e9:7.2f}{d / g:14.2f}"
                 print(row)
                 result["all_reduce"][f"{world}x{nbytes}"] = {
-                    "distgrad_s": d, "gloo_s": g, "ratio": d / g if g else None}
+                    "distgrad_s": d, "gloo_s": g, "ratio": d / g if g else None,
+                    "rounds": {w: [r[str(nbytes)] for r in rounds.get((w, world), [])]
+                               for w in libs}}
         if not args.skip_ddp:
             ours = _load(outdir, "ddp-distgrad.json")
             theirs = _load(outdir, "ddp-torch.json") if have_torch else None

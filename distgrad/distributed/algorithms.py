@@ -101,6 +101,7 @@ def ring(prog, flat, bounds, op=None, reduce=True, gather=True):
                 x = yield prog.recv(left, s * stride + k)
                 v = view(c, k)
                 combine(op, v, x, out=v)
+                x = None  # the last view of the sender's segment: it can lend it again
                 if s < n - 2:
                     prog.send(right, (s + 1) * stride + k, v)
                 else:  # chunk r is complete
@@ -117,6 +118,7 @@ def ring(prog, flat, bounds, op=None, reduce=True, gather=True):
                 x = yield prog.recv(left, (n - 1 + s) * stride + k)
                 v = view(c, k)
                 v[...] = x
+                x = None
                 if s < n - 2:
                     prog.send(right, (n + s) * stride + k, v)
 
