@@ -1,5 +1,5 @@
 """``Work``: the handle of a collective, what ``async_op=True`` returns."""
-from distgrad.rpc.futures import Future
+from distgrad.futures import Future
 
 from .errors import DistBackendError
 from .store import seconds
