@@ -44,7 +44,7 @@ from .owner import OwnerOps, OwnerTable
 from .pool import HandlerPool
 from .rendezvous import RendezvousServer, join, resolve_address
 from .rref import RRef
-from .shm import SegmentMaps, SegmentPool, shm_root
+from .shm import LendingContext, SegmentMaps, SegmentPool, shm_root
 from .transport import Transport
 from .worker_info import WorkerInfo
 
@@ -56,7 +56,7 @@ Kind = wire.Kind
 _NO_REPLY = 0  # message id of fire-and-forget calls: their replies are dropped quietly
 
 
-class _MessageContext:
+class _MessageContext(LendingContext):
     """The codec context of one message to or from ``peer``: RRef forks, function
     references resolved against the allowlist, and shared-memory segments (``segments``:
     lent for an outgoing message, named by the header of an incoming one)."""
@@ -78,28 +78,9 @@ class _MessageContext:
     def resolve(self, ref):
         return self.agent.allowlist.resolve(ref)
 
-    def external_array(self, a):
-        agent = self.agent
-        pool = agent.shm_pool
-        if pool is None or a.nbytes < pool.threshold or self.peer not in agent.shm_peers:
-            return None
-        name = pool.lend(a, self.peer)
-        if name is None:
-            return None
-        self.segments.append(name)
-        return [name, a.nbytes]
-
-    def external_buffer(self, ref):
-        maps = self.agent.shm_maps
-        if maps is None or len(ref) != 2 or ref[0] not in self.segments:
-            raise codec.CodecError(f"shared-memory reference {ref!r} is not declared in the "
-                                   "message header")
-        try:
-            view = maps.view(ref[0], ref[1], self.peer)
-        except (OSError, ValueError) as e:
-            raise codec.CodecError(f"shared-memory segment {ref[0]!r}: {e}") from None
-        self.mapped.add(ref[0])
-        return view
+    def _shm(self):
+        a = self.agent
+        return a.shm_pool, a.shm_maps, a.shm_peers
 
 
 class Agent:

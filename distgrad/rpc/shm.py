@@ -36,9 +36,10 @@ import weakref
 
 import numpy as np
 
+from .. import codec
 from ..utils.tempdirs import owned_name, sweep_stale
 
-__all__ = ["SegmentPool", "SegmentMaps", "shm_root", "PREFIX"]
+__all__ = ["SegmentPool", "SegmentMaps", "LendingContext", "shm_root", "PREFIX"]
 
 log = logging.getLogger("distgrad.rpc")
 
@@ -269,3 +270,38 @@ class SegmentMaps:
         with self._lock:
             self._maps.clear()
             self._mapped_bytes = 0
+
+
+class LendingContext:
+    """The codec hooks (see ``codec.py``) of one message to or from ``self.peer``: an array
+    of at least the pool's threshold to a peer proven to share memory is lent from the
+    pool; a reference in a received message is mapped, if its header declared it.
+
+    Subclasses keep ``peer``, ``segments`` (lent for an outgoing message, declared by an
+    incoming one's header) and ``mapped``, and say where the pool, the maps and the
+    proven peers are: ``_shm() -> (pool, maps, peers)``.
+    """
+
+    __slots__ = ()
+
+    def external_array(self, a):
+        pool, _, peers = self._shm()
+        if pool is None or a.nbytes < pool.threshold or self.peer not in peers:
+            return None
+        name = pool.lend(a, self.peer)
+        if name is None:
+            return None
+        self.segments.append(name)
+        return [name, a.nbytes]
+
+    def external_buffer(self, ref):
+        maps = self._shm()[1]
+        if maps is None or len(ref) != 2 or ref[0] not in self.segments:
+            raise codec.CodecError(f"shared-memory reference {ref!r} is not declared in the "
+                                   "message header")
+        try:
+            view = maps.view(ref[0], ref[1], self.peer)
+        except (OSError, ValueError) as e:
+            raise codec.CodecError(f"shared-memory segment {ref[0]!r}: {e}") from None
+        self.mapped.add(ref[0])
+        return view
