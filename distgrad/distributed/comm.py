@@ -50,7 +50,7 @@ import zmq
 from distgrad.rpc import wire
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.pool import HandlerPool
-from distgrad.rpc.shm import LendingContext, SegmentMaps, SegmentPool, shm_root
+from distgrad.rpc.shm import LendingContext, SameHost
 from distgrad.rpc.transport import Transport
 from distgrad.utils.tempdirs import owned_tempdir
 
@@ -151,9 +151,8 @@ class _Shm(LendingContext):
         self.segments = list(segments)
         self.mapped = set()
 
-    def _shm(self):
-        c = self.comm
-        return c.shm_pool, c.shm_maps, c.shm_peers
+    def _same_host(self):
+        return self.comm.shm
 
 
 class Communicator:
@@ -177,9 +176,7 @@ class Communicator:
         self._p2p_recvs = collections.defaultdict(collections.deque)  # (gid, tag) -> recvs
         self._deadlines = []                # heap of (deadline, tiebreak, Program)
         self._tiebreak = itertools.count()
-        self._releases = collections.deque()
-        self.shm_pool = self.shm_maps = None
-        self.shm_peers = set()
+        self.shm = None  # the same-host path (made at connect)
         self._callbacks = None
         self._ipc_dir = None
         self.closed = False
@@ -209,11 +206,8 @@ class Communicator:
         return parts[0]
 
     def connect(self, addresses):
-        root = shm_root()
-        if root is not None and self.world_size > 1:
-            self.shm_pool = SegmentPool(root, _SHM_THRESHOLD, self.options.shm_pool_bytes)
-            self.shm_maps = SegmentMaps(root, self._queue_release,
-                                        2 * self.options.shm_pool_bytes)
+        self.shm = SameHost(_SHM_THRESHOLD, self.options.shm_pool_bytes, self.transport.wake,
+                            enabled=self.world_size > 1)
         self._callbacks = HandlerPool(1, name=f"pg-callbacks-{self.rank}")
         self.transport.connect([self._choose(a) for a in addresses])
 
@@ -279,8 +273,7 @@ class Communicator:
             self.transport.drop(f"process-group message from rank {src}: {e}")
             return
         finally:
-            if self.shm_maps is not None and segments:
-                self.shm_maps.settle(src, segments, ctx.mapped)
+            self.shm.settle(src, segments, ctx.mapped)
         self._deliver(src, kind, gid, a, b, meta, payload)
 
     def _deliver(self, src, kind, gid, a, b, meta, payload):
@@ -313,18 +306,13 @@ class Communicator:
         self.on_late(rank, segments)  # nothing here makes calls
 
     def on_late(self, src, segments):
-        if segments and src is not None and self.shm_maps is not None:
-            self.shm_maps.settle(src, segments, ())
+        self.shm.settle(src, segments)
 
     def on_release(self, src, names):
-        if self.shm_pool is not None:
-            self.shm_pool.release(names, src)
+        self.shm.released(src, names)
 
     def on_peer_down(self, rank, why, left):
-        if self.shm_pool is not None:
-            self.shm_pool.reclaim(rank)
-            self.shm_maps.forget(rank)
-        self.shm_peers.discard(rank)
+        self.shm.peer_gone(rank)
         what = "left the process group" if left else "is unreachable"
         for group in list(self.groups.values()):
             if rank not in group.ranks:
@@ -375,7 +363,7 @@ class Communicator:
                 if self.rank not in group.mismatch[1]:
                     self._answer_mismatch(group, None)
                 self._conclude_mismatch(group)
-        self._send_releases()
+        self.shm.send_releases(self.transport, self.rank)
 
     # ------------------------------------------------------------------ starting work
     def _start_submitted(self):
@@ -702,31 +690,12 @@ class Communicator:
                 # a copy: the caller may write into its tensor as soon as the collective ends
                 sock.send(f, zmq.SNDMORE if i < last else 0, copy=True)
         except zmq.ZMQError as e:  # the socket is closing: the peer hears LEAVE anyway
-            if ctx.segments and self.shm_pool is not None:
-                self.shm_pool.release(ctx.segments, dst)
+            self.shm.give_back(dst, ctx.segments)
             log.debug("process group: sending to rank %d failed: %s", dst, e)
-
-    def _queue_release(self, src, names):
-        """A finalizer (any thread): segments of ``src`` are no longer mapped here."""
-        self._releases.append((src, names))
-        self.transport.wake()
-
-    def _send_releases(self):
-        releases = self._releases
-        if not releases:
-            return
-        by_src = collections.defaultdict(list)
-        while releases:
-            src, names = releases.popleft()
-            by_src[src].extend(names)
-        for src, names in by_src.items():
-            if self.transport.down(src) is None:
-                self.transport.send(src, [wire.pack_header(Kind.RELEASE, 0, self.rank, None,
-                                                           names), b""])
 
     # ------------------------------------------------------------------ shutdown
     def lent(self):
-        return self.shm_pool.stats()["lent"] if self.shm_pool is not None else 0
+        return self.shm.lent() if self.shm is not None else 0
 
     def close(self, timeout=5.0):
         """Leave: let peers finish reading what this process lent them (bounded), then
@@ -748,9 +717,8 @@ class Communicator:
                 prog.work._finish(err, None)
         if self._callbacks is not None:
             self._callbacks.shutdown()
-        if self.shm_pool is not None:
-            self.shm_pool.close()
-            self.shm_maps.close()
+        if self.shm is not None:
+            self.shm.close()
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
@@ -799,8 +767,9 @@ def shm_handshake(comm):
     def program(prog):
         r, n = prog.rank, prog.size
         ranks = prog.group.ranks
-        probe = comm.shm_pool.probe() if comm.shm_pool is not None else None
-        record = [os.getpid(), probe[0], probe[1]] if probe is not None else None
+        probe = comm.shm.probe()
+        record = list(probe) if probe is not None else None
+        answers = {}
         try:
             for p in range(n):
                 if p != r:
@@ -808,14 +777,14 @@ def shm_handshake(comm):
             for p in range(n):
                 if p != r:
                     x = yield prog.recv(p, 0)
-                    ok = (comm.shm_maps is not None and type(x) is list and len(x) == 3
-                          and type(x[0]) is int and type(x[1]) is str and type(x[2]) is str
-                          and comm.shm_maps.check_probe(ranks[p], x[0], x[1], x[2]))
+                    ok = type(x) is list and len(x) == 3 and comm.shm.check_probe(ranks[p], *x)
                     prog.send(p, 1, bool(ok))
             for p in range(n):
-                if p != r and (yield prog.recv(p, 1)) is True:
-                    comm.shm_peers.add(ranks[p])
+                if p != r:
+                    answers[ranks[p]] = (yield prog.recv(p, 1)) is True
         finally:
             if probe is not None:
-                comm.shm_pool.end_probe(probe[0])
+                for rank, ok in answers.items():
+                    comm.shm.probed(rank, probe, ok)
+                comm.shm.pool.end_probe(probe[1])  # also when a peer never answered
     return program

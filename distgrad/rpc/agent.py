@@ -23,7 +23,6 @@ and shutdown.
 import collections
 import itertools
 import logging
-import os
 import shutil
 import threading
 import time
@@ -44,7 +43,7 @@ from .owner import OwnerOps, OwnerTable
 from .pool import HandlerPool
 from .rendezvous import RendezvousServer, join, resolve_address
 from .rref import RRef
-from .shm import LendingContext, SegmentMaps, SegmentPool, shm_root
+from .shm import LendingContext, SameHost
 from .transport import Transport
 from .worker_info import WorkerInfo
 
@@ -78,9 +77,8 @@ class _MessageContext(LendingContext):
     def resolve(self, ref):
         return self.agent.allowlist.resolve(ref)
 
-    def _shm(self):
-        a = self.agent
-        return a.shm_pool, a.shm_maps, a.shm_peers
+    def _same_host(self):
+        return self.agent.shm
 
 
 class Agent:
@@ -102,9 +100,7 @@ class Agent:
         self.dispatcher = Dispatcher(self)
         self.pool = None
         self.transport = None
-        self.shm_pool = self.shm_maps = None
-        self.shm_peers = set()
-        self._releases = collections.deque()      # (rank, [segment names]) to send
+        self.shm = None                           # the same-host path (made at start)
         self._fork_releases = collections.deque()  # (owner, rid, fid) of dropped RRefs
         self._closing = None                      # why new calls are refused, once shutting down
         self._quiet = False                       # peers leaving is expected (after the barrier)
@@ -154,38 +150,23 @@ class Agent:
             raise
 
     def _start_shm(self):
-        root = shm_root()
-        if root is None or self.options.shm_threshold <= 0 or self.world_size == 1:
-            return
-        self.shm_pool = SegmentPool(root, max(self.options.shm_threshold, codec.INLINE_MAX),
-                                    self.options.shm_pool_bytes)
-        self.shm_maps = SegmentMaps(root, self._queue_release, 2 * self.options.shm_pool_bytes)
+        opts = self.options
+        threshold = max(opts.shm_threshold, codec.INLINE_MAX) if opts.shm_threshold else 0
+        self.shm = SameHost(threshold, opts.shm_pool_bytes, self.transport.wake,
+                            enabled=self.world_size > 1)
 
     def _probe_shm(self):
         """Prove, per peer, that it can map a segment made here; until then (and if not)
         large arrays take the socket."""
-        if self.shm_pool is None:
-            return
         for w in self.workers:
-            if w.id == self.rank:
-                continue
-            try:
-                name, token = self.shm_pool.probe()
-            except OSError as e:
-                log.debug("%s: no shared memory: %s", self.name, e)
-                return
-            fut = self.call(w.id, "@shm.probe", (os.getpid(), name, token), internal=True)
-            fut.add_done_callback(lambda f, r=w.id, n=name: self._probed(f, r, n))
-
-    def _probed(self, fut, rank, name):
-        self.shm_pool.end_probe(name)
-        if fut.exception() is None and fut.value() is True:
-            self.shm_peers.add(rank)
+            probe = self.shm.probe() if w.id != self.rank else None
+            if probe is not None:
+                fut = self.call(w.id, "@shm.probe", probe, internal=True)
+                fut.add_done_callback(lambda f, r=w.id, p=probe: self.shm.probed(
+                    r, p, f.exception() is None and f.value()))
 
     def _op_shm_probe(self, request, pid, name, token):
-        if self.shm_maps is None or type(pid) is not int or type(token) is not str:
-            return False
-        return self.shm_maps.check_probe(request.src, pid, name, token)
+        return self.shm.check_probe(request.src, pid, name, token)
 
     # ------------------------------------------------------------------ identities
     def new_id(self):
@@ -333,21 +314,12 @@ class Agent:
     def settle_segments(self, src, segments, ctx):
         """After decoding a message from ``src``: release the segments it named but that
         were not mapped (the body was malformed, or the message is dropped)."""
-        if segments and self.shm_maps is not None:
-            self.shm_maps.settle(src, segments, ctx.mapped if ctx is not None else ())
+        self.shm.settle(src, segments, ctx.mapped if ctx is not None else ())
 
     def return_segments(self, dst, ctx):
         """An outgoing message was not sent: its segments are free again."""
-        if ctx.segments and self.shm_pool is not None:
-            self.shm_pool.release(ctx.segments, dst)
-            ctx.segments = []
-
-    def _queue_release(self, src, names):
-        """A finalizer (any thread): segments of ``src`` are no longer mapped here."""
-        self._releases.append((src, names))
-        t = self.transport
-        if t is not None:
-            t.wake()
+        self.shm.give_back(dst, ctx.segments)
+        ctx.segments = []
 
     # ------------------------------------------------------------------ RRefs
     def adopt_rref(self, rref):
@@ -405,19 +377,14 @@ class Agent:
         self._complete(p.fut, value, exc)
 
     def on_late(self, src, segments):
-        if segments and src is not None and self.shm_maps is not None:
-            self.shm_maps.settle(src, segments, ())
+        self.shm.settle(src, segments)
 
     def on_release(self, src, names):
-        if self.shm_pool is not None:
-            self.shm_pool.release(names, src)
+        self.shm.released(src, names)
 
     def on_peer_down(self, rank, why, left):
         failed = self.calls.fail_peer(rank)
-        if self.shm_pool is not None:
-            self.shm_pool.reclaim(rank)
-            self.shm_maps.forget(rank)
-        self.shm_peers.discard(rank)
+        self.shm.peer_gone(rank)
         self.owner.forget_peer(rank)
         level = logging.DEBUG if self._quiet else logging.WARNING
         pending = f"; {len(failed)} pending calls to it failed" if failed else ""
@@ -456,16 +423,7 @@ class Agent:
                         f"on {self.describe(p.dst)}"))
         if now >= self.owner.next_expiry:
             self.owner.expire(now)
-        releases = self._releases
-        if releases:
-            by_src = {}
-            while releases:
-                src, names = releases.popleft()
-                by_src.setdefault(src, []).extend(names)
-            for src, names in by_src.items():
-                if self.transport.down(src) is None:
-                    self.transport.send(src, [wire.pack_header(Kind.RELEASE, 0, self.rank, None,
-                                                               names), b""])
+        self.shm.send_releases(self.transport, self.rank)
         forks = self._fork_releases
         while forks:
             owner, rid, fid = forks.popleft()
@@ -555,9 +513,8 @@ class Agent:
                 p.fut._try_set_exception(err)
         if self.pool is not None:
             self.pool.shutdown()
-        if self.shm_pool is not None:
-            self.shm_pool.close()
-            self.shm_maps.close()
+        if self.shm is not None:
+            self.shm.close()
         self.owner.clear()
         if self._ipc_dir and not self.options.ipc_dir:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
