@@ -278,12 +278,19 @@ class Agent:
         mid = next(self._ids)
         what, ctx, frames = self._prepare(dst, target, args, kwargs, remote_ref, mid)
         try:
+            copies = self.copies(dst, "request", what, ctx)
+        except Exception as e:  # noqa: BLE001 - an interceptor failed the message: the caller's
+            self.return_segments(dst, ctx)
+            fut.set_exception(e)
+            return fut
+        try:
             self.calls.add(mid, Pending(fut, dst, deadline, what, timeout),
                            block=self.options.backpressure == "block")
         except BaseException:
             self.return_segments(dst, ctx)
             raise
-        self.transport.send(dst, frames)
+        for _ in range(copies):
+            self.transport.send(dst, frames)
         return fut
 
     def call_sync(self, to, target, args=(), kwargs=None, timeout=-1, internal=False):
@@ -295,6 +302,7 @@ class Agent:
         mid = next(self._ids)
         what, ctx, frames = self._prepare(dst, target, args, kwargs, None, mid)
         try:
+            copies = self.copies(dst, "request", what, ctx)
             self.calls.add(mid, Pending(None, dst, deadline, what, timeout),
                            block=self.options.backpressure == "block")
         except BaseException:
@@ -310,7 +318,7 @@ class Agent:
                 raise RpcError(f"RPC agent {self.name!r} stopped during a call to {what}"
                                + (f": {self.transport.failure}" if self.transport.failure else ""))
         try:
-            reply = self.transport.sync_exchange(dst, frames, mid, deadline, check)
+            reply = self.transport.sync_exchange(dst, frames, mid, deadline, check, copies)
         finally:
             self.calls.pop(mid)
         if reply is None:
@@ -326,6 +334,15 @@ class Agent:
         rid, fid = self.new_id(), self.new_id()
         created = self.call(dst, target, args, kwargs, timeout, remote_ref=[rid, fid])
         return RRef._make(self, dst, rid, fid, created)
+
+    def copies(self, dst, kind, what, ctx):
+        """How many times to send an encoded message to rank ``dst``: interceptors may drop
+        or duplicate it (``interceptors.copies``). One whose arrays ride in shared memory
+        goes at most once; a dropped one gives its segments back."""
+        n = interceptors.copies(self.workers[dst], kind, what)
+        if n == 0:
+            self.return_segments(dst, ctx)
+        return min(n, 1) if ctx.segments else n
 
     def _send_no_reply(self, dst, target, args):
         """A fire-and-forget call from the I/O thread (never blocks, reply dropped)."""

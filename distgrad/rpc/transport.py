@@ -267,12 +267,14 @@ class Transport:
             s.connect(self.endpoints[dst])
         return s
 
-    def sync_exchange(self, dst, frames, mid, deadline, check):
-        """Send a CALL on this thread's socket and wait for its reply; ``check()`` runs
-        between slices of the wait and raises to abandon it (dead peer, shutdown).
-        Returns (kind, extra, segments, frames) of the reply, or None on timeout."""
+    def sync_exchange(self, dst, frames, mid, deadline, check, copies=1):
+        """Send a CALL (``copies`` times: 0 drops it) on this thread's socket and wait for
+        its reply; ``check()`` runs between slices of the wait and raises to abandon it
+        (dead peer, shutdown). Returns (kind, extra, segments, frames) of the reply, or
+        None on timeout."""
         sock = self.sync_socket(dst)
-        send_frames(sock, frames)
+        for _ in range(copies):
+            send_frames(sock, frames)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
