@@ -28,6 +28,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 
 from .. import codec
 from ..utils.tempdirs import owned_tempdir
@@ -110,6 +111,7 @@ class Agent:
                 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank!r} out of range for world_size {world_size!r}")
         self.name, self.rank, self.world_size = name, rank, world_size
+        self.weakref = weakref.ref(self)  # what RRefs hold (see RRef._bind)
         self.options = options = options or RpcBackendOptions()
         self.allowlist = Allowlist(options.allowed_modules)
         self.running = False
