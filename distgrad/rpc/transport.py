@@ -60,6 +60,7 @@ Kind = wire.Kind
 _ZERO_COPY_MIN = 1 << 16  # below this, copying is cheaper than pyzmq's zero-copy bookkeeping
 _BATCH = 64               # messages taken from one socket before looking at the others
 _SYNC_SLICE = 0.05        # how often a blocking call looks at its peer's liveness
+_LEAVE_LINGER = 100       # ms a LEAVE may take to reach a live peer when we close
 _MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
               | zmq.EVENT_CONNECTED)
 
@@ -444,10 +445,15 @@ class Transport:
                     pass
 
     def _close_sockets(self):
-        linger = 1000 if self._announce is not None else 0  # let LEAVE and last replies out
-        for s in [*self._monitors, self.router, *self.dealers]:
+        # let the last replies (router) and LEAVE (dealers) out; a LEAVE to a peer that is
+        # already gone would wait for the whole linger, so the dealers' is short
+        linger = 1000 if self._announce is not None else 0
+        for s in [*self._monitors, self.router]:
             if s is not None and not s.closed:
                 s.close(linger=linger)
+        for r, d in enumerate(self.dealers):
+            if not d.closed:
+                d.close(linger=0 if r in self._down else min(linger, _LEAVE_LINGER))
 
     # ------------------------------------------------------------------ closing
     def close(self, announce=None, timeout=10.0):
