@@ -9,10 +9,12 @@ session: one RPC agent per process, so opening another world closes them, and
 each test must leave a shared world as it found it (else the test fails and the
 world is replaced).
 """
+import gc
 import os
-import shutil
 import signal
 import time
+
+from distgrad.utils.tempdirs import remove_path
 
 from . import forkserver, hangs, leaks
 from .world import World
@@ -94,6 +96,7 @@ class TestWorlds:
         self.deadline, self.timeout_method = deadline, timeout_method
         self.opened = []
         self.finished = []
+        self.frozen = False
         self.watchdog = None
         self.hang_report = None
         self.hang_report_shown = False
@@ -109,6 +112,7 @@ class TestWorlds:
         leak_check = self.leak_check if leak_check is None else leak_check
         if scope == "function":
             self.registry.close_all()
+            self._freeze()
             o = _Opened(None, None, leak_check)
             o.rank0_before = leaks.process_state()
             o.paths_before = set(leaks.owned_paths([os.getpid()]))
@@ -179,9 +183,20 @@ class TestWorlds:
                 problems += self._finish_one(o, failed)
             except Exception as e:  # noqa: BLE001 - close the other worlds, then raise it
                 error = error or e
+        if self.frozen:
+            gc.unfreeze()
+            self.frozen = False
         if error is not None:
             raise error
         return problems
+
+    def _freeze(self):
+        """Leave what this process held before the test out of the garbage collections
+        of the test's end (the RPC shutdown collects, to release RRefs held by cycles; in
+        a test process that walks pytest's whole heap, most of a world's close)."""
+        if not self.frozen:
+            gc.freeze()
+            self.frozen = True
 
     def _finish_one(self, o, failed):
         world = o.world
@@ -287,13 +302,7 @@ def _kill(pids, reap):
 
 def _remove(paths):
     for path in paths:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        remove_path(path)
 
 
 def _serving():
