@@ -22,6 +22,7 @@ workers first); each worker dies with the server. Variables that act when a modu
 is imported (``OMP_NUM_THREADS``, ``PYTHONHASHSEED``...) were read by the server:
 worlds that set such variables for their workers start them with ``spawn`` instead.
 """
+import atexit
 import json
 import os
 import select
@@ -184,10 +185,13 @@ _server_lock = threading.Lock()
 
 
 def fork_server(path):
-    """This process's fork server (started on first use, again if it died)."""
+    """This process's fork server (started on first use, again if it died; stopped at exit)."""
     global _server
     with _server_lock:
-        if _server is None or not _server.alive():
+        if _server is not None and not _server.alive():
+            _server.close()
+            _server = None
+        if _server is None:
             _server = ForkServer(path)
         return _server
 
@@ -203,6 +207,9 @@ def stop_server():
         if _server is not None:
             _server.close()
             _server = None
+
+
+atexit.register(stop_server)
 
 
 # ---------------------------------------------------------------------- the server

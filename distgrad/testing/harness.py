@@ -122,7 +122,7 @@ class TestWorlds:
             modules = dict(self.test_modules)
             if scope == "session":
                 modules.update(self.registry.session_modules)
-            key = (scope_id, n, transport, _frozen(options))
+            key = (scope_id, n, transport, _options_key(options))
             world = self.registry.take(key)
             if world is None:
                 world = World(n, transport, test_modules=modules,
@@ -311,5 +311,5 @@ def _serving():
     return agent is not None and agent.running
 
 
-def _frozen(options):
+def _options_key(options):
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))

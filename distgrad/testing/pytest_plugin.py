@@ -112,7 +112,7 @@ def pytest_collection_finish(session):
         if _uses_world(item):
             modules.update(_test_modules(item))
     session.config.stash[_WORLD_MODULES] = modules
-    if modules and hasattr(os, "fork"):  # start the fork server while collection output prints
+    if modules and sys.platform.startswith("linux"):  # start the fork server meanwhile
         from . import forkserver
         from .world import _ROOT
         forkserver.fork_server([_ROOT, *sys.path])
@@ -237,8 +237,13 @@ def spmd_world(request, world_size):
     leak_check = options.pop("leak_check", None)
     options["allowed_modules"] = _allowed(request.config, options)
     tw = _test_worlds(request)
-    yield tw.open(world_size - 1, transport, scope, _scope_id(request.node, scope), leak_check,
-                  **options)
+    try:
+        world = tw.open(world_size - 1, transport, scope, _scope_id(request.node, scope),
+                        leak_check, **options)
+    except BaseException:
+        tw.finish(failed=True)  # what did start is closed
+        raise
+    yield world
     _finish(request, tw)
 
 
@@ -291,12 +296,13 @@ def pytest_runtest_makereport(item, call):
     rep = yield
     item.stash.setdefault(_REPORTS, {})[rep.when] = rep
     spmd = sys.modules.get("distgrad.testing.spmd")
-    if spmd is not None and call.excinfo is not None \
-            and isinstance(call.excinfo.value, spmd.RankFailures):
+    ranks_shown = spmd is not None and call.excinfo is not None \
+        and isinstance(call.excinfo.value, spmd.RankFailures)
+    if ranks_shown:  # each rank's traceback, or its stacks if it did not finish
         rep.longrepr = RankFailuresRepr(item, call.excinfo.value.parts)
     tw = item.stash.get(_TEST_WORLDS, None)
     if tw is not None and rep.failed:
-        if tw.hang_report and not tw.hang_report_shown:
+        if tw.hang_report and not tw.hang_report_shown and not ranks_shown:
             rep.sections.append((_HANG_SECTION, tw.hang_report))
             tw.hang_report_shown = True
         if rep.when == "call":

@@ -317,7 +317,7 @@ def run_everywhere(item, world, timeout, grace=GRACE, dump=None):
     except RankInterrupted:  # it came after rank 0's function returned: no matter
         pass
     deadline = time.monotonic() + timeout
-    unfinished = []
+    unfinished, timed_out = [], ""
     try:
         while True:
             trouble = outcomes[0][0] != "passed" or any(
@@ -329,8 +329,9 @@ def run_everywhere(item, world, timeout, grace=GRACE, dump=None):
                 unfinished = left
                 break
             futs[left[0]].wait_done(min(0.05, max(0.0, deadline - time.monotonic())))
-    except pytest.fail.Exception:  # pytest-timeout: report what we know, with the stacks
+    except pytest.fail.Exception as e:  # pytest-timeout: report what we know, with the stacks
         unfinished = [r for r, f in futs.items() if not f.done()]
+        timed_out = f" ({str(e.msg).splitlines()[0]})"
     for rank, f in futs.items():
         if rank not in unfinished:
             outcomes[rank] = _remote_outcome(f, world.names[rank], world)
@@ -339,7 +340,7 @@ def run_everywhere(item, world, timeout, grace=GRACE, dump=None):
         stacks = dump(names) if dump is not None else {}
         waited = time.monotonic() - started
         for r in unfinished:
-            outcomes[r] = ("unfinished", f"still running after {waited:.1f} s",
+            outcomes[r] = ("unfinished", f"still running after {waited:.1f} s{timed_out}",
                            stacks.get(world.names[r], "(no stacks)"))
     return _conclude(outcomes)
 

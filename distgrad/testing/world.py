@@ -73,9 +73,9 @@ class World:
         self.init_driver = init_driver
         self.test_modules = dict(test_modules or {})
         self.import_paths = list(import_paths)
-        if start_method is None:
-            start_method = "fork" if hasattr(os, "fork") and _read_at_runtime(self.worker_env) \
-                else "spawn"
+        if start_method is None:  # fork where forking a clean server is known to be safe
+            start_method = "fork" if sys.platform.startswith("linux") \
+                and _read_at_runtime(self.worker_env) else "spawn"
         if start_method not in ("fork", "spawn"):
             raise ValueError(f"start_method must be 'fork' or 'spawn', not {start_method!r}")
         self.start_method = start_method
