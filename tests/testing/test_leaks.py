@@ -1,4 +1,10 @@
 """Leak checks: whatever a passing test leaves behind on any rank fails it, named."""
+import glob
+import os
+import re
+import tempfile
+import time
+
 import pytest
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,9 +30,8 @@ def open_file(path):
 def enter_context():
     dist_autograd.context().__enter__()
 
-def make_segment():   # a file named as distgrad names what a process owns
-    with open(f"/dev/shm/dgshm-{os.getpid()}-00000000-1", "w"):
-        pass
+def make_temp_file():   # named as distgrad names what a process owns, by no sweeper's prefix
+    os.close(tempfile.mkstemp(prefix=f"dg-scratch-{os.getpid()}-")[0])
 
 def make_list():
     return [1, 2]
@@ -50,9 +55,9 @@ def test_autograd_context_on_a_worker(rpc_world):
     rpc_world(1)
     rpc.rpc_sync("worker1", enter_context)
 
-def test_shared_memory_file_of_a_worker(rpc_world):
+def test_temp_file_of_a_worker(rpc_world):
     rpc_world(1)
-    rpc.rpc_sync("worker1", make_segment)
+    rpc.rpc_sync("worker1", make_temp_file)
 
 def test_rref_kept_alive(rpc_world):
     rpc_world(2)
@@ -100,7 +105,6 @@ def test_failing_test_is_not_checked(rpc_world):
 
 
 def test_each_kind_of_leak_fails_the_test_naming_it(example):
-    import time
     t0 = time.monotonic()
     result = example(LEAKY, "-rA", "--timeout=60", ini="timeout = 60\n")
     result.assert_outcomes(passed=13, errors=11, failed=1)
@@ -108,7 +112,7 @@ def test_each_kind_of_leak_fails_the_test_naming_it(example):
               for line in result.stdout.lines if line.startswith("ERROR test_example.py::")}
     assert sorted(errors) == sorted([
         "test_thread_on_a_worker", "test_child_process_on_a_worker", "test_file_on_a_worker",
-        "test_autograd_context_on_a_worker", "test_shared_memory_file_of_a_worker",
+        "test_autograd_context_on_a_worker", "test_temp_file_of_a_worker",
         "test_rref_kept_alive", "test_call_never_waited_for", "test_thread_in_the_test_process",
         "test_child_and_file_in_the_test_process", "test_interceptor_left_installed",
         "test_spmd_leak"])
@@ -118,7 +122,7 @@ def test_each_kind_of_leak_fails_the_test_naming_it(example):
         "(killed now)",
         "*- worker1: file descriptor * (*/f.txt) is still open",
         "*- worker1: distributed autograd context(s) * are still alive",
-        "*- worker1: /dev/shm/dgshm-*-00000000-1 was left behind (removed now)",
+        "*- worker1: */dg-scratch-*-* was left behind (removed now)",
         "*- worker2: still owns 1 RRef value(s)*",
         "*- worker0: still waits for 1 call(s): 1 x test_example:snooze to rank 1",
         "*- the test process: thread 'local-leaky' is still running",
@@ -129,5 +133,6 @@ def test_each_kind_of_leak_fails_the_test_naming_it(example):
     ])
     assert "the real failure" in result.stdout.str()
     # nothing survives: the leaked children were killed, the leaked file removed
-    assert not [p for p in __import__("glob").glob("/dev/shm/dgshm-*-00000000-1")]
+    pids = re.findall(r"worker1: \S*/dg-scratch-(\d+)-", result.stdout.str())
+    assert pids and not glob.glob(os.path.join(tempfile.gettempdir(), f"dg-scratch-{pids[0]}-*"))
     assert time.monotonic() - t0 < 60
