@@ -48,8 +48,9 @@ def rpc_state():
         out["rrefs"] = len(agent.owner)
         out["pending"], out["pending_text"] = _user_calls(agent.calls.describe(limit=64))
     container = sys.modules.get("distgrad.distributed.autograd.container")
-    if container is not None:
-        out["contexts"] = [str(c) for c in container.live_context_ids()]
+    live = getattr(container, "live_context_ids", None)  # None while another thread imports it
+    if live is not None:
+        out["contexts"] = [str(c) for c in live()]
     out["interceptors"] = [name for name, ic in interceptors.installed()
                            if not type(ic).__module__.startswith("distgrad.")]
     return out

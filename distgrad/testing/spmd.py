@@ -200,7 +200,7 @@ def remote_kwargs(item, argnames, world_size):
     return spec
 
 
-def test_reference(item):
+def function_reference(item):
     """(module, qualname) of the test function, as ranks 1.. find it."""
     fn = getattr(item.obj, "__func__", item.obj)
     return fn.__module__, fn.__qualname__
@@ -299,7 +299,7 @@ def run_everywhere(item, world, timeout, grace=GRACE, dump=None):
     argnames = item._fixtureinfo.argnames
     kwargs = {name: item.funcargs[name] for name in argnames}
     spec = remote_kwargs(item, argnames, world.world_size)
-    module, qualname = test_reference(item)
+    module, qualname = function_reference(item)
     interrupter = _Interrupter(grace)
     futs = {}
     for rank in range(1, world.world_size):
@@ -309,13 +309,14 @@ def run_everywhere(item, world, timeout, grace=GRACE, dump=None):
         fut.add_done_callback(lambda f, r=rank, n=name: None if _passed(f, n, world)
                               else interrupter.trouble(f"rank {r} failed"))
         futs[rank] = fut
-    outcomes = {}
     started = time.monotonic()
+    rank0 = ("interrupted", f"interrupted {grace:g} s after another rank failed", None)
     try:
         with interrupter:
-            outcomes[0] = _rank0(item, kwargs, grace)
-    except RankInterrupted:  # it came after rank 0's function returned: no matter
+            rank0 = _rank0(item, kwargs, grace)
+    except RankInterrupted:  # it came as rank 0's function returned: another rank failed
         pass
+    outcomes = {0: rank0}
     deadline = time.monotonic() + timeout
     unfinished, timed_out = [], ""
     try:

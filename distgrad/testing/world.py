@@ -134,7 +134,7 @@ class World:
         server.stop(timeout=0)
         s = self._ctx.socket(zmq.DEALER)
         try:
-            s.linger = 0
+            s.linger = 100  # ms: time to connect and deliver after close()
             s.connect(server.address)
             s.send(b"", zmq.NOBLOCK)
         except zmq.ZMQError:  # it polls on: the shutdown waits for it as before
