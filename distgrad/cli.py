@@ -13,6 +13,7 @@ import sys
 #: subcommand -> module implementing it
 COMMANDS = {
     "worker": "distgrad.worker",
+    "store": "distgrad.offload.store.command",
 }
 
 

@@ -92,6 +92,27 @@ def add_arguments(p):
                    default=float(env("DISTGRAD_RENDEZVOUS_TIMEOUT", 60.0)),
                    help="how long to wait for the whole world to join, in seconds "
                         "(default: %(default)s; env: DISTGRAD_RENDEZVOUS_TIMEOUT)")
+    p.add_argument("--heartbeat-interval", type=_in_range(float, 0.01), metavar="SECONDS",
+                   default=float(env("DISTGRAD_HEARTBEAT_INTERVAL", 0.5)),
+                   help="seconds between liveness heartbeats (default: %(default)s; env: "
+                        "DISTGRAD_HEARTBEAT_INTERVAL)")
+    p.add_argument("--heartbeat-timeout", type=_in_range(float, 0.1), metavar="SECONDS",
+                   default=float(env("DISTGRAD_HEARTBEAT_TIMEOUT", 3.0)),
+                   help="how long a stopped or unreachable peer may stay silent before it is "
+                        "reported dead (default: %(default)s; env: DISTGRAD_HEARTBEAT_TIMEOUT)")
+    p.add_argument("--shm-threshold", type=_in_range(int, 0), metavar="BYTES",
+                   default=int(env("DISTGRAD_SHM_THRESHOLD", 1 << 20)),
+                   help="arrays of at least this many bytes go to same-host peers through "
+                        "shared memory; 0 turns that off (default: %(default)s; env: "
+                        "DISTGRAD_SHM_THRESHOLD)")
+    p.add_argument("--max-inflight", type=_in_range(int, 1), metavar="CALLS",
+                   default=int(env("DISTGRAD_MAX_INFLIGHT", 1024)),
+                   help="calls to one worker in flight at once before another waits "
+                        "(default: %(default)s; env: DISTGRAD_MAX_INFLIGHT)")
+    p.add_argument("--max-message-size", type=_in_range(int, 1024), metavar="BYTES",
+                   default=int(env("DISTGRAD_MAX_MESSAGE_SIZE", 1 << 30)),
+                   help="largest accepted message part; a peer sending more is disconnected "
+                        "(default: %(default)s; env: DISTGRAD_MAX_MESSAGE_SIZE)")
     p.add_argument("--dump-signal", type=_signal_number, default=env("DISTGRAD_DUMP_SIGNAL"),
                    metavar="SIGNAL",
                    help="on this signal (e.g. USR1), print every thread's stack and this "
@@ -162,13 +183,17 @@ def run(args, parser=None):
         init_method = f"tcp://{args.master_addr}:{args.master_port}"
     allowed = list(args.allow) + [m for m in _env("DISTGRAD_ALLOWED_MODULES", "").split(",") if m]
     pub, sec = _env("DISTGRAD_CURVE_PUBLIC_KEY"), _env("DISTGRAD_CURVE_SECRET_KEY")
-    opts = RpcBackendOptions(
-        init_method=init_method or "env://", transport=args.transport, bind_addr=args.bind_addr,
-        allowed_modules=allowed, num_worker_threads=args.num_threads, rpc_timeout=args.rpc_timeout,
-        rendezvous_timeout=args.rendezvous_timeout,
-        curve_public_key=pub.encode() if pub else None, curve_secret_key=sec.encode() if sec else None)
     log = logging.getLogger("distgrad.rpc")
     try:
+        opts = RpcBackendOptions(
+            init_method=init_method or "env://", transport=args.transport,
+            bind_addr=args.bind_addr, allowed_modules=allowed,
+            num_worker_threads=args.num_threads, rpc_timeout=args.rpc_timeout,
+            rendezvous_timeout=args.rendezvous_timeout, heartbeat_interval=args.heartbeat_interval,
+            heartbeat_timeout=args.heartbeat_timeout, shm_threshold=args.shm_threshold,
+            max_inflight_per_worker=args.max_inflight, max_message_size=args.max_message_size,
+            curve_public_key=pub.encode() if pub else None,
+            curve_secret_key=sec.encode() if sec else None)
         api.init_rpc(args.name, rank=args.rank, world_size=args.world_size, rpc_backend_options=opts)
     except Exception as e:  # noqa: BLE001 - one line that says why, not a traceback
         log.error("could not join the world: %s", e)

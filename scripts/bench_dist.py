@@ -39,7 +39,7 @@ LAYERS = 4
 
 
 def _mlp(nn, d):
-    from distgrad.testing.dist_funcs import make_mlp
+    from bench_remote import make_mlp
     return make_mlp(d, LAYERS)
 
 
@@ -51,11 +51,11 @@ def bench_distgrad(reps, batches):
     from distgrad.distributed import rpc
     from distgrad.distributed.nn import RemoteModule
     from distgrad.distributed.optim import DistributedOptimizer
-    from distgrad.testing.dist_funcs import make_mlp
     from distgrad.testing.world import World
+    from bench_remote import make_mlp
 
     raw = RawClient()
-    world = World(1, transport="tcp", num_worker_threads=4).start()
+    world = World(1, transport="tcp", num_worker_threads=4, allowed_modules=["bench_remote"]).start()
     out = {}
     try:
         small = np.ones(16, dtype=np.float32)

@@ -37,9 +37,9 @@ from .allowlist import Allowlist, ref_of
 from .barrier import ShutdownBarrier
 from .calls import Pending, PendingCalls
 from .dispatch import Dispatcher, Request
-from .errors import (ProtocolError, RpcError, RpcTimeoutError, WorkerUnreachableError,
-                     rebuild_exception)
-from .futures import Future
+from .errors import (ProtocolError, RpcError, RpcTimeoutError, UnknownWorkerError,
+                     WorkerUnreachableError, rebuild_exception)
+from ..futures import Future
 from .options import RpcBackendOptions
 from .owner import OwnerOps, OwnerTable
 from .pool import HandlerPool
@@ -159,8 +159,10 @@ class Agent:
             if server is not None and not server.started:
                 server.start(self.world_size, opts.rendezvous_timeout)
             address = server.address if server is not None else resolve_address(opts.init_method)
-            table = join(t.ctx, address, self.name, self.rank, self.world_size, endpoint,
-                         opts.rendezvous_timeout, curve)
+            # the server's own timeout (with the missing ranks) should be what rank 0 reports
+            wait = opts.rendezvous_timeout + (2.0 if server is not None else 0.0)
+            table = join(t.ctx, address, self.name, self.rank, self.world_size, endpoint, wait,
+                         curve)
             self.workers = [WorkerInfo(n, r) for n, r, _ in table]
             self._by_name = {w.name: w for w in self.workers}
             self.pool = HandlerPool(min(opts.num_worker_threads, 4), name=f"rpc-{self.name}")
@@ -218,11 +220,13 @@ class Agent:
         if isinstance(to, str):
             w = self._by_name.get(to)
             if w is None:
-                raise ValueError(f"unknown worker {to!r}; known: {sorted(self._by_name)}")
+                raise UnknownWorkerError(f"unknown worker {to!r}; the world has "
+                                         f"{sorted(self._by_name)}")
             return w
         if isinstance(to, int) and not isinstance(to, bool) and 0 <= to < self.world_size:
             return self.workers[to]
-        raise ValueError(f"unknown worker {to!r}")
+        raise UnknownWorkerError(f"unknown worker {to!r}: a name, a WorkerInfo or a rank in "
+                                 f"0..{self.world_size - 1}")
 
     def describe(self, rank):
         return f"worker {self.workers[rank].name!r} (rank {rank})"
@@ -230,6 +234,11 @@ class Agent:
     def add_peer_listener(self, fn):
         """Call ``fn(rank, why, left)`` (on a handler thread) when a peer dies or leaves."""
         self._peer_listeners.append(fn)
+
+    def _gone(self, rank, why, calling=None):
+        state = "left the world" if self.transport.left(rank) else "is unreachable"
+        return f"{self.describe(rank)} {state}: {why}" + (
+            f" (while calling {calling})" if calling else "")
 
     def unreachable(self, rank):
         """Why ``rank`` cannot be reached (it died or left), or None."""
@@ -250,7 +259,7 @@ class Agent:
                            "new calls are accepted")
         why = self.transport.down(dst)
         if why is not None:
-            raise WorkerUnreachableError(f"{self.describe(dst)} is unreachable: {why}")
+            raise WorkerUnreachableError(self._gone(dst, why))
 
     def _prepare(self, dst, target, args, kwargs, remote_ref, mid):
         if not (isinstance(target, str) and target.startswith("@")):
@@ -314,8 +323,7 @@ class Agent:
         def check():
             why = self.transport.down(dst)
             if why is not None:
-                raise WorkerUnreachableError(f"{self.describe(dst)} is unreachable: {why} "
-                                             f"(while calling {what})")
+                raise WorkerUnreachableError(self._gone(dst, why, what))
             if not self.transport.running():
                 raise RpcError(f"RPC agent {self.name!r} stopped during a call to {what}"
                                + (f": {self.transport.failure}" if self.transport.failure else ""))
@@ -459,8 +467,7 @@ class Agent:
                     pending)
         for p in failed:
             if p.fut is not None:
-                self._complete(p.fut, None, WorkerUnreachableError(
-                    f"{self.describe(rank)} is unreachable: {why} (while calling {p.what})"))
+                self._complete(p.fut, None, WorkerUnreachableError(self._gone(rank, why, p.what)))
         for fn in self._peer_listeners:
             self.pool.submit(fn, rank, why, left)
 
@@ -479,12 +486,14 @@ class Agent:
         return min(self.calls.next_deadline, self.owner.next_expiry)
 
     def on_tick(self, now):
-        for p in self.calls.expire(now):
-            if p.fut is not None:
-                self._complete(p.fut, None, RpcTimeoutError(
-                    f"RPC ran for more than set timeout ({p.timeout} s) calling {p.what} on "
-                    f"{self.describe(p.dst)}"))
-        self.owner.expire(now)
+        if now >= self.calls.next_deadline:  # read without the lock: a stale value only delays
+            for p in self.calls.expire(now):
+                if p.fut is not None:
+                    self._complete(p.fut, None, RpcTimeoutError(
+                        f"RPC ran for more than set timeout ({p.timeout} s) calling {p.what} "
+                        f"on {self.describe(p.dst)}"))
+        if now >= self.owner.next_expiry:
+            self.owner.expire(now)
         releases = self._releases
         if releases:
             by_src = {}

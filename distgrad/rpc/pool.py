@@ -27,6 +27,11 @@ class HandlerPool:
         for _ in range(self._min):
             self._spawn(reserved=False)
 
+    def busy(self):
+        """How many threads are running a job now."""
+        with self._lock:
+            return self._threads - self._idle
+
     def owns_current_thread(self):
         """Whether the calling thread is one of this pool's (serving peers, or callbacks)."""
         return getattr(self._mine, "yes", False)

@@ -254,6 +254,10 @@ class Transport:
         """Why peer ``rank`` cannot be reached (dead or left), or None."""
         return self._down.get(rank)
 
+    def left(self, rank):
+        """Whether peer ``rank`` left the world (said so) rather than died."""
+        return rank in self._left
+
     def running(self):
         return self._thread is not None and not self._closed.is_set()
 
@@ -311,6 +315,10 @@ class Transport:
                 self.handlers.on_fatal(e)
             except Exception:  # noqa: BLE001
                 log.exception("%s: failing pending calls", self.name)
+            try:  # tell the peers we are leaving, so they do not wait for us
+                self._send_leave(self._announce)
+            except Exception:  # noqa: BLE001 - the sockets themselves may be what failed
+                pass
         finally:
             self._close_sockets()
             self._closed.set()
@@ -334,11 +342,11 @@ class Transport:
             self._flush()
             for sock, _ in events:
                 if sock is router:
-                    self._on_router()
+                    self._guarded(self._on_router)
                 elif sock in dealer_rank:
-                    self._on_dealer(sock, dealer_rank[sock])
+                    self._guarded(self._on_dealer, sock, dealer_rank[sock])
                 elif sock in self._monitors:
-                    self._on_monitor(sock, self._monitors[sock])
+                    self._guarded(self._on_monitor, sock, self._monitors[sock])
             now = time.monotonic()
             for r, deadline in list(self._suspect.items()):
                 if now >= deadline:
@@ -349,6 +357,18 @@ class Transport:
         self._flush()
         if self._announce is not None:
             self._send_leave(self._announce)
+
+    def _guarded(self, handle, *args):
+        """Handle what one socket holds; an error caused by one message loses that message
+        only (counted and logged), never the I/O thread."""
+        try:
+            handle(*args)
+        except (MemoryError, SystemError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001
+            self.stats["handler_errors"] += 1
+            log.warning("%s: a message could not be handled and was dropped: %s: %s", self.name,
+                        type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _flush(self):
         out = self._outbox

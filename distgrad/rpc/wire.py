@@ -14,7 +14,7 @@ through shared memory, see ``shm.py``). Codec errors become
 import msgpack
 
 from .. import codec
-from .errors import ProtocolError
+from .errors import ProtocolError, UnsendableError
 
 __all__ = ["VERSION", "Kind", "pack_header", "unpack_header", "encode", "decode"]
 
@@ -54,9 +54,9 @@ def unpack_header(data):
     if type(h) is not list or len(h) != 6:
         raise ProtocolError("malformed header: expected a list of 6 items")
     version, kind, msg_id, src, extra, segments = h
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:
         raise ProtocolError(f"unknown protocol version {version!r} (this side speaks {VERSION})")
-    if kind not in Kind.ALL:
+    if type(kind) is not int or kind not in Kind.ALL:
         raise ProtocolError(f"unknown message kind {kind!r}")
     if type(msg_id) is not int or type(src) is not int:
         raise ProtocolError("malformed header: msg_id and src must be integers")
@@ -79,6 +79,10 @@ def encode(obj, context=None):
         return codec.encode(obj, context)
     except codec.CodecError as e:
         raise ProtocolError(str(e)) from None
+    except TypeError as e:
+        if isinstance(e, UnsendableError):
+            raise
+        raise UnsendableError(str(e)) from None
 
 
 def decode(body, frames, context=None, max_size=None):

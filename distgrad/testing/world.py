@@ -45,6 +45,12 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 HARNESS_MODULE = "distgrad.testing.remote"
 #: The signal that makes a world's worker print its stacks and pending calls.
 DUMP_SIGNAL = signal.SIGUSR1
+#: RpcBackendOptions fields a World passes on to its workers, and their worker flags.
+_WORKER_FLAGS = {"rpc_timeout": "--rpc-timeout", "heartbeat_interval": "--heartbeat-interval",
+                 "heartbeat_timeout": "--heartbeat-timeout", "shm_threshold": "--shm-threshold",
+                 "max_inflight_per_worker": "--max-inflight",
+                 "max_message_size": "--max-message-size",
+                 "rendezvous_timeout": "--rendezvous-timeout"}
 
 
 def _read_at_runtime(env):
@@ -171,8 +177,9 @@ class World:
                 "--dump-signal", DUMP_SIGNAL.name]
         for m in dict.fromkeys([*self.allowed_modules, HARNESS_MODULE]):
             argv += ["--allow", m]
-        if "rpc_timeout" in self.options:
-            argv += ["--rpc-timeout", str(self.options["rpc_timeout"])]
+        for option, flag in _WORKER_FLAGS.items():
+            if option in self.options:
+                argv += [flag, str(self.options[option])]
         argv += list(extra_args)
         paths = self._worker_paths()
         e = self._worker_environ(paths, env)

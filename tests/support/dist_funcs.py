@@ -202,3 +202,47 @@ def module_fwd_pre_log(module, args):
 
 def module_bwd_pre_log(module, grad_output):
     _log.append(("module_bwd_pre_ref", type(module).__name__))
+
+
+# ---------------------------------------------------------------------- async_execution
+from distgrad.rpc.functions import async_execution  # noqa: E402
+
+
+@async_execution
+def stage_later(key, x, delay):
+    """The stage's result, delivered by a Future that a timer thread completes later."""
+    from distgrad.rpc import Future
+    fut = Future()
+    y = stage(key, x)
+    threading.Timer(delay, fut.set_result, (y,)).start()
+    return fut
+
+
+@async_execution
+def stage_via(other, key, x):
+    """A nested ``rpc_async(...).then(...)``: the reply is produced on another thread."""
+    from distgrad.rpc import api
+    h = stage(key, x)
+    return api.rpc_async(other, mul_add, (h, h)).then(lambda f: f.value() * 2.0 + h)
+
+
+def offload_stats(context_id):
+    """The offload counters of this worker's hook object for ``context_id`` (None if none)."""
+    from distgrad.distributed.autograd.container import get_context
+    ctx = get_context(context_id)
+    if ctx is None:
+        return None
+    for ext in ctx.extensions:
+        if hasattr(ext, "stats"):
+            s = ext.stats
+            return {"offloaded": s.tensors_offloaded, "hits": s.prefetch_hits,
+                    "misses": s.prefetch_misses, "records": ext.live_records()}
+    return None
+
+
+def run_dirs():
+    """Offload run directories of this process that exist now."""
+    import glob
+    import tempfile
+    from distgrad.offload.disk import RUN_DIR_PREFIX
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}{os.getpid()}-*", "*"))

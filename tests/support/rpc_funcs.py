@@ -1,4 +1,4 @@
-"""Functions the RPC tests run on workers (importable everywhere, allowed by default)."""
+"""Functions the RPC tests run on workers (allowed there by the suite's rpc_world fixture)."""
 import os
 import threading
 import time
@@ -196,3 +196,64 @@ def scope_tag():
 
 def thread_count():
     return threading.active_count()
+
+
+def hold_gil(seconds):
+    """Keep the GIL for ``seconds`` in one C call (a ctypes PyDLL call does not release it),
+    as a long NumPy call or a pause would: no Python thread of this process runs meanwhile."""
+    import ctypes
+    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
+    return os.getpid()
+
+
+def busy_handlers():
+    """Handler threads running a job, not counting the one running this call."""
+    from distgrad.rpc import current_agent
+    return current_agent().pool.busy() - 1
+
+
+def thread_names():
+    return sorted(t.name for t in threading.enumerate())
+
+
+def shm_stats():
+    from distgrad.rpc import current_agent
+    a = current_agent()
+    pool = a.shm_pool.stats() if a.shm_pool is not None else None
+    return {"pool": pool, "peers": sorted(a.shm_peers)}
+
+
+def describe_array(a):
+    a = np.asarray(a)
+    return [a.dtype.str, list(a.shape), bool(a.flags.c_contiguous), a.tolist()]
+
+
+def pending_calls():
+    from distgrad.rpc import current_agent
+    return len(current_agent().calls)
+
+
+_slow_gate = threading.Event()
+
+
+def wait_for_gate(timeout=30.0):
+    """Block until :func:`open_gate` (a slow call the test controls)."""
+    _slow_gate.wait(timeout)
+    return True
+
+
+def open_gate():
+    _slow_gate.set()
+
+
+def close_gate():
+    _slow_gate.clear()
+
+
+_kept = {}
+
+
+def keep(key, value):
+    """Hold ``value`` on this worker (arrays received through shared memory stay mapped)."""
+    _kept[key] = value
+    return True
