@@ -213,9 +213,15 @@ class Transport:
         self._auth.configure_curve_callback(domain="*", credentials_provider=_OnlyWorldKey())
 
     def bind(self, address):
-        """Bind the router (``tcp://host:0`` or ``ipc://path``); return the real endpoint."""
+        """Bind the router (``tcp://host:0`` or ``ipc://path``); return the real endpoint.
+
+        A peer's dealer always has the same identity (its rank); when it reconnects (after
+        a stop, a network blip) while this side still holds the old connection, the new
+        one must take the identity over, or every reply to that peer goes to the dead
+        connection and is lost (ZeroMQ's default keeps the old one)."""
         r = self.router = self.socket(zmq.ROUTER, server=True)
         r.router_mandatory = 1
+        r.router_handover = 1
         r.maxmsgsize = self.options.max_message_size
         r.bind(address)
         return r.last_endpoint.decode()
