@@ -114,6 +114,7 @@ class TestWorlds:
             self.registry.close_all()
             self._freeze()
             o = _Opened(None, None, leak_check)
+            leaks.start_process_helpers()
             o.rank0_before = leaks.process_state()
             o.paths_before = set(leaks.owned_paths([os.getpid()]))
             o.world = World(n, transport, test_modules=self.test_modules,
@@ -130,7 +131,7 @@ class TestWorlds:
                 self.registry.shared[key] = world
             o = _Opened(world, key, leak_check)
         o.log_offsets = {name: o.world.log_size(name) for name in o.world.names[1:]}
-        o.baseline = self._states(o)
+        o.baseline, _ = self._states(o)
         self.opened.append(o)
         self._arm_watchdog()
         return o.world
@@ -145,11 +146,14 @@ class TestWorlds:
                 for o in self.opened + self.finished for name in o.world.names[1:]]
 
     def _states(self, o, collect=False):
-        """{name: process state} of every rank (this process's first)."""
+        """({name: process state} of every rank, this process's first; {name: why a live
+        worker did not say})."""
         world = o.world
         states = {world.names[0]: leaks.process_state(collect)}
-        states.update(world.remote_all("state", collect))
-        return states
+        got, errors = world.remote_all("state", collect)
+        states.update(got)
+        return states, {n: f"{n} did not answer the leak check: {type(e).__name__}: "
+                           f"{str(e).splitlines()[0]}" for n, e in errors.items()}
 
     def set_deadline(self, deadline, method):
         """pytest-timeout's deadline of the test (known once its timer is set)."""
@@ -242,8 +246,9 @@ class TestWorlds:
         deadline = time.monotonic() + self.settle
         collect = False
         while True:
-            problems, orphans = [], []
-            for name, after in self._states(o, collect).items():
+            states, silent = self._states(o, collect)
+            problems, orphans = list(silent.values()), []
+            for name, after in states.items():
                 before = o.baseline.get(name)
                 if before is None:
                     continue

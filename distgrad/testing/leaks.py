@@ -22,7 +22,8 @@ import sys
 import tempfile
 import threading
 
-__all__ = ["process_state", "differences", "new_children", "owned_paths", "children"]
+__all__ = ["process_state", "differences", "new_children", "owned_paths", "children",
+           "start_process_helpers"]
 
 _OWNED = re.compile(r"^(?:dg|distgrad)[a-z_-]*?-(\d+)-")
 _RPC_THREAD = "rpc-"
@@ -33,9 +34,30 @@ def process_state(collect=False):
     garbage collector first, so RRefs and contexts held only by cycles are released."""
     if collect:
         gc.collect()
+    helper = _zmq_garbage_thread()
     return {"pid": os.getpid(),
-            "threads": sorted(t.name for t in threading.enumerate() if t.is_alive()),
+            "threads": sorted(t.name for t in threading.enumerate()
+                              if t.is_alive() and t is not helper),
             "fds": _fds(), "children": children(os.getpid()), **rpc_state()}
+
+
+def _zmq_garbage_thread():
+    """pyzmq's garbage-collector thread: started by the first zero-copy send of a process,
+    and kept for the process's life (not a test's leftover)."""
+    garbage = sys.modules.get("zmq.utils.garbage")
+    return getattr(getattr(garbage, "gc", None), "thread", None)
+
+
+def start_process_helpers():
+    """Start now what a process starts on first use and keeps (pyzmq's garbage collector,
+    its thread, context and socket), so that a test that first uses it leaks nothing."""
+    from zmq.utils import garbage
+    try:
+        if not garbage.gc.is_alive():
+            garbage.gc.start()
+        garbage.gc._push_socket  # noqa: B018 - created on first use: create it now
+    except (AttributeError, RuntimeError):  # another pyzmq, or interpreter shutdown
+        pass
 
 
 def rpc_state():
@@ -83,7 +105,9 @@ def _fds():
 
 
 def children(pid):
-    """{pid: what it runs} of the child processes of ``pid`` (running or not yet reaped)."""
+    """{pid: what it runs} of the running child processes of ``pid`` (one that exited and
+    is only waiting to be reaped holds nothing but its pid: Python's subprocess reaps a
+    forgotten Popen's at its next start)."""
     found = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -95,16 +119,20 @@ def children(pid):
                 found += f.read().split()
         except OSError:
             pass
-    return {c: _describe_process(c) for c in found}
+    running = {c: _command_line(c) for c in found}
+    return {c: cmd for c, cmd in running.items() if cmd is not None}
 
 
-def _describe_process(pid):
+def _command_line(pid):
+    """What process ``pid`` runs; None once it has exited."""
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                return None
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
     except OSError:
-        cmd = ""
-    return cmd[:200] or "exited, not reaped"
+        return None
 
 
 def _file_or_pipe(target):

@@ -240,19 +240,19 @@ class World:
         return [n for r, n in enumerate(self.names) if r > 0 and self.alive(n)
                 and n not in self.paused and agent is not None and agent.unreachable(r) is None]
 
-    def remote_all(self, function, *args, timeout=30.0):
-        """{name: result} of the harness call on every reachable worker (concurrently); a
-        worker that dies meanwhile is left out."""
+    def remote_all(self, function, *args, timeout=5.0):
+        """({name: result}, {name: error}) of the harness call on every reachable worker
+        (concurrently); a worker that dies or leaves meanwhile is in neither."""
         futs = {n: api.rpc_async(n, f"{HARNESS_MODULE}:{function}", args, timeout=timeout)
                 for n in self.reachable()}
-        out = {}
+        out, errors = {}, {}
         for n, f in futs.items():
             try:
                 out[n] = f.wait()
-            except Exception:  # noqa: BLE001 - it died or left: nothing to ask it any more
-                if self.alive(n):
-                    raise
-        return out
+            except Exception as e:  # noqa: BLE001 - it died or left: nothing to ask it any more
+                if n in self.reachable():
+                    errors[n] = e
+        return out, errors
 
     @property
     def faults(self):
