@@ -135,6 +135,9 @@ def die_with_parent():
         pass
 
 
+_die_with_parent = die_with_parent  # the name distgrad.offload.store.command imports
+
+
 def _dump_on(signum, name):
     """On ``signum``: every thread's stack (faulthandler, from the signal handler itself, so
     a thread stuck in C shows too), then this worker's pending calls and :data:`DUMP_END`
