@@ -27,6 +27,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 
 from .. import codec
 from ..utils.tempdirs import owned_tempdir
@@ -89,6 +90,7 @@ class Agent:
                 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank!r} out of range for world_size {world_size!r}")
         self.name, self.rank, self.world_size = name, rank, world_size
+        self.weakref = weakref.ref(self)  # what RRefs hold (see RRef._bind)
         self.options = options = options or RpcBackendOptions()
         self.allowlist = Allowlist(options.allowed_modules)
         self.running = False
@@ -249,12 +251,19 @@ class Agent:
         mid = next(self._ids)
         what, ctx, frames = self._prepare(dst, target, args, kwargs, remote_ref, mid)
         try:
+            copies = self.copies(dst, "request", what, ctx)
+        except Exception as e:  # noqa: BLE001 - an interceptor failed the message: the caller's
+            self.return_segments(dst, ctx)
+            fut.set_exception(e)
+            return fut
+        try:
             self.calls.add(mid, Pending(fut, dst, deadline, what, timeout),
                            block=self.options.backpressure == "block")
         except BaseException:
             self.return_segments(dst, ctx)
             raise
-        self.transport.send(dst, frames)
+        for _ in range(copies):
+            self.transport.send(dst, frames)
         return fut
 
     def call_sync(self, to, target, args=(), kwargs=None, timeout=-1, internal=False):
@@ -266,6 +275,7 @@ class Agent:
         mid = next(self._ids)
         what, ctx, frames = self._prepare(dst, target, args, kwargs, None, mid)
         try:
+            copies = self.copies(dst, "request", what, ctx)
             self.calls.add(mid, Pending(None, dst, deadline, what, timeout),
                            block=self.options.backpressure == "block")
         except BaseException:
@@ -280,7 +290,7 @@ class Agent:
                 raise RpcError(f"RPC agent {self.name!r} stopped during a call to {what}"
                                + (f": {self.transport.failure}" if self.transport.failure else ""))
         try:
-            reply = self.transport.sync_exchange(dst, frames, mid, deadline, check)
+            reply = self.transport.sync_exchange(dst, frames, mid, deadline, check, copies)
         finally:
             self.calls.pop(mid)
         if reply is None:
@@ -296,6 +306,15 @@ class Agent:
         rid, fid = self.new_id(), self.new_id()
         created = self.call(dst, target, args, kwargs, timeout, remote_ref=[rid, fid])
         return RRef._make(self, dst, rid, fid, created)
+
+    def copies(self, dst, kind, what, ctx):
+        """How many times to send an encoded message to rank ``dst``: interceptors may drop
+        or duplicate it (``interceptors.copies``). One whose arrays ride in shared memory
+        goes at most once; a dropped one gives its segments back."""
+        n = interceptors.copies(self.workers[dst], kind, what)
+        if n == 0:
+            self.return_segments(dst, ctx)
+        return min(n, 1) if ctx.segments else n
 
     def _send_no_reply(self, dst, target, args):
         """A fire-and-forget call from the I/O thread (never blocks, reply dropped)."""

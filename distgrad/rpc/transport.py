@@ -60,6 +60,7 @@ Kind = wire.Kind
 _ZERO_COPY_MIN = 1 << 16  # below this, copying is cheaper than pyzmq's zero-copy bookkeeping
 _BATCH = 64               # messages taken from one socket before looking at the others
 _SYNC_SLICE = 0.05        # how often a blocking call looks at its peer's liveness
+_LEAVE_LINGER = 100       # ms a LEAVE may take to reach a live peer when we close
 _MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
               | zmq.EVENT_CONNECTED)
 
@@ -212,9 +213,15 @@ class Transport:
         self._auth.configure_curve_callback(domain="*", credentials_provider=_OnlyWorldKey())
 
     def bind(self, address):
-        """Bind the router (``tcp://host:0`` or ``ipc://path``); return the real endpoint."""
+        """Bind the router (``tcp://host:0`` or ``ipc://path``); return the real endpoint.
+
+        A peer's dealer always has the same identity (its rank); when it reconnects (after
+        a stop, a network blip) while this side still holds the old connection, the new
+        one must take the identity over, or every reply to that peer goes to the dead
+        connection and is lost (ZeroMQ's default keeps the old one)."""
         r = self.router = self.socket(zmq.ROUTER, server=True)
         r.router_mandatory = 1
+        r.router_handover = 1
         r.maxmsgsize = self.options.max_message_size
         r.bind(address)
         return r.last_endpoint.decode()
@@ -271,12 +278,14 @@ class Transport:
             s.connect(self.endpoints[dst])
         return s
 
-    def sync_exchange(self, dst, frames, mid, deadline, check):
-        """Send a CALL on this thread's socket and wait for its reply; ``check()`` runs
-        between slices of the wait and raises to abandon it (dead peer, shutdown).
-        Returns (kind, extra, segments, frames) of the reply, or None on timeout."""
+    def sync_exchange(self, dst, frames, mid, deadline, check, copies=1):
+        """Send a CALL (``copies`` times: 0 drops it) on this thread's socket and wait for
+        its reply; ``check()`` runs between slices of the wait and raises to abandon it
+        (dead peer, shutdown). Returns (kind, extra, segments, frames) of the reply, or
+        None on timeout."""
         sock = self.sync_socket(dst)
-        send_frames(sock, frames)
+        for _ in range(copies):
+            send_frames(sock, frames)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -462,10 +471,15 @@ class Transport:
                     pass
 
     def _close_sockets(self):
-        linger = 1000 if self._announce is not None else 0  # let LEAVE and last replies out
-        for s in [*self._monitors, self.router, *self.dealers]:
+        # let the last replies (router) and LEAVE (dealers) out; a LEAVE to a peer that is
+        # already gone would wait for the whole linger, so the dealers' is short
+        linger = 1000 if self._announce is not None else 0
+        for s in [*self._monitors, self.router]:
             if s is not None and not s.closed:
                 s.close(linger=linger)
+        for r, d in enumerate(self.dealers):
+            if not d.closed:
+                d.close(linger=0 if r in self._down else min(linger, _LEAVE_LINGER))
 
     # ------------------------------------------------------------------ closing
     def close(self, announce=None, timeout=10.0):
