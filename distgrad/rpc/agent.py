@@ -480,6 +480,26 @@ class Agent:
             raise RpcError("the shutdown barrier is held by rank 0")
         return self.barrier.arrive(request.src)
 
+    def _arrive_at_barrier(self, deadline):
+        """Arrive at rank 0's barrier. If rank 0 seems dead, wait a heartbeat bound for it to
+        answer again first (this process may just have resumed from a stop, its connections
+        re-forming): give up only when it left, or stays gone."""
+        while True:
+            fut = self.call(0, "@barrier", (), timeout=0, internal=True)
+            while not fut.wait_done(0.5):
+                if time.monotonic() > deadline:
+                    raise RpcTimeoutError("shutdown barrier timed out")
+            try:
+                return fut.value()
+            except WorkerUnreachableError:
+                if self.transport.left(0):
+                    raise
+                back = time.monotonic() + self.options.heartbeat_timeout
+                while self.transport.down(0) is not None and time.monotonic() < back:
+                    time.sleep(0.05)
+                if self.transport.down(0) is not None:
+                    raise
+
     def wait_pending(self, deadline):
         while len(self.calls):
             if time.monotonic() > deadline or not self.transport.running():
@@ -504,11 +524,7 @@ class Agent:
                 if self.rank == 0:
                     self.barrier.wait_all(deadline, self.unreachable, self.describe)
                 else:
-                    fut = self.call(0, "@barrier", (), timeout=0, internal=True)
-                    while not fut.wait_done(0.5):
-                        if time.monotonic() > deadline:
-                            raise RpcTimeoutError("shutdown barrier timed out")
-                    fut.value()
+                    self._arrive_at_barrier(deadline)
                 self._quiet = True
                 self.wait_pending(time.monotonic() + 5.0)
             except Exception as e:  # noqa: BLE001 - shut down anyway, then report
