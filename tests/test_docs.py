@@ -76,10 +76,24 @@ def _readme_blocks():
 
 
 @pytest.mark.parametrize("index", range(len(_readme_blocks())))
-def test_readme_python_blocks_run_as_scripts(index, tmp_path):
-    path = tmp_path / f"readme_block_{index}.py"
-    path.write_text(_readme_blocks()[index])
-    _run(path, tmp_path)
+def test_readme_python_blocks_run_as_written(index, tmp_path):
+    """A block is a script, or a test file when its first line names one (``# test_x.py``),
+    which then runs under pytest with distgrad's plugin, as a user's suite would."""
+    block = _readme_blocks()[index]
+    first = block.splitlines()[0]
+    test_file = re.match(r"# (test_\w+\.py)", first)
+    if test_file is None:
+        path = tmp_path / f"readme_block_{index}.py"
+        path.write_text(block)
+        _run(path, tmp_path)
+        return
+    (tmp_path / test_file.group(1)).write_text(block)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        test_file.group(1)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=110)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
 
 
 def test_readme_links_stay_inside_the_repository():
@@ -87,3 +101,10 @@ def test_readme_links_stay_inside_the_repository():
     links = re.findall(r"\]\(([^)]+)\)", text) + re.findall(r"`(\.\./[^`]*)`", text)
     outside = [t for t in links if t.startswith(("../", "/"))]
     assert not outside, f"README points outside the repository: {outside}"
+
+
+def test_no_docstring_example_is_skipped():
+    """An example that needs a world points to a complete program instead (see above)."""
+    skipped = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+               if "doctest: +SKIP" in p.read_text()]
+    assert skipped == []

@@ -9,10 +9,12 @@ error on every rank that meets it, not a hang), publishes the endpoint of its
 communicator and reads everyone's. Then the communicators connect and run a
 first collective that proves which peers share memory (and is the barrier).
 
->>> import distgrad.distributed as dist                              # doctest: +SKIP
->>> dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29500",
-...                         rank=rank, world_size=2)                 # doctest: +SKIP
->>> dist.all_reduce(t)                                               # doctest: +SKIP
+In every process of the world (a complete program: ``scripts/example_ddp.py``)::
+
+    import distgrad.distributed as dist
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29500",
+                            rank=rank, world_size=2)
+    dist.all_reduce(t)
 
 PyTorch's CPU backend names (``"gloo"``, ``None``) and ``"zmq"`` select this
 backend. Groups made with ``new_group`` share the world's communicator; every

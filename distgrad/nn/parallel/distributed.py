@@ -19,8 +19,11 @@ Inside a distributed autograd context the gradients of a pass accumulate in the
 context, not in ``.grad``; the same hooks then read and replace the context's
 gradients (as PyTorch's DDP does for its DDP + RPC example).
 
->>> model = DistributedDataParallel(net)                   # doctest: +SKIP
->>> loss_fn(model(x), y).backward()   # .grad now holds the average over all ranks
+In every process of an initialised process group (a complete program:
+``scripts/example_ddp.py``)::
+
+    model = DistributedDataParallel(net)
+    loss_fn(model(x), y).backward()   # .grad now holds the average over all ranks
 """
 import contextlib
 import itertools
