@@ -60,8 +60,8 @@ def __getattr__(name):
     # optim and distributed load on first use, as `torch.distributed` does, so that
     # `import distgrad` stays cheap and the RPC layer's dependencies are optional here.
     import importlib
-    if name in ("optim", "distributed", "testing", "distributions", "multiprocessing", "cuda",
-                "backends", "accelerator", "onnx", "compiler"):
+    if name in ("optim", "distributed", "testing", "distributions", "multiprocessing", "futures",
+                "cuda", "backends", "accelerator", "onnx", "compiler"):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module

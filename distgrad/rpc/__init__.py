@@ -10,8 +10,8 @@ from .api import (BackendType, get_worker_info, init_rpc, is_available, remote, 
 from .current import current_agent
 from .dispatch import Request
 from .errors import (BackpressureError, ProtocolError, RefusedCallError, RemoteError, RpcError,
-                     RpcTimeoutError, WorkerUnreachableError)
-from .futures import Future
+                     RpcTimeoutError, UnknownWorkerError, UnsendableError, WorkerUnreachableError)
+from ..futures import Future
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions, generate_curve_keypair
 from .rref import RRef
 from .worker_info import WorkerInfo

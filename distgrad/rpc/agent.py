@@ -36,9 +36,9 @@ from .allowlist import Allowlist, ref_of
 from .barrier import ShutdownBarrier
 from .calls import Pending, PendingCalls
 from .dispatch import Dispatcher, Request
-from .errors import (ProtocolError, RpcError, RpcTimeoutError, WorkerUnreachableError,
-                     rebuild_exception)
-from .futures import Future
+from .errors import (ProtocolError, RpcError, RpcTimeoutError, UnknownWorkerError,
+                     WorkerUnreachableError, rebuild_exception)
+from ..futures import Future
 from .options import RpcBackendOptions
 from .owner import OwnerOps, OwnerTable
 from .pool import HandlerPool
@@ -218,11 +218,13 @@ class Agent:
         if isinstance(to, str):
             w = self._by_name.get(to)
             if w is None:
-                raise ValueError(f"unknown worker {to!r}; known: {sorted(self._by_name)}")
+                raise UnknownWorkerError(f"unknown worker {to!r}; the world has "
+                                         f"{sorted(self._by_name)}")
             return w
         if isinstance(to, int) and not isinstance(to, bool) and 0 <= to < self.world_size:
             return self.workers[to]
-        raise ValueError(f"unknown worker {to!r}")
+        raise UnknownWorkerError(f"unknown worker {to!r}: a name, a WorkerInfo or a rank in "
+                                 f"0..{self.world_size - 1}")
 
     def describe(self, rank):
         return f"worker {self.workers[rank].name!r} (rank {rank})"

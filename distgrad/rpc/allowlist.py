@@ -178,8 +178,11 @@ class Allowlist:
             try:  # static lookup: no module __getattr__, no descriptors run
                 obj = inspect.getattr_static(obj, p)
             except AttributeError:
+                hint = ("; a `distgrad worker` process runs no script of yours, so functions "
+                        "defined in the caller's script do not exist there: move them into a "
+                        "module and allow it (--allow)" if module == "__main__" else "")
                 raise RefusedCallError(f"{ref!r} cannot be resolved on this worker: "
-                                       f"{module!r} has no attribute {qual!r}") from None
+                                       f"{module!r} has no attribute {qual!r}{hint}") from None
             if isinstance(obj, (staticmethod, classmethod)):
                 obj = obj.__func__
             if isinstance(obj, types.ModuleType):

@@ -10,7 +10,7 @@ import threading
 import time
 
 from .errors import RpcTimeoutError, WorkerUnreachableError
-from .futures import Future
+from ..futures import Future
 
 __all__ = ["ShutdownBarrier"]
 

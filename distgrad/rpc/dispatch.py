@@ -16,7 +16,7 @@ import traceback
 
 from . import interceptors, wire
 from .errors import ProtocolError, RefusedCallError, describe_exception
-from .futures import Future
+from ..futures import Future
 
 __all__ = ["Request", "Dispatcher"]
 

@@ -13,8 +13,8 @@ import threading
 from .. import codec
 
 __all__ = ["RpcError", "RpcTimeoutError", "WorkerUnreachableError", "ProtocolError",
-           "RefusedCallError", "RemoteError", "BackpressureError", "rebuild_exception",
-           "describe_exception"]
+           "RefusedCallError", "RemoteError", "BackpressureError", "UnknownWorkerError",
+           "UnsendableError", "rebuild_exception", "describe_exception"]
 
 
 class RpcError(RuntimeError):
@@ -35,6 +35,14 @@ class ProtocolError(RpcError):
 
 class RefusedCallError(RpcError, PermissionError):
     """The callable named by a request is not on the worker's allowlist."""
+
+
+class UnknownWorkerError(RpcError, ValueError):
+    """No worker of the world has that name or rank."""
+
+
+class UnsendableError(RpcError, TypeError):
+    """A value that cannot travel (no pickling: only what the codec encodes)."""
 
 
 class BackpressureError(RpcError):

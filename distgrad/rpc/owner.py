@@ -24,7 +24,7 @@ import threading
 import time
 
 from .errors import RefusedCallError, RpcError, RpcTimeoutError
-from .futures import Future
+from ..futures import Future
 
 __all__ = ["OwnerTable", "OwnerOps"]
 

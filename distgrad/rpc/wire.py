@@ -14,7 +14,7 @@ through shared memory, see ``shm.py``). Codec errors become
 import msgpack
 
 from .. import codec
-from .errors import ProtocolError
+from .errors import ProtocolError, UnsendableError
 
 __all__ = ["VERSION", "Kind", "pack_header", "unpack_header", "encode", "decode"]
 
@@ -79,6 +79,10 @@ def encode(obj, context=None):
         return codec.encode(obj, context)
     except codec.CodecError as e:
         raise ProtocolError(str(e)) from None
+    except TypeError as e:
+        if isinstance(e, UnsendableError):
+            raise
+        raise UnsendableError(str(e)) from None
 
 
 def decode(body, frames, context=None, max_size=None):

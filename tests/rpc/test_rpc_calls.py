@@ -60,6 +60,25 @@ def test_remote_errors_keep_builtin_class_and_traceback(world):
     assert rpc.rpc_sync("worker1", f.add, (1, 2)) == 3  # still serving
 
 
+def test_errors_a_torch_program_catches_as_runtime_error(world):
+    """PyTorch raises RuntimeError where these fail; each is also its own class."""
+    cases = [(ValueError, lambda: rpc.rpc_sync("worker1", f.raise_value_error, ("boom",))),
+             (KeyError, lambda: rpc.rpc_async("worker2", f.raise_key_error, ("k",)).wait()),
+             (ValueError, lambda: rpc.rpc_sync("nobody", f.add, (1, 2))),
+             (TypeError, lambda: rpc.rpc_sync("worker1", f.echo, (threading.Lock(),))),
+             (TypeError, lambda: rpc.rpc_sync("worker1", f.return_unsendable)),
+             (PermissionError, lambda: rpc.rpc_sync("worker1", "json:dumps", ([1],)))]
+    for cls, call in cases:
+        with pytest.raises(RuntimeError) as e:
+            call()
+        assert isinstance(e.value, cls), (cls, e.value)
+    with pytest.raises(RuntimeError, match="Remote traceback \\(on worker 'worker1'\\)"):
+        rpc.rpc_sync("worker1", f.raise_value_error, ("boom",))
+    with pytest.raises(rpc.RemoteError) as e:
+        rpc.rpc_sync("worker1", f.raise_custom, ("custom",))
+    assert e.value.worker == "worker1" and e.value.remote_type.endswith("CustomError")
+
+
 def test_nested_calls_bounce_between_workers(world):
     trail = rpc.rpc_sync("worker1", f.ping_pong, (["worker1", "worker2", "worker0"], 9))
     assert trail == ["worker1", "worker2", "worker0"] * 3 + ["worker1"]

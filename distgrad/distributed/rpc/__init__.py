@@ -7,7 +7,7 @@ from distgrad.rpc.api import (BackendType, get_worker_info, init_rpc, is_availab
                               rpc_async, rpc_sync, shutdown)
 from distgrad.rpc.errors import (BackpressureError, RefusedCallError, RemoteError, RpcError,
                                  RpcTimeoutError, WorkerUnreachableError)
-from distgrad.rpc.futures import Future
+from distgrad.futures import Future
 from distgrad.rpc.options import (RpcBackendOptions, TensorPipeRpcBackendOptions,
                                   generate_curve_keypair)
 from distgrad.rpc.rref import RRef

@@ -1,4 +1,4 @@
-"""A small thread-safe Future with ``torch.futures.Future``'s API.
+"""``torch.futures``: a small thread-safe Future, the one RPC returns, and its helpers.
 
 Waiting uses a pre-acquired lock that completion releases: the cheapest
 cross-thread wake-up CPython offers, which keeps the RPC round trip lean.
@@ -68,8 +68,7 @@ class Future:
     def wait(self, timeout=None):
         """Block until done (or ``timeout`` seconds); return the value or raise its error."""
         if not self.wait_done(timeout):
-            from .errors import RpcTimeoutError
-            raise RpcTimeoutError(f"Future not completed within {timeout} s")
+            raise TimeoutError(f"Future not completed within {timeout} s")
         return self.value()
 
     def value(self):
@@ -135,4 +134,5 @@ def collect_all(futures):
 
 
 def wait_all(futures, timeout=None):
+    """The values of ``futures`` once all are done (the first error is raised)."""
     return [f.wait(timeout) for f in futures]

@@ -2,8 +2,7 @@ import threading
 
 import pytest
 
-from distgrad.rpc.errors import RpcTimeoutError
-from distgrad.rpc.futures import Future, collect_all
+from distgrad.futures import Future, collect_all
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,7 +20,17 @@ def test_future_then_chain_and_errors():
         k.wait(1)
     with pytest.raises(RuntimeError):
         h.set_result(1)
-    with pytest.raises(RpcTimeoutError):
+    with pytest.raises(TimeoutError):
         Future().wait(0.01)
     both = collect_all([f, Future()])
     assert not both.done()
+
+
+def test_torch_futures_names():
+    import distgrad
+    from distgrad.futures import wait_all
+    assert distgrad.futures.Future is Future
+    done = [Future(), Future()]
+    for i, fut in enumerate(done):
+        fut.set_result(i)
+    assert wait_all(done) == [0, 1]
