@@ -214,8 +214,8 @@ class Encoder:
         if h is not None:
             return _ext(h.code, self.pack(h.encode(o, self)))
         raise TypeError(f"object of type {t.__module__}.{t.__qualname__} cannot be sent or "
-                        "saved (no pickling: send arrays, tensors, numbers, strings, "
-                        "containers, RRefs)")
+                        "saved (no pickling: tensors, arrays, numbers, strings, containers and "
+                        "nn.Modules travel; over RPC also RRefs and functions by reference)")
 
 
 _tls = threading.local()
