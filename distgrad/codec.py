@@ -18,8 +18,9 @@ of them)::
 the codec can encode; ``enc.array(a)`` stores an array and returns its
 reference, ``enc.context`` is what the caller of :func:`encode` passed);
 ``decode(payload, dec)`` rebuilds the object (``dec.array(ref)``,
-``dec.context``). A type whose encoder needs a context (an RRef needs an RPC
-agent) raises ``TypeError`` without one. A context may also move large arrays
+``dec.context``, ``dec.resolve(ref)`` for a function or class reference). A
+type whose encoder needs a context (an RRef needs an RPC agent) raises
+``TypeError`` without one. A context may also move large arrays
 out of band: ``context.external_array(a)`` returns a msgpack-able reference (or
 None to decline) and the decoding side's ``context.external_buffer(ref)``
 returns the bytes (RPC's shared-memory path).
@@ -302,6 +303,17 @@ class Decoder:
         if a.flags.writeable:
             a.flags.writeable = False
         return a
+
+    def resolve(self, ref):
+        """The function or class that reference ``ref`` (``"module:qualname"``) names, as
+        the context's ``resolve(ref)`` decides (RPC: the worker's allowlist; ``load``: the
+        modules the caller allows); CodecError where the context resolves nothing."""
+        resolver = getattr(self.context, "resolve", None)
+        if resolver is None:
+            raise CodecError("functions, classes and modules are not accepted here")
+        if type(ref) is not str:
+            raise CodecError("malformed function or class reference")
+        return resolver(ref)
 
     def unpack(self, data):
         """Decode a nested msgpack payload (one more level of depth)."""

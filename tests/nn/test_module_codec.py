@@ -87,7 +87,8 @@ def test_a_saved_layer_has_what_torch_keeps(name):
     ours, theirs = roundtrip(build(distgrad.nn)), roundtrip(build(torch.nn), torch,
                                                             weights_only=False)
     assert list(ours.state_dict()) == list(theirs.state_dict())
-    assert [type(m).__name__ for m in ours.modules()] == [type(m).__name__ for m in theirs.modules()]
+    assert [type(m).__name__ for m in ours.modules()] == \
+        [type(m).__name__ for m in theirs.modules()]
     assert [m.training for m in ours.modules()] == [m.training for m in theirs.modules()]
     _forward(ours, distgrad.randn(*shape)).sum().backward()
     assert all(p.grad is not None for p in ours.parameters())

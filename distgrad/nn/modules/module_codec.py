@@ -158,17 +158,8 @@ class _TreeDecoder:
             items = ((self.dec.unpack(k), self.value(x, depth + 1)) for k, x in data)
             return dict(items) if tag == _DICT else OrderedDict(items)
         if tag == _REF:
-            return _resolve(self.dec, data)
+            return self.dec.resolve(data)
         raise codec.CodecError(f"unknown module attribute tag {tag!r}")
-
-
-def _resolve(dec, ref):
-    resolve = getattr(dec.context, "resolve", None)
-    if resolve is None:
-        raise codec.CodecError("modules, functions and classes are not accepted here")
-    if type(ref) is not str:
-        raise codec.CodecError("malformed class or function reference")
-    return resolve(ref)
 
 
 def _tensor(entry):
@@ -189,7 +180,7 @@ def _decode(payload, dec):
     for record in records:  # every object first, so that references between them resolve
         if type(record) is not list or len(record) != 7:
             raise codec.CodecError("malformed module record")
-        cls = _resolve(dec, record[0])
+        cls = dec.resolve(record[0])
         if not (isinstance(cls, type) and issubclass(cls, Module)):
             raise codec.CodecError(f"{record[0]!r} is not an nn.Module class")
         tree.modules.append(object.__new__(cls))

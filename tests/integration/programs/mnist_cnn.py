@@ -1,7 +1,7 @@
 """A small CNN classifier (conv, max-pool, dropout, Adadelta, StepLR) on synthetic images.
 
 Port of pytorch/examples `mnist/main.py`, shrunk: 12x12 images of four noisy
-stroke patterns instead of MNIST, narrow layers, two epochs. Unchanged
+stroke patterns (`toy_data.py`) instead of MNIST, narrow layers, two epochs. Unchanged
 otherwise: default initialisation, dropout and a shuffling DataLoader draw from
 torch's random stream, so two libraries agree on the numbers only up to that
 randomness. Plain PyTorch.
@@ -11,7 +11,6 @@ import json
 import os
 import tempfile
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -19,19 +18,7 @@ import torch.optim as optim
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
-
-def synthetic_images(n, seed):
-    """Four classes of 12x12 strokes (a row, a column, two diagonals), noisy, normalised."""
-    rng = np.random.default_rng(seed)
-    grid = np.zeros((4, 12, 12), np.float32)
-    grid[0, 5:7, 1:11] = 1
-    grid[1, 1:11, 5:7] = 1
-    grid[2][np.eye(12, dtype=bool)] = 1
-    grid[3][np.fliplr(np.eye(12, dtype=bool))] = 1
-    labels = rng.integers(0, 4, n)
-    images = grid[labels] + rng.normal(0, 0.3, (n, 12, 12)).astype(np.float32)
-    images = (images - 0.1307) / 0.3081
-    return torch.from_numpy(images.astype(np.float32)).unsqueeze(1), torch.from_numpy(labels)
+from toy_data import noisy_strokes
 
 
 class Net(nn.Module):
@@ -111,10 +98,14 @@ def main():
     train_kwargs = {"batch_size": args.batch_size, "shuffle": True}
     test_kwargs = {"batch_size": args.test_batch_size}
 
-    train_images, train_labels = synthetic_images(320, seed=0)
-    test_images, test_labels = synthetic_images(100, seed=1)
-    train_loader = DataLoader(TensorDataset(train_images, train_labels), **train_kwargs)
-    test_loader = DataLoader(TensorDataset(test_images, test_labels), **test_kwargs)
+    def dataset(n, seed):  # normalised as the original's transforms.Normalize does
+        images, labels = noisy_strokes(n, seed)
+        return TensorDataset((torch.from_numpy(images) - 0.1307) / 0.3081,
+                             torch.from_numpy(labels))
+
+    train_set, test_set = dataset(320, seed=0), dataset(100, seed=1)
+    train_loader = DataLoader(train_set, **train_kwargs)
+    test_loader = DataLoader(test_set, **test_kwargs)
 
     model = Net().to(device)
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)

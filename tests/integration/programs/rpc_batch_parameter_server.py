@@ -7,7 +7,9 @@ resnet50, two trainers, an update every two gradients, three batches each. The
 model itself travels over RPC (`get_model()` returns it, and so does the future
 of `update_and_fetch_model`). The weights and each trainer's batches come from
 seeded NumPy generators, so both runs see the same numbers (two gradients are
-summed, and IEEE addition of two terms does not depend on their order). The
+summed, and IEEE addition of two terms does not depend on their order; they are
+added under the server's lock, where the original adds them before taking it
+and two trainers' in-place additions can race). The
 original also starts a gloo process group that nothing uses; this port does
 not. MASTER_PORT comes from the environment. Plain PyTorch.
 """
@@ -133,9 +135,11 @@ class BatchUpdateParameterServer(object):
     def update_and_fetch_model(ps_rref, grads):
         self = ps_rref.local_value()
         timed_log(f"PS got {self.curr_update_size}/{batch_update_size} updates")
-        for p, g in zip(self.model.parameters(), grads):
-            p.grad += g
         with self.lock:
+            # (the original adds the gradients before taking the lock: two trainers'
+            # in-place additions can then race, and an update is sometimes lost)
+            for p, g in zip(self.model.parameters(), grads):
+                p.grad += g
             self.curr_update_size += 1
             fut = self.future_model
 

@@ -3,8 +3,8 @@
 Port of pytorch/examples `distributed/rpc/batch/reinforce.py` (the batching
 variant), shrunk. `@rpc.functions.async_execution` lets the agent return a
 future that completes when the last observer's state of the step has arrived.
-gym is not used: each observer owns a small deterministic cart-pole written
-here. The policy starts from weights drawn by a seeded NumPy generator, has no
+gym is not used: each observer owns a small deterministic cart-pole
+(`toy_data.py`). The policy starts from weights drawn by a seeded NumPy generator, has no
 dropout, and the agent draws the actions with a seeded NumPy generator (inverse
 CDF of the policy's probabilities, scored with `Categorical.log_prob`), so both
 runs take the same actions. MASTER_PORT comes from the environment. Plain PyTorch.
@@ -24,6 +24,8 @@ import torch.optim as optim
 from torch.distributed.rpc import RRef, remote
 from torch.distributions import Categorical
 
+from toy_data import CartPole
+
 NUM_STEPS = 20
 AGENT_NAME = "agent"
 OBSERVER_NAME = "observer{}"
@@ -36,31 +38,6 @@ parser.add_argument("--world-size", type=int, default=3, metavar="W", help="agen
 args = parser.parse_args()
 
 torch.manual_seed(args.seed)
-
-
-class CartPole:
-    """The classic cart-pole (Euler steps, reward 1 per step until the pole falls)."""
-
-    def __init__(self, seed):
-        self.rng = np.random.default_rng(seed)
-        self.state = None
-
-    def reset(self):
-        self.state = self.rng.uniform(-0.05, 0.05, 4)
-        return self.state.astype(np.float32)
-
-    def step(self, action):
-        x, x_dot, theta, theta_dot = self.state
-        force = 10.0 if action == 1 else -10.0
-        cos, sin = np.cos(theta), np.sin(theta)
-        temp = (force + 0.05 * theta_dot ** 2 * sin) / 1.1
-        theta_acc = (9.8 * sin - cos * temp) / (0.5 * (4.0 / 3.0 - 0.1 * cos ** 2 / 1.1))
-        x_acc = temp - 0.05 * theta_acc * cos / 1.1
-        x, x_dot = x + 0.02 * x_dot, x_dot + 0.02 * x_acc
-        theta, theta_dot = theta + 0.02 * theta_dot, theta_dot + 0.02 * theta_acc
-        self.state = np.array([x, x_dot, theta, theta_dot])
-        done = bool(abs(x) > 2.4 or abs(theta) > 12 * 2 * np.pi / 360)
-        return self.state.astype(np.float32), 1.0, done, {}
 
 
 class Policy(nn.Module):

@@ -3,7 +3,7 @@
 Port of pytorch/examples `distributed/rpc/parameter_server/rpc_parameter_server.py`,
 shrunk: one parameter server and one trainer started as `mp.Process` es (the
 trainer receives its DataLoaders as process arguments, as in the original),
-12x12 synthetic images instead of MNIST, narrow layers, no dropout, no
+12x12 stroke images (`toy_data.py`) instead of MNIST, narrow layers, no dropout, no
 shuffling, weights from a seeded NumPy generator, so both runs see the same
 numbers. MASTER_PORT comes from the environment. Plain PyTorch.
 """
@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import optim
 from torch.distributed.optim import DistributedOptimizer
 from torch.utils.data import DataLoader, TensorDataset
+
+from toy_data import noisy_strokes
 
 
 # --------- the network to train
@@ -188,24 +190,14 @@ def run_worker(rank, world_size, num_gpus, train_loader, test_loader):
     rpc.shutdown()
 
 
-def synthetic_images(n, seed):
-    rng = np.random.default_rng(seed)
-    grid = np.zeros((4, 12, 12), np.float32)
-    grid[0, 5:7, 1:11] = 1
-    grid[1, 1:11, 5:7] = 1
-    grid[2][np.eye(12, dtype=bool)] = 1
-    grid[3][np.fliplr(np.eye(12, dtype=bool))] = 1
-    labels = rng.integers(0, 4, n)
-    images = grid[labels] + rng.normal(0, 0.3, (n, 12, 12)).astype(np.float32)
-    return TensorDataset(torch.from_numpy(images).unsqueeze(1), torch.from_numpy(labels))
-
-
 if __name__ == "__main__":
     os.environ.setdefault("MASTER_ADDR", "localhost")
     os.environ.setdefault("MASTER_PORT", "29500")
     world_size = 2
-    train_loader = DataLoader(synthetic_images(96, 0), batch_size=16, shuffle=False)
-    test_loader = DataLoader(synthetic_images(48, 1), batch_size=16, shuffle=False)
+    train_set = TensorDataset(*(torch.from_numpy(a) for a in noisy_strokes(96, seed=0)))
+    test_set = TensorDataset(*(torch.from_numpy(a) for a in noisy_strokes(48, seed=1)))
+    train_loader = DataLoader(train_set, batch_size=16, shuffle=False)
+    test_loader = DataLoader(test_set, batch_size=16, shuffle=False)
     processes = [mp.Process(target=run_parameter_server, args=(0, world_size)),
                  mp.Process(target=run_worker,
                             args=(1, world_size, 0, train_loader, test_loader))]

@@ -2,7 +2,7 @@
 
 Port of pytorch/examples `distributed/rpc/rl/main.py`, shrunk (one observer by
 default, as in the original; `--world-size` adds more). gym is not used:
-each observer owns a small deterministic cart-pole written here. The policy
+each observer owns a small deterministic cart-pole (`toy_data.py`). The policy
 starts from weights drawn by a seeded NumPy generator, has no dropout, and the
 agent samples each observer's actions with that observer's own seeded NumPy
 generator (inverse CDF of the policy's probabilities, scored with
@@ -23,6 +23,8 @@ import torch.optim as optim
 from torch.distributed.rpc import RRef, remote, rpc_async, rpc_sync
 from torch.distributions import Categorical
 
+from toy_data import CartPole
+
 AGENT_NAME = "agent"
 OBSERVER_NAME = "observer{}"
 
@@ -36,31 +38,6 @@ parser.add_argument("--steps", type=int, default=30, metavar="N", help="steps pe
 args = parser.parse_args()
 
 torch.manual_seed(args.seed)
-
-
-class CartPole:
-    """The classic cart-pole (Euler steps, reward 1 per step until the pole falls)."""
-
-    def __init__(self, seed):
-        self.rng = np.random.default_rng(seed)
-        self.state = None
-
-    def reset(self):
-        self.state = self.rng.uniform(-0.05, 0.05, 4)
-        return self.state.astype(np.float32)
-
-    def step(self, action):
-        x, x_dot, theta, theta_dot = self.state
-        force = 10.0 if action == 1 else -10.0
-        cos, sin = np.cos(theta), np.sin(theta)
-        temp = (force + 0.05 * theta_dot ** 2 * sin) / 1.1
-        theta_acc = (9.8 * sin - cos * temp) / (0.5 * (4.0 / 3.0 - 0.1 * cos ** 2 / 1.1))
-        x_acc = temp - 0.05 * theta_acc * cos / 1.1
-        x, x_dot = x + 0.02 * x_dot, x_dot + 0.02 * x_acc
-        theta, theta_dot = theta + 0.02 * theta_dot, theta_dot + 0.02 * theta_acc
-        self.state = np.array([x, x_dot, theta, theta_dot])
-        done = bool(abs(x) > 2.4 or abs(theta) > 12 * 2 * np.pi / 360)
-        return self.state.astype(np.float32), 1.0, done, {}
 
 
 def _call_method(method, rref, *args, **kwargs):

@@ -1,7 +1,7 @@
 """A variational autoencoder on small synthetic binary-ish images.
 
 Port of pytorch/examples `vae/main.py`, shrunk (8x8 images made of a few noisy
-stroke patterns instead of MNIST, small layers, two epochs; no image files).
+stroke patterns, `toy_data.py`, instead of MNIST, small layers, two epochs; no image files).
 Unchanged otherwise: default initialisation, a shuffling DataLoader and the
 reparameterisation noise all draw from torch's random stream, so two libraries
 agree on the losses only up to that randomness. Plain PyTorch.
@@ -15,19 +15,16 @@ import torch.utils.data
 from torch import nn, optim
 from torch.nn import functional as F
 
+from toy_data import stroke_patterns
+
 PIXELS = 64
 
 
 def synthetic_images(n, seed):
-    """Four stroke patterns (rows, columns, diagonals) with flipped pixels, in [0, 1]."""
+    """Stroke patterns with flipped pixels, in [0, 1] (binary cross-entropy targets)."""
     rng = np.random.default_rng(seed)
-    grid = np.zeros((4, 8, 8), np.float32)
-    grid[0, 2:4, :] = 1
-    grid[1, :, 5:7] = 1
-    grid[2][np.eye(8, dtype=bool)] = 1
-    grid[3][np.fliplr(np.eye(8, dtype=bool))] = 1
     labels = rng.integers(0, 4, n)
-    images = grid[labels]
+    images = stroke_patterns(8)[labels]
     flip = rng.random(images.shape) < 0.05
     images = np.where(flip, 1 - images, images) * rng.uniform(0.8, 1.0, images.shape)
     return torch.from_numpy(images.astype(np.float32)).unsqueeze(1), torch.from_numpy(labels)

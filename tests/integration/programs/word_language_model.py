@@ -178,7 +178,8 @@ parser.add_argument("--epochs", type=int, default=3, help="upper epoch limit")
 parser.add_argument("--batch_size", type=int, default=8, metavar="N", help="batch size")
 parser.add_argument("--bptt", type=int, default=12, help="sequence length")
 parser.add_argument("--dropout", type=float, default=0.0, help="dropout applied to layers")
-parser.add_argument("--tied", action="store_true", help="tie the word embedding and softmax weights")
+parser.add_argument("--tied", action="store_true",
+                    help="tie the word embedding and softmax weights")
 parser.add_argument("--seed", type=int, default=1111, help="random seed")
 parser.add_argument("--log-interval", type=int, default=5, metavar="N", help="report interval")
 parser.add_argument("--nhead", type=int, default=2, help="heads of the transformer model")
@@ -314,8 +315,9 @@ def main():
     print("| End of training | test loss {:5.2f} | test ppl {:8.2f}".format(
         test_loss, math.exp(test_loss)))
     print("=" * 89)
+    tied = args.tied and model.decoder.weight is model.encoder.weight  # still, after loading
     print("RESULT", json.dumps({"train": history, "valid": val_losses, "test": test_loss,
-                                "tied": args.tied and model.decoder.weight is model.encoder.weight}))
+                                "tied": tied}))
 
 
 if __name__ == "__main__":
