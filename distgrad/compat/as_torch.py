@@ -14,7 +14,8 @@ reach distgrad. A submodule distgrad lacks fails as
 
 Processes the program starts inherit the alias: the runner sets
 ``DISTGRAD_AS_TORCH=1`` and puts a directory holding a ``sitecustomize``
-module (and the directory distgrad is imported from) first on ``PYTHONPATH``,
+module (and, when distgrad runs from a source checkout rather than
+site-packages, the checkout) first on ``PYTHONPATH``,
 so a child started by ``torch.multiprocessing.spawn``, a DataLoader worker or
 ``subprocess.run([sys.executable, ...])`` installs the finder before it runs
 anything else. That ``sitecustomize`` then loads the one it shadows, if the
@@ -101,15 +102,28 @@ def uninstall():
 
 def child_environment(env=None):
     """A copy of ``env`` (default ``os.environ``) in which Python processes alias torch
-    to this distgrad: the flag set, :data:`SITE_DIR` and distgrad's own directory
-    first on ``PYTHONPATH``."""
+    to this distgrad: the flag set, :data:`SITE_DIR` (and a source checkout of
+    distgrad) first on ``PYTHONPATH``."""
     env = dict(os.environ if env is None else env)
-    here = os.path.dirname(os.path.dirname(importlib.import_module(_TARGET).__file__))
-    paths = [SITE_DIR, here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                if p and p not in (SITE_DIR, here)]
+    here = os.path.dirname(os.path.dirname(os.path.abspath(
+        importlib.import_module(_TARGET).__file__)))
+    ours = [SITE_DIR]
+    if here not in _site_packages():  # a source checkout: children must import this one too
+        ours.append(here)
+    paths = ours + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                    if p and p not in ours]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env[ENV_FLAG] = "1"
     return env
+
+
+def _site_packages():
+    """Directories every child finds on its own (putting one of them on PYTHONPATH would
+    move it ahead of the standard library)."""
+    import site
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    dirs.append(getattr(site, "getusersitepackages", lambda: "")())
+    return {os.path.abspath(d) for d in dirs if d}
 
 
 _USAGE = "usage: python -m distgrad.compat.as_torch (SCRIPT | -m MODULE) [ARGS ...]"

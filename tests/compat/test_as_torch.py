@@ -104,3 +104,13 @@ def test_install_refuses_when_real_torch_is_already_imported(monkeypatch):
     with pytest.raises(RuntimeError, match="already imported"):
         as_torch.install()
     assert not as_torch.installed()
+
+
+def test_child_environment_never_puts_site_packages_ahead_of_the_standard_library(monkeypatch):
+    import distgrad
+    checkout = str(Path(distgrad.__file__).resolve().parents[1])
+    env = as_torch.child_environment({"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [as_torch.SITE_DIR, checkout, "/elsewhere"]
+    assert env[as_torch.ENV_FLAG] == "1"
+    monkeypatch.setattr(as_torch, "_site_packages", lambda: {checkout})  # as if installed
+    assert as_torch.child_environment({})["PYTHONPATH"] == as_torch.SITE_DIR
