@@ -165,8 +165,8 @@ class Agent:
             self._by_name = {w.name: w for w in self.workers}
             self.pool = HandlerPool(min(opts.num_worker_threads, 4), name=f"rpc-{self.name}")
             self._start_shm()
+            self.running = True  # before connect starts the I/O thread and peers' calls run
             t.connect([ep for _, _, ep in table])
-            self.running = True
             self._probe_shm()
         except BaseException:
             self._teardown(announce=None)
@@ -529,6 +529,15 @@ class Agent:
             time.sleep(0.005)
         return True
 
+    def _wait_for_peers_to_leave(self, deadline):
+        """Rank 0, after the barrier: the others leave as soon as their barrier reply is in.
+        Leaving before them could overtake those replies (a LEAVE travels on another
+        socket than a reply), and a peer would report the barrier's rank as gone."""
+        while any(self.unreachable(r) is None for r in range(1, self.world_size)):
+            if time.monotonic() > deadline or not self.transport.running():
+                return
+            time.sleep(0.002)
+
     def shutdown(self, graceful=True, timeout=None):
         """Stop serving. Graceful: from now on this process's own code makes no new calls;
         its outstanding ones finish; then every process meets in a barrier (as PyTorch's
@@ -553,6 +562,8 @@ class Agent:
                     fut.value()
                 self._quiet = True
                 self.wait_pending(time.monotonic() + 5.0)
+                if self.rank == 0:
+                    self._wait_for_peers_to_leave(time.monotonic() + 5.0)
             except Exception as e:  # noqa: BLE001 - shut down anyway, then report
                 error = e
         self._quiet = True

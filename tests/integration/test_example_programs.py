@@ -44,7 +44,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _environment(on_distgrad):
+def _environment():
     env = dict(os.environ)
     env.pop("DISTGRAD_AS_TORCH", None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
@@ -66,7 +66,7 @@ class Run:
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(cmd + [path] + list(args), cwd=workdir, stdout=out,
                                          stderr=err, stdin=subprocess.DEVNULL,
-                                         env=_environment(on_distgrad), start_new_session=True)
+                                         env=_environment(), start_new_session=True)
 
     def wait(self):
         try:

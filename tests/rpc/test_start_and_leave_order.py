@@ -1,0 +1,46 @@
+"""The edges of a world's life: an agent is the process's current agent before a peer's
+first call can run on it, and rank 0 leaves the shutdown barrier last (the example
+programs of tests/integration met both races)."""
+import pytest
+
+from distgrad.distributed import rpc
+from distgrad.rpc import agent as agent_module
+from distgrad.rpc.current import current_agent
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_init_rpc_makes_the_agent_current_before_it_starts_serving(monkeypatch):
+    # a handler that calls rpc.get_worker_info() may run as soon as the I/O thread starts
+    seen = []
+    start = agent_module.Agent.start
+
+    def observed_start(self, *args, **kwargs):
+        seen.append(current_agent() is self)
+        start(self, *args, **kwargs)
+        seen.append(self.running)
+    monkeypatch.setattr(agent_module.Agent, "start", observed_start)
+    rpc.init_rpc("solo", rank=0, world_size=1,
+                 rpc_backend_options=rpc.RpcBackendOptions(init_method="tcp://127.0.0.1:0"))
+    try:
+        assert seen == [True, True]
+        assert rpc.get_worker_info().name == "solo"
+    finally:
+        rpc.shutdown()
+    assert current_agent() is None
+
+
+def test_rank_0_leaves_after_every_peer_has_its_barrier_reply(rpc_world, monkeypatch):
+    # a LEAVE from rank 0 travels on another socket than its barrier replies: sent
+    # first, it could overtake them, and a peer's shutdown would fail
+    rpc_world(3)
+    agent = current_agent()
+    gone_when_rank_0_left = []
+    teardown = agent._teardown
+
+    def observed_teardown(announce):
+        gone_when_rank_0_left.extend(agent.transport.left(r) for r in range(1, 4))
+        teardown(announce)
+    monkeypatch.setattr(agent, "_teardown", observed_teardown)
+    rpc.shutdown()
+    assert gone_when_rank_0_left == [True, True, True]
