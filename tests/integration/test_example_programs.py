@@ -2,9 +2,10 @@
 
 Each program in ``programs/`` is a plain ``import torch`` program (see its
 docstring for what it ports and how it was shrunk). The test runs it twice, in
-subprocesses of their own: with the real torch, and under
-``python -m distgrad.compat.as_torch`` (``torch`` is distgrad, in the program and
-in every process it spawns). Both must exit 0; the last ``RESULT {json}`` line
+processes of their own: with the real torch (forked from a Python that imported
+torch once, ``torch_zygote.py``: the import costs more CPU than most programs),
+and under ``python -m distgrad.compat.as_torch`` (``torch`` is distgrad, in the
+program and in every process it spawns). Both must exit 0; the last ``RESULT {json}`` line
 of each is compared:
 
 * most programs draw their weights and data from seeded NumPy generators, so
@@ -29,6 +30,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from torch_zygote import Zygote
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -55,48 +58,72 @@ def _environment():
 
 
 class Run:
-    """One program running in a session of its own, its output going to files."""
+    """One program running in a session of its own, its output going to files: on distgrad
+    a fresh ``python -m distgrad.compat.as_torch``, on torch a child of the zygote."""
 
-    def __init__(self, program, args, on_distgrad, workdir):
-        self.name = f"{program} {' '.join(args)} on {'distgrad' if on_distgrad else 'torch'}"
+    def __init__(self, program, args, workdir, zygote=None):
+        self.name = f"{program} {' '.join(args)} on {'torch' if zygote else 'distgrad'}"
         workdir.mkdir(parents=True)
         self.out_path, self.err_path = workdir / "stdout", workdir / "stderr"
-        path = str(PROGRAMS / f"{program}.py")
-        cmd = [sys.executable] + (["-m", "distgrad.compat.as_torch"] if on_distgrad else [])
+        argv = [str(PROGRAMS / f"{program}.py")] + list(args)
+        self.zygote, self.proc = zygote, None
+        if zygote is not None:
+            self.pid = zygote.run(json.dumps({
+                "argv": argv, "cwd": str(workdir), "env": _environment(),
+                "stdout": str(self.out_path), "stderr": str(self.err_path)}))
+            return
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd + [path] + list(args), cwd=workdir, stdout=out,
-                                         stderr=err, stdin=subprocess.DEVNULL,
-                                         env=_environment(), start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "distgrad.compat.as_torch"] + argv, cwd=workdir,
+                stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=_environment(),
+                start_new_session=True)
+        self.pid = self.proc.pid
 
     def wait(self):
         try:
-            self.proc.wait(timeout=RUN_TIMEOUT)
+            if self.zygote is not None:
+                code = self.zygote.wait(self.pid, RUN_TIMEOUT)
+            else:
+                code = self.proc.wait(timeout=RUN_TIMEOUT)
         except subprocess.TimeoutExpired:
             self.kill()
             pytest.fail(f"{self.name} did not finish in {RUN_TIMEOUT} s\n{self.output()}")
         finally:
             self.kill()
-        if self.proc.returncode != 0:
-            pytest.fail(f"{self.name} exited with {self.proc.returncode}\n{self.output()}")
+        if code != 0:
+            pytest.fail(f"{self.name} exited with {code}\n{self.output()}")
         lines = [ln for ln in self.out_path.read_text().splitlines() if ln.startswith("RESULT ")]
         if not lines:
             pytest.fail(f"{self.name} printed no RESULT line\n{self.output()}")
         return json.loads(lines[-1][len("RESULT "):])
 
     def kill(self):
-        """Kill the session (the program and whatever it started), then reap the program."""
+        """Kill the session (the program and whatever it started); its parent reaps it."""
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
 
     def output(self):
         tail = lambda p: "\n".join(p.read_text(errors="replace").splitlines()[-40:])  # noqa: E731
         return f"--- stdout\n{tail(self.out_path)}\n--- stderr\n{tail(self.err_path)}"
+
+
+@pytest.fixture(scope="module")
+def torch_zygote():
+    """One real-torch Python per test worker that forks the reference runs (see
+    torch_zygote.py: it saves an ``import torch`` per run); None without torch."""
+    if not HAVE_TORCH:
+        yield None
+        return
+    zygote = Zygote(_environment())
+    yield zygote
+    zygote.close()
 
 
 def _leaves(value, path=""):
@@ -163,9 +190,9 @@ CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 f
 
 @pytest.mark.parametrize("program,args,compare", CASES,
                          ids=[" ".join([c[0]] + c[1]) for c in CASES])
-def test_program_runs_unchanged_and_matches_torch(program, args, compare, tmp_path):
-    ours = Run(program, args, True, tmp_path / "distgrad")
-    theirs = Run(program, args, False, tmp_path / "torch") if HAVE_TORCH else None
+def test_program_runs_unchanged_and_matches_torch(program, args, compare, tmp_path, torch_zygote):
+    ours = Run(program, args, tmp_path / "distgrad")
+    theirs = Run(program, args, tmp_path / "torch", torch_zygote) if torch_zygote else None
     try:
         ours_result = ours.wait()
         theirs_result = theirs.wait() if theirs is not None else None
