@@ -13,6 +13,8 @@ import sys
 #: subcommand -> module implementing it
 COMMANDS = {
     "worker": "distgrad.worker",
+    "launch": "distgrad.launch.command",
+    "store": "distgrad.offload.store.command",
 }
 
 

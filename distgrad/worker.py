@@ -7,6 +7,10 @@ Every option falls back to an environment variable (shown in ``--help``), so
 Slurm, ssh and Kubernetes launchers can start workers without flags. The
 working directory is on the import path, as for ``python script.py``, so
 ``--allow mymodel`` finds ``mymodel.py`` next to where the worker starts.
+
+A worker that seems to hang can be asked what it is doing: with
+``--dump-signal USR1``, ``kill -USR1 <pid>`` prints every thread's stack and
+the worker's pending calls to its stderr, and the worker goes on serving.
 """
 import argparse
 import logging
@@ -14,9 +18,12 @@ import os
 import signal
 import sys
 
-__all__ = ["add_arguments", "run", "main"]
+__all__ = ["add_arguments", "run", "main", "die_with_parent", "DUMP_END"]
 
 HELP = "run an RPC worker until the world shuts down"
+
+#: The last line of what ``--dump-signal`` prints (a reader knows the dump is complete).
+DUMP_END = "-- end of distgrad worker dump --"
 
 
 def _env(name, default=None):
@@ -37,6 +44,16 @@ def _in_range(kind, low, high=None, name=None):
         return value
     parse.__name__ = name or kind.__name__
     return parse
+
+
+def _signal_number(text):
+    """argparse type: ``USR1``, ``SIGUSR1`` or a number."""
+    name = text.upper()
+    name = name if name.startswith("SIG") or name.isdigit() else "SIG" + name
+    try:
+        return signal.Signals(int(name)) if name.isdigit() else signal.Signals[name]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a signal name or number") from None
 
 
 def add_arguments(p):
@@ -96,13 +113,17 @@ def add_arguments(p):
                    default=int(env("DISTGRAD_MAX_MESSAGE_SIZE", 1 << 30)),
                    help="largest accepted message part; a peer sending more is disconnected "
                         "(default: %(default)s; env: DISTGRAD_MAX_MESSAGE_SIZE)")
+    p.add_argument("--dump-signal", type=_signal_number, default=env("DISTGRAD_DUMP_SIGNAL"),
+                   metavar="SIGNAL",
+                   help="on this signal (e.g. USR1), print every thread's stack and this "
+                        "worker's pending calls to stderr and go on (env: DISTGRAD_DUMP_SIGNAL)")
     p.add_argument("--log-level", default=env("DISTGRAD_LOG_LEVEL", "INFO"),
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper,
                    help="(default: %(default)s; env: DISTGRAD_LOG_LEVEL)")
     return p
 
 
-def _die_with_parent():
+def die_with_parent():
     """Linux: get SIGKILL when the parent dies, so a crashed test leaves no orphan."""
     try:
         import ctypes
@@ -112,6 +133,28 @@ def _die_with_parent():
             os._exit(1)
     except Exception:  # noqa: BLE001 - not Linux: the parent reaps us instead
         pass
+
+
+_die_with_parent = die_with_parent  # the name distgrad.offload.store.command imports
+
+
+def _dump_on(signum, name):
+    """On ``signum``: every thread's stack (faulthandler, from the signal handler itself, so
+    a thread stuck in C shows too), then this worker's pending calls and :data:`DUMP_END`
+    (from the main thread, which runs Python handlers between its waits)."""
+    import faulthandler
+
+    def pending(_signum, _frame):
+        import threading
+        from distgrad.rpc import current_agent
+        agent = current_agent()
+        calls = agent.calls.describe() if agent is not None else "(not serving)"
+        threads = ", ".join(f"0x{t.ident:016x} {t.name}" for t in threading.enumerate())
+        sys.stderr.write(f"threads of {name}: {threads}\npending calls of {name}: "
+                         f"{calls or 'none'}\n{DUMP_END}\n")
+        sys.stderr.flush()
+    signal.signal(signum, pending)
+    faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=True)
 
 
 def _check(args, parser):
@@ -131,7 +174,9 @@ def run(args, parser=None):
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(levelname)s %(name)s: %(message)s")
     if os.environ.get("DISTGRAD_PDEATHSIG"):
-        _die_with_parent()
+        die_with_parent()
+    if args.dump_signal is not None:
+        _dump_on(args.dump_signal, args.name)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python script.py` puts the script's folder first
     from distgrad.rpc import api

@@ -7,6 +7,8 @@ cycle (output -> grad_fn -> output) that keeps activations alive.
 """
 import threading
 
+from .node import AccumulateGrad
+
 __all__ = ["SavedTensor", "SavedTensorHooksState", "hooks_state"]
 
 RELEASED_MESSAGE = (
@@ -30,7 +32,7 @@ hooks_state = SavedTensorHooksState()
 
 class SavedTensor:
     __slots__ = ("_tensor", "_data", "_vc", "_version", "_is_output", "_output_nr",
-                 "_requires_grad", "_packed", "_unpack_hook", "_released", "_has_hooks")
+                 "_requires_grad", "_packed", "_unpack_hook", "_released", "_has_hooks", "_edge")
 
     def __init__(self, tensor, is_output, output_nr=0):
         if tensor._is_inference:
@@ -43,12 +45,14 @@ class SavedTensor:
         self._requires_grad = tensor._requires_grad
         self._version = tensor._vc[0]
         self._vc = tensor._vc
+        self._edge = None
         stack = hooks_state.stack
         if stack:
             pack, unpack = stack[-1]
             self._tensor = None
             self._data = None
             self._has_hooks = True
+            self._edge = _input_edge(tensor, is_output)
             self._unpack_hook = unpack
             self._packed = pack(tensor)
         else:
@@ -103,9 +107,21 @@ class SavedTensor:
             raise TypeError(
                 "Output of saved tensor unpack_hook expected to be a Tensor but got result of "
                 f"type {type(value).__name__}")
-        if self._is_output and value.grad_fn is None and self._requires_grad:
-            value = _make(value._data, grad_fn=node, output_nr=self._output_nr,
-                          requires_grad=True, vc=value._vc)
+        if value.grad_fn is None:
+            # As PyTorch: what an unpack hook returns is reattached where the saved tensor
+            # was in the graph, so a hook may return a detached copy and double backward
+            # still reaches the producer (or the leaf) of the original.
+            if self._is_output and self._requires_grad:
+                value = _make(value._data, grad_fn=node, output_nr=self._output_nr,
+                              requires_grad=True, vc=value._vc)
+            elif self._edge is not None:
+                fn, nr = self._edge
+                if isinstance(fn, AccumulateGrad):  # a leaf: share its accumulator
+                    value = _make(value._data, requires_grad=True, vc=value._vc)
+                    value._grad_accumulator = fn
+                else:
+                    value = _make(value._data, grad_fn=fn, output_nr=nr, requires_grad=True,
+                                  vc=value._vc)
         return value
 
     def register_hooks(self, pack_hook, unpack_hook):
@@ -122,6 +138,7 @@ class SavedTensor:
             tensor = self._tensor
         else:
             tensor = _make(self._data, requires_grad=False, vc=self._vc)
+        self._edge = _input_edge(self._tensor, self._is_output) if self._tensor is not None else None
         self._packed = pack_hook(tensor)
         self._unpack_hook = unpack_hook
         self._has_hooks = True
@@ -133,3 +150,12 @@ class SavedTensor:
         self._tensor = None
         self._data = None
         self._packed = None
+
+
+def _input_edge(tensor, is_output):
+    """Where a saved input that requires grad sits in the graph (an output is its node's own)."""
+    if is_output or not tensor._requires_grad:
+        return None
+    if tensor._grad_fn is not None:
+        return (tensor._grad_fn, tensor._output_nr)
+    return tensor._grad_edge()

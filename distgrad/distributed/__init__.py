@@ -1,5 +1,28 @@
-"""Distributed features with PyTorch's names (``torch.distributed`` equivalent)."""
+"""Distributed features with PyTorch's names (``torch.distributed`` equivalent).
+
+Process groups and collectives (``init_process_group``, ``all_reduce``, ...) live in
+``process_group.py`` and ``collectives.py``, the key-value stores in ``store.py``;
+``rpc`` is ``torch.distributed.rpc``. ``autograd``, ``optim`` and ``nn`` load on
+first use.
+"""
 from . import rpc  # noqa: F401
+from .collectives import (P2POp, all_gather, all_gather_into_tensor, all_gather_object,
+                          all_reduce, all_to_all, all_to_all_single, barrier, batch_isend_irecv,
+                          broadcast, broadcast_object_list, gather, gather_object, irecv, isend,
+                          monitored_barrier, recv, recv_object_list, reduce, reduce_scatter,
+                          reduce_scatter_tensor, scatter, scatter_object_list, send,
+                          send_object_list)
+from .work import Work
+from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError
+from .process_group import (Backend, GroupMember, ProcessGroup, default_pg_timeout,
+                            destroy_process_group, get_backend, get_global_rank, get_group_rank,
+                            get_process_group_ranks, get_rank, get_world_size, group,
+                            init_process_group, is_available, is_backend_available,
+                            is_gloo_available, is_initialized, is_mpi_available,
+                            is_nccl_available, is_torchelastic_launched, is_ucc_available,
+                            new_group)
+from .reduce_op import ReduceOp, reduce_op
+from .store import HashStore, PrefixStore, Store, TCPStore
 
 
 def __getattr__(name):

@@ -206,8 +206,15 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
     :class:`ProcessContext`. If a process fails, the rest are terminated and
     the failure is raised with the child's traceback.
 
-    >>> import distgrad.multiprocessing as mp
-    >>> mp.spawn(print, args=("started",), nprocs=2)  # doctest: +SKIP
+    Example (a complete program: ``scripts/example_distributed.py``)::
+
+        import distgrad.multiprocessing as mp
+
+        def run(rank, world_size):
+            print(f"process {rank} of {world_size}")
+
+        if __name__ == "__main__":
+            mp.spawn(run, args=(2,), nprocs=2)
     """
     if start_method != "spawn":
         warnings.warn(f"This method only supports start_method=spawn (got: {start_method}).\n"

@@ -4,5 +4,6 @@ from .parameter import Parameter
 from .modules import *  # noqa: F401,F403
 from .modules import __all__ as _modules_all
 from . import init, utils
+from . import parallel  # noqa: F401 - nn.parallel.DistributedDataParallel
 
 __all__ = ["functional", "Parameter", "init", "utils", *_modules_all]

@@ -259,8 +259,9 @@ def _huber(diff, delta):
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     """Huber loss divided by ``beta``: ``0.5 d^2 / beta`` below ``beta``, else ``|d| - beta / 2``.
 
-    >>> smooth_l1_loss(distgrad.tensor([0.5, 3.0]), distgrad.zeros(2), reduction="none")
-    tensor([0.1250, 2.5000])
+    >>> import distgrad
+    >>> smooth_l1_loss(distgrad.tensor([0.5, 3.0]), distgrad.zeros(2), reduction="none").tolist()
+    [0.125, 2.5]
     """
     _check_same_shape(input, target)
     reduction = _legacy_reduction(size_average, reduce, reduction)
@@ -414,6 +415,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     each bag (``include_last_offset``: plus the end of the last one). Empty bags give
     zeros; indices equal to ``padding_idx`` are left out (and not counted by mean).
 
+    >>> import distgrad
     >>> w = distgrad.arange(8.).reshape(4, 2)
     >>> embedding_bag(distgrad.tensor([0, 1, 3]), w, distgrad.tensor([0, 2]), mode="sum")
     tensor([[2., 4.],

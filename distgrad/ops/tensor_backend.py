@@ -27,6 +27,10 @@ def _t(x):
     return x if isinstance(x, Tensor) else _make(np.asarray(x))
 
 
+def tanh_backward(g, r):
+    return g * conj(1 - r * r)
+
+
 def sgn(a):
     if a._data.dtype.kind != "c":
         return unary.sign(a)

@@ -71,7 +71,7 @@ CosBackward0 = defop("CosBackward0", saved=("self",),
 TanBackward0 = defop("TanBackward0", saved=("result",),
                      vjps=(lambda xp, g, m, r: g * xp.conj(1 + r * r),))
 TanhBackward0 = defop("TanhBackward0", saved=("result",),
-                      vjps=(lambda xp, g, m, r: g * xp.conj(1 - r * r),))
+                      vjps=(lambda xp, g, m, r: xp.tanh_backward(g, r),))
 SigmoidBackward0 = defop("SigmoidBackward0", saved=("result",),
                          vjps=(lambda xp, g, m, r: g * xp.conj(r * (1 - r)),))
 # Under create_graph, sign(result) (= the mask, as result >= 0) keeps the first

@@ -23,11 +23,11 @@ and shutdown.
 import collections
 import itertools
 import logging
-import os
 import shutil
 import threading
 import time
 import uuid
+import weakref
 
 from .. import codec
 from ..utils.tempdirs import owned_tempdir
@@ -44,7 +44,7 @@ from .owner import OwnerOps, OwnerTable
 from .pool import HandlerPool
 from .rendezvous import RendezvousServer, join, resolve_address
 from .rref import RRef
-from .shm import SegmentMaps, SegmentPool, shm_root
+from .shm import LendingContext, SameHost
 from .transport import Transport
 from .worker_info import WorkerInfo
 
@@ -56,7 +56,7 @@ Kind = wire.Kind
 _NO_REPLY = 0  # message id of fire-and-forget calls: their replies are dropped quietly
 
 
-class _MessageContext:
+class _MessageContext(LendingContext):
     """The codec context of one message to or from ``peer``: RRef forks, function
     references resolved against the allowlist, and shared-memory segments (``segments``:
     lent for an outgoing message, named by the header of an incoming one)."""
@@ -78,28 +78,8 @@ class _MessageContext:
     def resolve(self, ref):
         return self.agent.allowlist.resolve(ref)
 
-    def external_array(self, a):
-        agent = self.agent
-        pool = agent.shm_pool
-        if pool is None or a.nbytes < pool.threshold or self.peer not in agent.shm_peers:
-            return None
-        name = pool.lend(a, self.peer)
-        if name is None:
-            return None
-        self.segments.append(name)
-        return [name, a.nbytes]
-
-    def external_buffer(self, ref):
-        maps = self.agent.shm_maps
-        if maps is None or len(ref) != 2 or ref[0] not in self.segments:
-            raise codec.CodecError(f"shared-memory reference {ref!r} is not declared in the "
-                                   "message header")
-        try:
-            view = maps.view(ref[0], ref[1], self.peer)
-        except (OSError, ValueError) as e:
-            raise codec.CodecError(f"shared-memory segment {ref[0]!r}: {e}") from None
-        self.mapped.add(ref[0])
-        return view
+    def _same_host(self):
+        return self.agent.shm
 
 
 class Agent:
@@ -110,6 +90,7 @@ class Agent:
                 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank!r} out of range for world_size {world_size!r}")
         self.name, self.rank, self.world_size = name, rank, world_size
+        self.weakref = weakref.ref(self)  # what RRefs hold (see RRef._bind)
         self.options = options = options or RpcBackendOptions()
         self.allowlist = Allowlist(options.allowed_modules)
         self.running = False
@@ -121,9 +102,7 @@ class Agent:
         self.dispatcher = Dispatcher(self)
         self.pool = None
         self.transport = None
-        self.shm_pool = self.shm_maps = None
-        self.shm_peers = set()
-        self._releases = collections.deque()      # (rank, [segment names]) to send
+        self.shm = None                           # the same-host path (made at start)
         self._fork_releases = collections.deque()  # (owner, rid, fid) of dropped RRefs
         self._closing = None                      # why new calls are refused, once shutting down
         self._quiet = False                       # peers leaving is expected (after the barrier)
@@ -173,38 +152,23 @@ class Agent:
             raise
 
     def _start_shm(self):
-        root = shm_root()
-        if root is None or self.options.shm_threshold <= 0 or self.world_size == 1:
-            return
-        self.shm_pool = SegmentPool(root, max(self.options.shm_threshold, codec.INLINE_MAX),
-                                    self.options.shm_pool_bytes)
-        self.shm_maps = SegmentMaps(root, self._queue_release, 2 * self.options.shm_pool_bytes)
+        opts = self.options
+        threshold = max(opts.shm_threshold, codec.INLINE_MAX) if opts.shm_threshold else 0
+        self.shm = SameHost(threshold, opts.shm_pool_bytes, self.transport.wake,
+                            enabled=self.world_size > 1)
 
     def _probe_shm(self):
         """Prove, per peer, that it can map a segment made here; until then (and if not)
         large arrays take the socket."""
-        if self.shm_pool is None:
-            return
         for w in self.workers:
-            if w.id == self.rank:
-                continue
-            try:
-                name, token = self.shm_pool.probe()
-            except OSError as e:
-                log.debug("%s: no shared memory: %s", self.name, e)
-                return
-            fut = self.call(w.id, "@shm.probe", (os.getpid(), name, token), internal=True)
-            fut.add_done_callback(lambda f, r=w.id, n=name: self._probed(f, r, n))
-
-    def _probed(self, fut, rank, name):
-        self.shm_pool.end_probe(name)
-        if fut.exception() is None and fut.value() is True:
-            self.shm_peers.add(rank)
+            probe = self.shm.probe() if w.id != self.rank else None
+            if probe is not None:
+                fut = self.call(w.id, "@shm.probe", probe, internal=True)
+                fut.add_done_callback(lambda f, r=w.id, p=probe: self.shm.probed(
+                    r, p, f.exception() is None and f.value()))
 
     def _op_shm_probe(self, request, pid, name, token):
-        if self.shm_maps is None or type(pid) is not int or type(token) is not str:
-            return False
-        return self.shm_maps.check_probe(request.src, pid, name, token)
+        return self.shm.check_probe(request.src, pid, name, token)
 
     # ------------------------------------------------------------------ identities
     def new_id(self):
@@ -287,12 +251,19 @@ class Agent:
         mid = next(self._ids)
         what, ctx, frames = self._prepare(dst, target, args, kwargs, remote_ref, mid)
         try:
+            copies = self.copies(dst, "request", what, ctx)
+        except Exception as e:  # noqa: BLE001 - an interceptor failed the message: the caller's
+            self.return_segments(dst, ctx)
+            fut.set_exception(e)
+            return fut
+        try:
             self.calls.add(mid, Pending(fut, dst, deadline, what, timeout),
                            block=self.options.backpressure == "block")
         except BaseException:
             self.return_segments(dst, ctx)
             raise
-        self.transport.send(dst, frames)
+        for _ in range(copies):
+            self.transport.send(dst, frames)
         return fut
 
     def call_sync(self, to, target, args=(), kwargs=None, timeout=-1, internal=False):
@@ -304,6 +275,7 @@ class Agent:
         mid = next(self._ids)
         what, ctx, frames = self._prepare(dst, target, args, kwargs, None, mid)
         try:
+            copies = self.copies(dst, "request", what, ctx)
             self.calls.add(mid, Pending(None, dst, deadline, what, timeout),
                            block=self.options.backpressure == "block")
         except BaseException:
@@ -318,7 +290,7 @@ class Agent:
                 raise RpcError(f"RPC agent {self.name!r} stopped during a call to {what}"
                                + (f": {self.transport.failure}" if self.transport.failure else ""))
         try:
-            reply = self.transport.sync_exchange(dst, frames, mid, deadline, check)
+            reply = self.transport.sync_exchange(dst, frames, mid, deadline, check, copies)
         finally:
             self.calls.pop(mid)
         if reply is None:
@@ -334,6 +306,15 @@ class Agent:
         rid, fid = self.new_id(), self.new_id()
         created = self.call(dst, target, args, kwargs, timeout, remote_ref=[rid, fid])
         return RRef._make(self, dst, rid, fid, created)
+
+    def copies(self, dst, kind, what, ctx):
+        """How many times to send an encoded message to rank ``dst``: interceptors may drop
+        or duplicate it (``interceptors.copies``). One whose arrays ride in shared memory
+        goes at most once; a dropped one gives its segments back."""
+        n = interceptors.copies(self.workers[dst], kind, what)
+        if n == 0:
+            self.return_segments(dst, ctx)
+        return min(n, 1) if ctx.segments else n
 
     def _send_no_reply(self, dst, target, args):
         """A fire-and-forget call from the I/O thread (never blocks, reply dropped)."""
@@ -352,21 +333,12 @@ class Agent:
     def settle_segments(self, src, segments, ctx):
         """After decoding a message from ``src``: release the segments it named but that
         were not mapped (the body was malformed, or the message is dropped)."""
-        if segments and self.shm_maps is not None:
-            self.shm_maps.settle(src, segments, ctx.mapped if ctx is not None else ())
+        self.shm.settle(src, segments, ctx.mapped if ctx is not None else ())
 
     def return_segments(self, dst, ctx):
         """An outgoing message was not sent: its segments are free again."""
-        if ctx.segments and self.shm_pool is not None:
-            self.shm_pool.release(ctx.segments, dst)
-            ctx.segments = []
-
-    def _queue_release(self, src, names):
-        """A finalizer (any thread): segments of ``src`` are no longer mapped here."""
-        self._releases.append((src, names))
-        t = self.transport
-        if t is not None:
-            t.wake()
+        self.shm.give_back(dst, ctx.segments)
+        ctx.segments = []
 
     # ------------------------------------------------------------------ RRefs
     def adopt_rref(self, rref):
@@ -424,19 +396,14 @@ class Agent:
         self._complete(p.fut, value, exc)
 
     def on_late(self, src, segments):
-        if segments and src is not None and self.shm_maps is not None:
-            self.shm_maps.settle(src, segments, ())
+        self.shm.settle(src, segments)
 
     def on_release(self, src, names):
-        if self.shm_pool is not None:
-            self.shm_pool.release(names, src)
+        self.shm.released(src, names)
 
     def on_peer_down(self, rank, why, left):
         failed = self.calls.fail_peer(rank)
-        if self.shm_pool is not None:
-            self.shm_pool.reclaim(rank)
-            self.shm_maps.forget(rank)
-        self.shm_peers.discard(rank)
+        self.shm.peer_gone(rank)
         self.owner.forget_peer(rank)
         level = logging.DEBUG if self._quiet else logging.WARNING
         pending = f"; {len(failed)} pending calls to it failed" if failed else ""
@@ -475,16 +442,7 @@ class Agent:
                         f"on {self.describe(p.dst)}"))
         if now >= self.owner.next_expiry:
             self.owner.expire(now)
-        releases = self._releases
-        if releases:
-            by_src = {}
-            while releases:
-                src, names = releases.popleft()
-                by_src.setdefault(src, []).extend(names)
-            for src, names in by_src.items():
-                if self.transport.down(src) is None:
-                    self.transport.send(src, [wire.pack_header(Kind.RELEASE, 0, self.rank, None,
-                                                               names), b""])
+        self.shm.send_releases(self.transport, self.rank)
         forks = self._fork_releases
         while forks:
             owner, rid, fid = forks.popleft()
@@ -522,21 +480,32 @@ class Agent:
             raise RpcError("the shutdown barrier is held by rank 0")
         return self.barrier.arrive(request.src)
 
+    def _arrive_at_barrier(self, deadline):
+        """Arrive at rank 0's barrier. If rank 0 seems dead, wait a heartbeat bound for it to
+        answer again first (this process may just have resumed from a stop, its connections
+        re-forming): give up only when it left, or stays gone."""
+        while True:
+            fut = self.call(0, "@barrier", (), timeout=0, internal=True)
+            while not fut.wait_done(0.5):
+                if time.monotonic() > deadline:
+                    raise RpcTimeoutError("shutdown barrier timed out")
+            try:
+                return fut.value()
+            except WorkerUnreachableError:
+                if self.transport.left(0):
+                    raise
+                back = time.monotonic() + self.options.heartbeat_timeout
+                while self.transport.down(0) is not None and time.monotonic() < back:
+                    time.sleep(0.05)
+                if self.transport.down(0) is not None:
+                    raise
+
     def wait_pending(self, deadline):
         while len(self.calls):
             if time.monotonic() > deadline or not self.transport.running():
                 return False
             time.sleep(0.005)
         return True
-
-    def _wait_for_peers_to_leave(self, deadline):
-        """Rank 0, after the barrier: the others leave as soon as their barrier reply is in.
-        Leaving before them could overtake those replies (a LEAVE travels on another
-        socket than a reply), and a peer would report the barrier's rank as gone."""
-        while any(self.unreachable(r) is None for r in range(1, self.world_size)):
-            if time.monotonic() > deadline or not self.transport.running():
-                return
-            time.sleep(0.002)
 
     def shutdown(self, graceful=True, timeout=None):
         """Stop serving. Graceful: from now on this process's own code makes no new calls;
@@ -555,15 +524,9 @@ class Agent:
                 if self.rank == 0:
                     self.barrier.wait_all(deadline, self.unreachable, self.describe)
                 else:
-                    fut = self.call(0, "@barrier", (), timeout=0, internal=True)
-                    while not fut.wait_done(0.5):
-                        if time.monotonic() > deadline:
-                            raise RpcTimeoutError("shutdown barrier timed out")
-                    fut.value()
+                    self._arrive_at_barrier(deadline)
                 self._quiet = True
                 self.wait_pending(time.monotonic() + 5.0)
-                if self.rank == 0:
-                    self._wait_for_peers_to_leave(time.monotonic() + 5.0)
             except Exception as e:  # noqa: BLE001 - shut down anyway, then report
                 error = e
         self._quiet = True
@@ -585,9 +548,8 @@ class Agent:
                 p.fut._try_set_exception(err)
         if self.pool is not None:
             self.pool.shutdown()
-        if self.shm_pool is not None:
-            self.shm_pool.close()
-            self.shm_maps.close()
+        if self.shm is not None:
+            self.shm.close()
         self.owner.clear()
         if self._ipc_dir and not self.options.ipc_dir:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)

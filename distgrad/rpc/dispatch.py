@@ -58,7 +58,8 @@ def _is_async(fn):
 class Dispatcher:
     """Runs requests for an agent. ``agent`` provides: ``rank``, ``options``, ``allowlist``,
     ``transport``, ``owner`` (the RRef table), ``pool``, ``internal_ops`` (``@name`` ->
-    function of (request, *args)), ``decode_context(src)``/``encode_context(dst)``."""
+    function of (request, *args)), ``decode_context(src)``/``encode_context(dst)``,
+    ``copies(dst, kind, what, ctx)`` (how many times to send a reply)."""
 
     def __init__(self, agent):
         self.agent = agent
@@ -154,12 +155,14 @@ class Dispatcher:
             body, bufs = wire.encode(value, ctx)
             header = wire.pack_header(Kind.REPLY, req.msg_id, agent.rank, extras,
                                       ctx.segments or None)
+            copies = agent.copies(req.src, "response", req.target, ctx)
         except BaseException as e:  # noqa: BLE001 - an unsendable result is the caller's error
             if ctx is not None:
                 agent.return_segments(req.src, ctx)
             self.reply_error(req, e)
             return
-        agent.transport.reply(req.ident, [header, body, *bufs])
+        for _ in range(copies):
+            agent.transport.reply(req.ident, [header, body, *bufs])
 
     def reply_error(self, req, exc):
         agent = self.agent

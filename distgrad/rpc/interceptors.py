@@ -22,12 +22,24 @@ these methods (absent ones are skipped):
 ``on_receive_response(src, extra, value) -> value``
     on the thread that receives the reply (the caller's for ``rpc_sync``, the
     I/O thread for ``rpc_async``): it must not block.
+``on_send_message(dst, kind, what) -> copies``
+    on the sending thread, once a message is encoded and before it is sent:
+    ``kind`` is ``"request"`` (a CALL) or ``"response"`` (a REPLY), ``what``
+    the ``module:qualname`` or ``@op`` it calls or answers, ``dst`` the
+    :class:`WorkerInfo` it goes to. It returns how many copies to send: ``0``
+    drops the message (its caller times out), ``2`` duplicates it (a second
+    reply is dropped as late), ``None`` means one. It may sleep (the message
+    leaves later) or raise (a request's caller gets the exception; a response
+    becomes an error reply). This is the seam of fault injection
+    (``distgrad.testing.faults``); messages the I/O thread sends on its own
+    (RRef releases) do not pass through it, and a message whose arrays ride in
+    shared memory is sent at most once.
 
 Error replies do not pass through interceptors.
 """
 import threading
 
-__all__ = ["add", "remove", "installed", "extra_of"]
+__all__ = ["add", "remove", "installed", "extra_of", "copies"]
 
 _lock = threading.Lock()
 _chain = ()  # replaced, never mutated: readers take it without a lock
@@ -113,6 +125,21 @@ def receive_response(src, extras, value):
         if f is not None:
             value = f(src, extra_of(extras, name), value)
     return value
+
+
+def copies(dst, kind, what):
+    """How many times to send an outgoing message (each ``on_send_message`` multiplies)."""
+    chain = _chain
+    if not chain:
+        return 1
+    n = 1
+    for _, ic in chain:
+        f = getattr(ic, "on_send_message", None)
+        if f is not None:
+            c = f(dst, kind, what)
+            if c is not None:
+                n *= c
+    return n
 
 
 def extra_of(extras, name):

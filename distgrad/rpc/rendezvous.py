@@ -130,7 +130,7 @@ class RendezvousServer:
                                        f"{len(seen)} of {world_size} processes (missing ranks "
                                        f"{missing[:16]})")
                     continue
-                if not sock.poll(200):
+                if not sock.poll(50):  # stop() waits at most this long
                     continue
                 frames = sock.recv_multipart()
                 if len(frames) != 2:

@@ -4,8 +4,6 @@ An RRef names a value held by its owner (see ``owner.py`` for the owner's table
 and the fork-counting lifetime protocol). It travels as ``[owner, rref id,
 fork id]``; sending one registers a new fork with the owner first.
 """
-import weakref
-
 from .. import codec
 from .current import current_agent
 
@@ -64,7 +62,10 @@ class RRef:
         return r
 
     def _bind(self, agent, owner, rid, fid):
-        self._agent_ref = weakref.ref(agent)
+        # the agent's own weakref, not one of ours: an RRef that dies in a reference cycle
+        # (say, held by the frame of a traceback) is collected with the weakrefs it owns,
+        # and CPython clears those before __del__ runs; then the fork would never be released
+        self._agent_ref = agent.weakref
         self._owner, self._rid, self._fid = owner, rid, fid
 
     def _need_agent(self):

@@ -25,6 +25,7 @@ Lifetimes, including crashes:
   :mod:`distgrad.utils.tempdirs`); mappings held by receivers stay valid until
   their views are gone.
 """
+import collections
 import logging
 import mmap
 import os
@@ -36,9 +37,10 @@ import weakref
 
 import numpy as np
 
+from .. import codec
 from ..utils.tempdirs import owned_name, sweep_stale
 
-__all__ = ["SegmentPool", "SegmentMaps", "shm_root", "PREFIX"]
+__all__ = ["SegmentPool", "SegmentMaps", "SameHost", "LendingContext", "shm_root", "PREFIX"]
 
 log = logging.getLogger("distgrad.rpc")
 
@@ -269,3 +271,139 @@ class SegmentMaps:
         with self._lock:
             self._maps.clear()
             self._mapped_bytes = 0
+
+
+class SameHost:
+    """One process's same-host path toward its peers: the pool it lends from, the maps of
+    what peers lent it, the peers proven to share memory, and the releases waiting to be
+    sent. Every method is a no-op when the path is off (no ``/dev/shm``, a threshold of 0,
+    a world of one), so its users need not ask.
+
+    ``wake()`` is called (from any thread) when a release is queued; the owner of the
+    sockets then calls :meth:`send_releases`.
+    """
+
+    def __init__(self, threshold, pool_bytes, wake, enabled=True):
+        root = shm_root() if enabled and threshold > 0 else None
+        self.pool = SegmentPool(root, threshold, pool_bytes) if root else None
+        self.maps = SegmentMaps(root, self._queue_release, 2 * pool_bytes) if root else None
+        self.peers = set()  # ranks that proved they map this process's segments
+        self._releases = collections.deque()
+        self._wake = wake
+
+    @property
+    def on(self):
+        return self.pool is not None
+
+    # -- the handshake --
+    def probe(self):
+        """``(pid, segment name, token)`` to send a peer, or None when the path is off."""
+        if self.pool is None:
+            return None
+        try:
+            name, token = self.pool.probe()
+        except OSError as e:
+            log.debug("no shared memory: %s", e)
+            return None
+        return os.getpid(), name, token
+
+    def check_probe(self, src, pid, name, token):
+        """A peer's probe: True if this process can read what ``src`` wrote."""
+        if self.maps is None or type(pid) is not int or type(name) is not str \
+                or type(token) is not str:
+            return False
+        return self.maps.check_probe(src, pid, name, token)
+
+    def probed(self, rank, probe, ok):
+        """The answer of ``rank`` to ``probe``: from now on, lend to it if ``ok``."""
+        self.pool.end_probe(probe[1])
+        if ok is True:
+            self.peers.add(rank)
+
+    # -- messages --
+    def settle(self, src, segments, mapped=()):
+        """After decoding (or dropping) a message of ``src``: release what was not mapped."""
+        if segments and src is not None and self.maps is not None:
+            self.maps.settle(src, segments, mapped)
+
+    def give_back(self, dst, names):
+        """An outgoing message to ``dst`` was not sent: its segments are free again."""
+        if names and self.pool is not None:
+            self.pool.release(names, dst)
+
+    def released(self, src, names):
+        """A RELEASE from ``src``."""
+        if self.pool is not None:
+            self.pool.release(names, src)
+
+    def peer_gone(self, rank):
+        """``rank`` died or left: what it held comes back, what it lent is forgotten."""
+        if self.pool is not None:
+            self.pool.reclaim(rank)
+            self.maps.forget(rank)
+        self.peers.discard(rank)
+
+    def _queue_release(self, src, names):  # a finalizer, any thread
+        self._releases.append((src, names))
+        self._wake()
+
+    def send_releases(self, transport, rank):
+        """Send the queued releases, one RELEASE per peer (on the socket owner's thread)."""
+        from .wire import Kind, pack_header
+        releases = self._releases
+        if not releases:
+            return
+        by_src = {}
+        while releases:
+            src, names = releases.popleft()
+            by_src.setdefault(src, []).extend(names)
+        for src, names in by_src.items():
+            if transport.down(src) is None:
+                transport.send(src, [pack_header(Kind.RELEASE, 0, rank, None, names), b""])
+
+    def lent(self):
+        return self.pool.stats()["lent"] if self.pool is not None else 0
+
+    def stats(self):
+        return self.pool.stats() if self.pool is not None else None
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.close()
+            self.maps.close()
+
+
+class LendingContext:
+    """The codec hooks (see ``codec.py``) of one message to or from ``self.peer``: an array
+    of at least the pool's threshold to a peer proven to share memory is lent from the
+    pool; a reference in a received message is mapped, if its header declared it.
+
+    Subclasses keep ``peer``, ``segments`` (lent for an outgoing message, declared by an
+    incoming one's header) and ``mapped``, and say where their :class:`SameHost` is:
+    ``_same_host()``.
+    """
+
+    __slots__ = ()
+
+    def external_array(self, a):
+        sh = self._same_host()
+        pool = sh.pool
+        if pool is None or a.nbytes < pool.threshold or self.peer not in sh.peers:
+            return None
+        name = pool.lend(a, self.peer)
+        if name is None:
+            return None
+        self.segments.append(name)
+        return [name, a.nbytes]
+
+    def external_buffer(self, ref):
+        maps = self._same_host().maps
+        if maps is None or len(ref) != 2 or ref[0] not in self.segments:
+            raise codec.CodecError(f"shared-memory reference {ref!r} is not declared in the "
+                                   "message header")
+        try:
+            view = maps.view(ref[0], ref[1], self.peer)
+        except (OSError, ValueError) as e:
+            raise codec.CodecError(f"shared-memory segment {ref[0]!r}: {e}") from None
+        self.mapped.add(ref[0])
+        return view

@@ -60,6 +60,7 @@ Kind = wire.Kind
 _ZERO_COPY_MIN = 1 << 16  # below this, copying is cheaper than pyzmq's zero-copy bookkeeping
 _BATCH = 64               # messages taken from one socket before looking at the others
 _SYNC_SLICE = 0.05        # how often a blocking call looks at its peer's liveness
+_LEAVE_LINGER = 100       # ms a LEAVE may take to reach a live peer when we close
 _MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
               | zmq.EVENT_CONNECTED)
 
@@ -156,6 +157,8 @@ class Transport:
         self._down = {}            # rank -> why (dead or left); read by any thread
         self._left = set()
         self._suspect = {}         # rank -> deadline (I/O thread only)
+        self._refused = {}         # rank -> reconnections refused in a row (I/O thread only)
+        self._leaving = {}         # rank -> (when its pending calls fail, why) after a LEAVE
         self._stop = False
         self._announce = None      # reason sent in LEAVE messages on close, if any
         self._closed = threading.Event()
@@ -212,9 +215,15 @@ class Transport:
         self._auth.configure_curve_callback(domain="*", credentials_provider=_OnlyWorldKey())
 
     def bind(self, address):
-        """Bind the router (``tcp://host:0`` or ``ipc://path``); return the real endpoint."""
+        """Bind the router (``tcp://host:0`` or ``ipc://path``); return the real endpoint.
+
+        A peer's dealer always has the same identity (its rank); when it reconnects (after
+        a stop, a network blip) while this side still holds the old connection, the new
+        one must take the identity over, or every reply to that peer goes to the dead
+        connection and is lost (ZeroMQ's default keeps the old one)."""
         r = self.router = self.socket(zmq.ROUTER, server=True)
         r.router_mandatory = 1
+        r.router_handover = 1
         r.maxmsgsize = self.options.max_message_size
         r.bind(address)
         return r.last_endpoint.decode()
@@ -271,12 +280,14 @@ class Transport:
             s.connect(self.endpoints[dst])
         return s
 
-    def sync_exchange(self, dst, frames, mid, deadline, check):
-        """Send a CALL on this thread's socket and wait for its reply; ``check()`` runs
-        between slices of the wait and raises to abandon it (dead peer, shutdown).
-        Returns (kind, extra, segments, frames) of the reply, or None on timeout."""
+    def sync_exchange(self, dst, frames, mid, deadline, check, copies=1):
+        """Send a CALL (``copies`` times: 0 drops it) on this thread's socket and wait for
+        its reply; ``check()`` runs between slices of the wait and raises to abandon it
+        (dead peer, shutdown). Returns (kind, extra, segments, frames) of the reply, or
+        None on timeout."""
         sock = self.sync_socket(dst)
-        send_frames(sock, frames)
+        for _ in range(copies):
+            send_frames(sock, frames)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -333,7 +344,8 @@ class Transport:
         router, handlers = self.router, self.handlers
         while not self._stop:
             now = time.monotonic()
-            wait = min([handlers.next_deadline(), now + 1.0, *self._suspect.values()]) - now
+            wait = min([handlers.next_deadline(), now + 1.0, *self._suspect.values(),
+                        *(t for t, _ in self._leaving.values())]) - now
             events = poller.poll(max(0, int(wait * 1000) + 1))
             self._wake.clear()  # clear first, then drain: a later send signals again
             self._flush()
@@ -350,6 +362,10 @@ class Transport:
                     del self._suspect[r]
                     self._peer_down(r, f"no heartbeat for {self.options.heartbeat_timeout:.1f} s",
                                     left=False)
+            for r, (deadline, why) in list(self._leaving.items()):
+                if now >= deadline:
+                    del self._leaving[r]
+                    handlers.on_peer_down(r, why, True)
             handlers.on_tick(now)
         self._flush()
         if self._announce is not None:
@@ -406,6 +422,9 @@ class Transport:
                 h.on_late(None, segments)
             elif kind == Kind.CALL:
                 h.on_request(frames[0], mid, src, extra, segments, frames[2:])
+            elif kind in (Kind.RELEASE, Kind.LEAVE) and frames[0].bytes != b"%d" % src:
+                # one-way messages come from the peer's own dealer, whose identity is its rank
+                self.drop(f"{Kind.NAMES[kind]} claiming rank {src} from another connection")
             elif kind == Kind.RELEASE:
                 h.on_release(src, segments)
             elif kind == Kind.LEAVE:
@@ -433,24 +452,36 @@ class Transport:
                 continue
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._suspect.pop(rank, None)
+                self._refused.pop(rank, None)
                 if rank in self._down:
                     del self._down[rank]
                     self.handlers.on_peer_up(rank)
             elif event == zmq.EVENT_DISCONNECTED:
                 if rank not in self._down:
                     self._suspect.setdefault(rank, time.monotonic() + self.grace)
+            elif event == zmq.EVENT_CONNECTED:
+                self._refused.pop(rank, None)
             elif event == zmq.EVENT_CLOSED and rank in self._suspect:
-                # a reconnection refused: nobody listens on the peer's endpoint any more
-                del self._suspect[rank]
-                self._peer_down(rank, "its process is gone (connection refused)", left=False)
+                # reconnections refused twice in a row (once can be the old connection
+                # closing): nobody listens on the peer's endpoint any more
+                self._refused[rank] = self._refused.get(rank, 0) + 1
+                if self._refused[rank] >= 2:
+                    del self._suspect[rank]
+                    self._peer_down(rank, "its process is gone (connection refused)",
+                                    left=False)
 
     def _peer_down(self, rank, why, left):
         if left:
             self._left.add(rank)
         elif rank in self._down:
             return
-        self._down[rank] = why
-        self.handlers.on_peer_down(rank, why, left)
+        self._down[rank] = why  # from now on new calls to it fail
+        if left and rank not in self._leaving:
+            # A peer that leaves answered what it will answer before saying so, but those
+            # replies travel on another connection: wait a moment before failing the rest.
+            self._leaving[rank] = (time.monotonic() + self.grace, why)
+        elif not left:
+            self.handlers.on_peer_down(rank, why, left)
 
     def _send_leave(self, why):
         header = wire.pack_header(Kind.LEAVE, 0, self.rank, why)
@@ -462,10 +493,15 @@ class Transport:
                     pass
 
     def _close_sockets(self):
-        linger = 1000 if self._announce is not None else 0  # let LEAVE and last replies out
-        for s in [*self._monitors, self.router, *self.dealers]:
+        # let the last replies (router) and LEAVE (dealers) out; a LEAVE to a peer that is
+        # already gone would wait for the whole linger, so the dealers' is short
+        linger = 1000 if self._announce is not None else 0
+        for s in [*self._monitors, self.router]:
             if s is not None and not s.closed:
                 s.close(linger=linger)
+        for r, d in enumerate(self.dealers):
+            if not d.closed:
+                d.close(linger=0 if r in self._down else min(linger, _LEAVE_LINGER))
 
     # ------------------------------------------------------------------ closing
     def close(self, announce=None, timeout=10.0):

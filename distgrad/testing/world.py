@@ -1,4 +1,24 @@
-"""A world of local worker processes plus this process as rank 0 (used by ``rpc_world``)."""
+"""A world of local worker processes plus this process as rank 0 (what the pytest plugin starts).
+
+    world = World(2).start()     # worker1 and worker2 serve; this process is worker0
+    rpc.rpc_sync("worker1", operator.add, (1, 2))
+    world.pause("worker2")       # SIGSTOP: alive but silent; world.resume("worker2")
+    world.faults.drop(fn=mylib.step, nth=2)    # message faults, on every rank
+    world.kill("worker2")        # SIGKILL
+    world.close()                # graceful shutdown, then every worker is reaped
+
+Workers are ``distgrad worker`` processes forked by a fork server that has already
+imported distgrad (``forkserver.py``: milliseconds instead of a fresh interpreter),
+or spawned as ``python -m distgrad worker`` when the world sets environment variables
+that must be seen at import time. Either way they import what this process imports
+(its ``sys.path``: the test's own modules, conftest folders) and work in its working
+directory (a relative path means the same file on every rank), allow the test modules
+named in ``test_modules`` (and can load them even when pytest imported them by file
+path), allow the harness's own helpers (``distgrad.testing.remote``), and print their
+stacks and pending calls on SIGUSR1. Endpoints are ipc:// paths in a fresh temp dir or
+tcp port 0, so ``pytest -n auto`` is safe.
+"""
+import json
 import os
 import shutil
 import signal
@@ -14,8 +34,17 @@ from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.rendezvous import RendezvousServer
 from distgrad.utils.tempdirs import owned_tempdir
 
+from . import forkserver
+from .spmd import TEST_MODULES_ENV
+
+__all__ = ["World", "HARNESS_MODULE"]
+
 _ROOT = str(Path(__file__).resolve().parents[2])
 
+#: The module of functions the harness calls on a world's workers; allowed there only.
+HARNESS_MODULE = "distgrad.testing.remote"
+#: The signal that makes a world's worker print its stacks and pending calls.
+DUMP_SIGNAL = signal.SIGUSR1
 #: RpcBackendOptions fields a World passes on to its workers, and their worker flags.
 _WORKER_FLAGS = {"rpc_timeout": "--rpc-timeout", "heartbeat_interval": "--heartbeat-interval",
                  "heartbeat_timeout": "--heartbeat-timeout", "shm_threshold": "--shm-threshold",
@@ -24,26 +53,59 @@ _WORKER_FLAGS = {"rpc_timeout": "--rpc-timeout", "heartbeat_interval": "--heartb
                  "rendezvous_timeout": "--rendezvous-timeout"}
 
 
+def _read_at_runtime(env):
+    """Whether distgrad reads these variables when it runs (so a forked worker sees them),
+    not when a module is imported (numpy's thread counts, hash seeds...)."""
+    return all(k.startswith("DISTGRAD_") for k in env)
+
+
 class World:
     """``n`` worker processes ``worker1..workerN``; this process joins as ``worker0``.
 
     ``options`` are RpcBackendOptions fields for this process and (where they map to
     command-line flags or environment) for the workers; ``worker_env`` adds
     environment variables for the workers only; ``init_driver=False`` leaves rank 0
-    to the caller (``self.init_method`` is then the rendezvous address).
+    to the caller (``self.init_method`` is then the rendezvous address);
+    ``test_modules`` ({module name: file}) are trusted on every rank; ``import_paths``
+    go on the workers' import path after this process's; ``start_method`` is "fork"
+    (through the fork server) or "spawn" (default: fork, unless ``worker_env`` sets
+    variables read at import time).
     """
 
-    def __init__(self, n, transport="ipc", worker_env=None, init_driver=True, grace=10.0, **options):
+    def __init__(self, n, transport="ipc", worker_env=None, init_driver=True, grace=10.0,
+                 test_modules=None, import_paths=(), start_method=None, **options):
         self.n, self.transport, self.grace = n, transport, grace
         self.worker_env = dict(worker_env or {})
         self.init_driver = init_driver
+        self.test_modules = dict(test_modules or {})
+        self.import_paths = list(import_paths)
+        if start_method is None:  # fork where forking a clean server is known to be safe
+            start_method = "fork" if sys.platform.startswith("linux") \
+                and _read_at_runtime(self.worker_env) else "spawn"
+        if start_method not in ("fork", "spawn"):
+            raise ValueError(f"start_method must be 'fork' or 'spawn', not {start_method!r}")
+        self.start_method = start_method
         self.options = options
         self.names = [f"worker{i}" for i in range(n + 1)]
         self.procs = {}
         self.logs = {}
+        self.final_logs = {}     # name -> log text, kept when close() removes the files
+        self.killed, self.paused = set(), set()
         self.dir = owned_tempdir("dgw-", "/tmp" if os.path.isdir("/tmp") else None)
         self._ctx = None
+        self._faults = None
+        self.closed = False
         self.shutdown_error = None
+
+    @property
+    def world_size(self):
+        return self.n + 1
+
+    @property
+    def allowed_modules(self):
+        """What rank 0 allows: the options' modules and the test modules."""
+        return list(dict.fromkeys([*self.options.get("allowed_modules", ()),
+                                   *self.test_modules]))
 
     def start(self):
         self._ctx = zmq.Context()
@@ -59,58 +121,180 @@ class World:
             for i in range(1, self.n + 1):
                 self.spawn(i)
             if self.init_driver:
+                options = dict(self.options, allowed_modules=self.allowed_modules)
                 opts = RpcBackendOptions(init_method=self.init_method, transport=self.transport,
-                                         ipc_dir=self.dir, **self.options)
+                                         ipc_dir=self.dir, **options)
                 api.init_rpc("worker0", rank=0, world_size=self.n + 1, rpc_backend_options=opts,
                              _rendezvous_server=server)
+                self._end_rendezvous(server)
         except BaseException:
             self.close(show_logs=True, graceful=False)
             raise
         return self
 
-    def spawn(self, rank, extra_args=(), env=None):
-        name = self.names[rank]
-        log_path = os.path.join(self.dir, f"{name}.log")
-        self.logs[name] = log_path
-        cmd = [sys.executable, "-m", "distgrad", "worker", "--name", name, "--rank", str(rank),
-               "--world-size", str(self.n + 1), "--init-method", self.init_method,
-               "--transport", self.transport]
-        for m in self.options.get("allowed_modules", ()):
-            cmd += ["--allow", m]
-        for option, flag in _WORKER_FLAGS.items():
-            if option in self.options:
-                cmd += [flag, str(self.options[option])]
-        cmd += list(extra_args)
+    def _end_rendezvous(self, server):
+        """The world is complete: end the rendezvous server's thread now, not at shutdown,
+        where joining it waits for the rest of its poll slice (up to 0.2 s). A message
+        wakes its poll; it then sees that it was stopped (the message is answered with an
+        error nobody reads)."""
+        server.stop(timeout=0)
+        s = self._ctx.socket(zmq.DEALER)
+        try:
+            s.linger = 100  # ms: time to connect and deliver after close()
+            s.connect(server.address)
+            s.send(b"", zmq.NOBLOCK)
+        except zmq.ZMQError:  # it polls on: the shutdown waits for it as before
+            pass
+        finally:
+            s.close()
+
+    # ------------------------------------------------------------------ processes
+    def _worker_paths(self):
+        paths = [os.path.abspath(p or os.getcwd()) for p in sys.path] + [_ROOT] + self.import_paths
+        return list(dict.fromkeys(p for p in paths if p))
+
+    def _worker_environ(self, paths, env):
         e = dict(os.environ)
-        # workers import what this process imports: its import path (the test's own
-        # modules, conftest folders), then distgrad's source root
-        paths = [os.path.abspath(p or os.getcwd()) for p in sys.path] + [_ROOT, e.get("PYTHONPATH")]
-        e["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+        e["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, e.get("PYTHONPATH", "")]))
         e["DISTGRAD_PDEATHSIG"] = "1"
         e.pop("RANK", None), e.pop("WORLD_SIZE", None)
+        if self.test_modules:
+            e[TEST_MODULES_ENV] = json.dumps(self.test_modules)
         if self.options.get("curve_public_key"):
             e["DISTGRAD_CURVE_PUBLIC_KEY"] = self.options["curve_public_key"].decode()
             e["DISTGRAD_CURVE_SECRET_KEY"] = self.options["curve_secret_key"].decode()
         e.update(self.worker_env)
         e.update(env or {})
-        with open(log_path, "ab") as log:
-            self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, env=e, cwd=self.dir)
+        return e
+
+    def spawn(self, rank, extra_args=(), env=None):
+        """Start (or restart) the worker of ``rank``; ``env`` adds variables for it alone."""
+        name = self.names[rank]
+        log_path = os.path.join(self.dir, f"{name}.log")
+        self.logs[name] = log_path
+        argv = ["--name", name, "--rank", str(rank), "--world-size", str(self.n + 1),
+                "--init-method", self.init_method, "--transport", self.transport,
+                "--dump-signal", DUMP_SIGNAL.name]
+        for m in dict.fromkeys([*self.allowed_modules, HARNESS_MODULE]):
+            argv += ["--allow", m]
+        for option, flag in _WORKER_FLAGS.items():
+            if option in self.options:
+                argv += [flag, str(self.options[option])]
+        argv += list(extra_args)
+        paths = self._worker_paths()
+        e = self._worker_environ(paths, env)
+        self.killed.discard(name)
+        self.paused.discard(name)
+        if self.start_method == "fork" and _read_at_runtime(env or {}):
+            server = forkserver.fork_server([_ROOT, *sys.path])
+            pid = server.fork(argv, e, os.getcwd(), paths, log_path)
+            self.procs[name] = forkserver.ForkedProcess(server, pid, ["distgrad worker", *argv])
+        else:
+            with open(log_path, "ab") as log:
+                self.procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "distgrad", "worker", *argv], stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=e)
         return self.procs[name]
 
+    def pids(self):
+        """{name: pid} of every process of the world, this one included."""
+        return {self.names[0]: os.getpid(), **{n: p.pid for n, p in self.procs.items()}}
+
+    def alive(self, name):
+        p = self.procs.get(name)
+        return p is not None and p.poll() is None
+
     def kill(self, name, sig=signal.SIGKILL):
+        """Send ``sig`` (default SIGKILL) to worker ``name`` and wait for it to exit."""
         p = self.procs[name]
+        self.killed.add(name)
+        if name in self.paused:
+            p.send_signal(signal.SIGCONT)
+            self.paused.discard(name)
         p.send_signal(sig)
         p.wait(10)
 
-    def log_text(self, name):
+    def pause(self, name):
+        """SIGSTOP worker ``name``: its process lives but neither computes nor answers
+        (its peers report it unreachable after the heartbeat timeout)."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+        self.paused.add(name)
+
+    def resume(self, name):
+        """SIGCONT a paused worker."""
+        self.procs[name].send_signal(signal.SIGCONT)
+        self.paused.discard(name)
+
+    def signal(self, name, sig):
+        self.procs[name].send_signal(sig)
+
+    # ------------------------------------------------------------------ harness calls
+    def remote(self, name, function, *args, timeout=30.0):
+        """Call ``distgrad.testing.remote.<function>(*args)`` on worker ``name``."""
+        return api.rpc_sync(name, f"{HARNESS_MODULE}:{function}", args, timeout=timeout)
+
+    def reachable(self):
+        """Names of the workers that run, are not paused, and rank 0 can reach."""
+        from distgrad.rpc import current_agent
+        agent = current_agent()
+        return [n for r, n in enumerate(self.names) if r > 0 and self.alive(n)
+                and n not in self.paused and agent is not None and agent.unreachable(r) is None]
+
+    def remote_all(self, function, *args, timeout=5.0):
+        """({name: result}, {name: error}) of the harness call on every reachable worker
+        (concurrently); a worker that dies or leaves meanwhile is in neither."""
+        futs = {n: api.rpc_async(n, f"{HARNESS_MODULE}:{function}", args, timeout=timeout)
+                for n in self.reachable()}
+        out, errors = {}, {}
+        for n, f in futs.items():
+            try:
+                out[n] = f.wait()
+            except Exception as e:  # noqa: BLE001 - it died or left: nothing to ask it any more
+                if n in self.reachable():
+                    errors[n] = e
+        return out, errors
+
+    @property
+    def faults(self):
+        """Message faults on every rank of this world (:class:`~distgrad.testing.faults.Faults`)."""
+        if self._faults is None:
+            from .faults import Faults
+            self._faults = Faults(self)
+        return self._faults
+
+    def clear_faults(self):
+        """Remove every fault rule of this world (if it has any), on every rank."""
+        if self._faults is not None:
+            self._faults.clear()
+
+    # ------------------------------------------------------------------ logs
+    def log_size(self, name):
         try:
-            return Path(self.logs[name]).read_text(errors="replace")
-        except OSError:
+            return os.path.getsize(self.logs[name])
+        except (OSError, KeyError):
+            return 0
+
+    def log_text(self, name, start=0):
+        """Worker ``name``'s output (from byte ``start``), also after close()."""
+        if name in self.final_logs:
+            return self.final_logs[name][start:]
+        try:
+            with open(self.logs[name], "rb") as f:
+                f.seek(start)
+                return f.read().decode(errors="replace")
+        except (OSError, KeyError):
             return ""
 
+    # ------------------------------------------------------------------ closing
     def close(self, show_logs=False, graceful=True):
+        if self.closed:
+            return
+        self.closed = True
         try:
+            for name in list(self.paused):
+                self.resume(name)
+            if self._faults is not None:
+                self._faults.uninstall_here()
             if self.init_driver:
                 try:
                     api.shutdown(graceful=graceful, timeout=self.grace + 5)
@@ -142,6 +326,8 @@ class World:
             if self._ctx is not None:
                 self._ctx.destroy(linger=0)
                 self._ctx = None
+            for name in self.procs:
+                self.final_logs[name] = self.log_text(name)
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _all_alive(self):

@@ -11,7 +11,7 @@ import re
 import shutil
 import tempfile
 
-__all__ = ["owned_tempdir", "owned_name", "sweep_stale", "pid_alive"]
+__all__ = ["owned_tempdir", "owned_name", "sweep_stale", "pid_alive", "remove_path"]
 
 
 def pid_alive(pid):
@@ -36,14 +36,18 @@ def sweep_stale(prefix, root=None):
     for name in names:
         m = pattern.match(name)
         if m and not pid_alive(int(m.group(1))):
-            path = os.path.join(root, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            remove_path(os.path.join(root, name))
+
+
+def remove_path(path):
+    """Remove a file or a directory tree; quietly, if it is already gone."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def owned_name(prefix):

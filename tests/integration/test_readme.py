@@ -19,7 +19,7 @@ def test_tour_runs():
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_second():
     install_and_run, install_and_test = (b.strip() for b in _blocks("bash")[:2])
-    assert install_and_run.endswith("python scripts/train_mlp.py")
+    assert install_and_run.endswith("distgrad launch configs/quickstart.toml")
     assert "pytest" in install_and_test
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert ci_lines[-1] == install_and_test  # CI's last line is the README's test command

@@ -179,6 +179,7 @@ def test_fuzzing_a_live_worker_with_ten_thousand_frames(rpc_world):
     assert world.procs["worker1"].poll() is None
 
 
+@pytest.mark.no_leak_check  # the forged fetches leave waiting entries that only expire
 def test_forged_internal_operations_are_validated_and_bounded(rpc_world):
     rpc_world(1)
     ctx, s = _raw(current_agent().transport.endpoints[1])
@@ -194,6 +195,10 @@ def test_forged_internal_operations_are_validated_and_bounded(rpc_world):
                               _call("@rref.fetch", [[0, 10_000 + i]])])
         time.sleep(0.5)
         assert rpc.rpc_sync("worker1", f.busy_handlers) == 0
+        # a LEAVE claiming to be rank 0 from a connection that is not rank 0's dealer
+        s.send_multipart([wire.pack_header(wire.Kind.LEAVE, 0, 0, "forged"), b""])
+        time.sleep(0.5)
+        assert rpc.rpc_sync("worker1", f.nested_call, ("worker0", f.add, (1, 2))) == 3
         # the shutdown barrier is rank 0's: nobody else holds it, nobody arrives for rank 0
         s.send_multipart([wire.pack_header(wire.Kind.CALL, 2, 0), _call("@barrier", [])])
         kind, _, frames = _reply(s)

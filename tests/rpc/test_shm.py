@@ -27,9 +27,9 @@ def _segments(pid):
 
 def _wait_probed():
     deadline = time.monotonic() + 10
-    while 1 not in current_agent().shm_peers and time.monotonic() < deadline:
+    while 1 not in current_agent().shm.peers and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert 1 in current_agent().shm_peers, "the shared-memory handshake did not complete"
+    assert 1 in current_agent().shm.peers, "the shared-memory handshake did not complete"
 
 
 ARRAYS = [
@@ -62,10 +62,10 @@ def test_segments_are_reused_released_and_removed(rpc_world):
     a = np.ones(1 << 20, np.float32)
     for _ in range(20):
         assert rpc.rpc_sync("worker1", f.sum_array, (a,)) == float(1 << 20)
-    mine = current_agent().shm_pool.stats()
+    mine = current_agent().shm.stats()
     assert mine["segments"] <= 3, mine  # reused, not one per message
     time.sleep(0.2)
-    assert current_agent().shm_pool.stats()["lent"] == 0  # every one came back
+    assert current_agent().shm.stats()["lent"] == 0  # every one came back
     wpid = world.procs["worker1"].pid
     for _ in range(5):
         back = rpc.rpc_sync("worker1", f.echo, (a,))  # the reply comes through the worker's pool
@@ -81,12 +81,12 @@ def test_a_killed_receiver_gives_its_segments_back(rpc_world):
     _wait_probed()
     for i in range(3):  # the worker keeps what it received: the segments stay lent to it
         rpc.rpc_sync("worker1", f.keep, (i, np.ones(1 << 18, np.float32)))
-    assert current_agent().shm_pool.stats()["lent"] == 3
+    assert current_agent().shm.stats()["lent"] == 3
     world.kill("worker1")
     deadline = time.monotonic() + 5
-    while current_agent().shm_pool.stats()["lent"] and time.monotonic() < deadline:
+    while current_agent().shm.stats()["lent"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert current_agent().shm_pool.stats()["lent"] == 0
+    assert current_agent().shm.stats()["lent"] == 0
 
 
 def test_a_killed_sender_leaves_nothing_the_next_process_keeps(tmp_path):
@@ -131,7 +131,7 @@ def test_the_socket_path_when_shared_memory_is_off(rpc_world):
     rpc_world(1, shm_threshold=0)
     a = np.arange(1 << 18, dtype=np.float32)
     np.testing.assert_array_equal(rpc.rpc_sync("worker1", f.echo, (a,)), a)
-    assert current_agent().shm_pool is None and not _segments(os.getpid())
+    assert not current_agent().shm.on and not _segments(os.getpid())
 
 
 def test_sigkill_of_a_sender_mid_message(rpc_world):

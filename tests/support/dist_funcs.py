@@ -224,3 +224,25 @@ def stage_via(other, key, x):
     from distgrad.rpc import api
     h = stage(key, x)
     return api.rpc_async(other, mul_add, (h, h)).then(lambda f: f.value() * 2.0 + h)
+
+
+def offload_stats(context_id):
+    """The offload counters of this worker's hook object for ``context_id`` (None if none)."""
+    from distgrad.distributed.autograd.container import get_context
+    ctx = get_context(context_id)
+    if ctx is None:
+        return None
+    for ext in ctx.extensions:
+        if hasattr(ext, "stats"):
+            s = ext.stats
+            return {"offloaded": s.tensors_offloaded, "hits": s.prefetch_hits,
+                    "misses": s.prefetch_misses, "records": ext.live_records()}
+    return None
+
+
+def run_dirs():
+    """Offload run directories of this process that exist now."""
+    import glob
+    import tempfile
+    from distgrad.offload.disk import RUN_DIR_PREFIX
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}{os.getpid()}-*", "*"))

@@ -219,8 +219,7 @@ def thread_names():
 def shm_stats():
     from distgrad.rpc import current_agent
     a = current_agent()
-    pool = a.shm_pool.stats() if a.shm_pool is not None else None
-    return {"pool": pool, "peers": sorted(a.shm_peers)}
+    return {"pool": a.shm.stats(), "peers": sorted(a.shm.peers)}
 
 
 def describe_array(a):

@@ -1,10 +1,12 @@
 """``torch.distributed.autograd`` for distgrad: contexts, a distributed backward, gradients.
 
->>> import distgrad.distributed.autograd as dist_autograd      # doctest: +SKIP
->>> with dist_autograd.context() as context_id:                 # doctest: +SKIP
-...     loss = rpc.rpc_sync("worker1", forward, (x,)).sum()
-...     dist_autograd.backward(context_id, [loss])
-...     grads = dist_autograd.get_gradients(context_id)
+Inside a running world (a complete program: ``scripts/example_distributed.py``)::
+
+    import distgrad.distributed.autograd as dist_autograd
+    with dist_autograd.context() as context_id:
+        loss = rpc.rpc_sync("worker1", forward, (x,)).sum()
+        dist_autograd.backward(context_id, [loss])
+        grads = dist_autograd.get_gradients(context_id)
 
 Leaf gradients of a distributed pass accumulate in the context of each worker
 (not in ``.grad``), so passes of several contexts never mix. See ``engine.py`` for

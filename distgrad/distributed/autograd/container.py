@@ -28,7 +28,7 @@ from distgrad.autograd.tensor import Tensor
 from distgrad.rpc import current_agent, entry_point, interceptors
 
 __all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id",
-           "get_context", "install", "scope", "admit_context"]
+           "get_context", "install", "scope", "admit_context", "add_extension", "backward_starts"]
 
 log = logging.getLogger("distgrad.distributed.autograd")
 
@@ -88,7 +88,11 @@ class DistAutogradContext:
         self.passes = {}       # pass id -> running pass on this process
         self.early = {}        # pass id -> gradients that arrived before the pass was set up
         self.aborted = set()   # pass ids abandoned before they were set up here
-        self.hooks = {}        # extension slot: per-context hooks (saved tensors, ...)
+        # Per-context extensions (saved-tensor hooks, activation offloading): entered around
+        # every request of the context if they are context managers, told when this
+        # process's part of backward starts (on_backward_start), closed on release (close).
+        self.extensions = []
+        self.extended_peers = set()  # peers told to install extensions for this context
 
     def _context_id(self):
         return self.id
@@ -167,12 +171,41 @@ def release_local(context_id):
             passes = list(ctx.passes.values())
             ctx.passes.clear()
             ctx.early.clear()
+            extensions, ctx.extensions = ctx.extensions, []
+        for ext in extensions:
+            _call_extension(ext, "close", context_id)
         for p in passes:
             p.abort(RuntimeError(f"autograd context {context_id} was released during backward"))
         ctx.sends.clear()
         ctx.recvs.clear()
         ctx.grads.clear()
     return ctx
+
+
+def add_extension(context_id, extension):
+    """Attach ``extension`` to ``context_id`` here (see DistAutogradContext.extensions)."""
+    ctx = admit_context(context_id, creator_of(context_id))
+    if ctx is None:
+        raise RuntimeError(f"autograd context {context_id} was released")
+    with ctx.lock:
+        ctx.extensions.append(extension)
+    return ctx
+
+
+def backward_starts(ctx):
+    """This process's part of a backward pass of ``ctx`` is about to start."""
+    for ext in list(ctx.extensions):
+        _call_extension(ext, "on_backward_start", ctx.id)
+
+
+def _call_extension(ext, method, context_id):
+    fn = getattr(ext, method, None)
+    if fn is not None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - an extension must not break the pass or the release
+            log.warning("autograd context %s: %s.%s failed", context_id, type(ext).__name__,
+                        method, exc_info=True)
 
 
 def live_context_ids():
@@ -379,27 +412,26 @@ class _Interceptor:
 
 
 class _RequestScope:
-    """The handler of a request runs in the sender's context (and its saved-tensor hooks)."""
-    __slots__ = ("cid", "scope", "saved")
+    """The handler of a request runs in the sender's context, inside its extensions."""
+    __slots__ = ("cid", "scope", "entered")
 
     def __init__(self, cid):
         self.cid = cid
-        self.saved = None
+        self.entered = []
 
     def __enter__(self):
         self.scope = scope(self.cid)
         self.scope.__enter__()
-        if self.cid is not None:
-            ctx = get_context(self.cid)
-            pair = ctx.hooks.get("saved") if ctx is not None else None
-            if pair is not None:
-                from distgrad.autograd.saved import hooks_state
-                hooks_state.stack.append(pair)
-                self.saved = hooks_state
+        ctx = get_context(self.cid) if self.cid is not None else None
+        for ext in list(ctx.extensions) if ctx is not None else ():
+            if hasattr(ext, "__enter__"):
+                ext.__enter__()
+                self.entered.append(ext)
+        return self
 
     def __exit__(self, *exc):
-        if self.saved is not None:
-            self.saved.stack.pop()
+        for ext in reversed(self.entered):
+            ext.__exit__(*exc)
         self.scope.__exit__(*exc)
         return False
 

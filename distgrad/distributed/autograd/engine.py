@@ -218,6 +218,7 @@ def _run_pass(context_id, pass_id, send_ids, retain_graph, first=None):
             early = ctx.early.pop(pass_id, [])
     except BaseException as e:
         raise _named(e) from None
+    _c.backward_starts(ctx)
     if first is not None:
         early.append(tuple(first))
     for mid, g in early:
@@ -249,6 +250,15 @@ def _deliver(context_id, pass_id, msg_id, grad):
             ctx.early.setdefault(pass_id, []).append((msg_id, grad))
             return True
     p.feed(msg_id, grad)
+    return True
+
+
+@entry_point
+def _backward_starting(context_id):
+    """Runs on a worker: a backward of the context is starting (extensions read ahead)."""
+    ctx = _c.get_context(context_id)
+    if ctx is not None:
+        _c.backward_starts(ctx)
     return True
 
 
@@ -330,6 +340,11 @@ def backward(context_id, roots, retain_graph=False):
             if rank not in direct:
                 parts[rank] = agent.call(rank, _run_pass,
                                          (context_id, pass_id, ids, retain_graph), None, -1)
+            elif agent.workers[rank].name in ctx.extended_peers:
+                # its part starts with its first gradient, but its extensions (offloading's
+                # read-ahead) should start now, while this process runs its own part
+                agent.call(rank, _backward_starting, (context_id,), None, -1)
+    _c.backward_starts(ctx)
     p.deferred, p.defer_thread = [], threading.get_ident()
     try:
         p.feed(None, root_edges)

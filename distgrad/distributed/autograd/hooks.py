@@ -25,7 +25,7 @@ from . import container as _c
 
 __all__ = ["by_reference", "RemoteHookHandle", "register_tensor_hook", "register_node_prehook",
            "register_node_hook", "retain_grad", "remote_grad", "register_module_hook",
-           "register_global_module_hook", "register_saved_tensors_hooks"]
+           "register_global_module_hook", "register_saved_tensors_hooks", "install_on_workers"]
 
 _ids = itertools.count(1)
 _callbacks = {}        # on the registering process: hook id -> callable
@@ -241,12 +241,28 @@ def register_global_module_hook(kind, hook, workers=None):
 # ---------------------------------------------------------------------- saved tensors
 @entry_point
 def _install_saved_hooks(context_id, pack_ref, unpack_ref):
-    ctx = _c.admit_context(context_id, _c.creator_of(context_id))
-    if ctx is None:
-        raise RuntimeError(f"autograd context {context_id} was released")
+    from distgrad.autograd.graph import saved_tensors_hooks
     agent = current_agent()
-    ctx.hooks["saved"] = (agent.allowlist.resolve(pack_ref), agent.allowlist.resolve(unpack_ref))
+    hooks = saved_tensors_hooks(agent.allowlist.resolve(pack_ref),
+                                agent.allowlist.resolve(unpack_ref))
+    _c.add_extension(context_id, hooks)
     return True
+
+
+def install_on_workers(context_id, fn, args, workers=None):
+    """Run ``fn(context_id, *args)`` on every worker (or ``workers``) to attach a per-context
+    extension there; the coordinator remembers them (their part of backward is announced)."""
+    agent = current_agent()
+    names = list(workers) if workers is not None else [w.name for w in agent.workers]
+    with _c.scope(None):
+        futs = [_rpc.rpc_async(n, fn, (context_id, *args)) for n in names]
+    for fut in futs:
+        fut.wait()
+    ctx = _c.get_context(context_id)
+    if ctx is not None:
+        others = [n for n in names if n != agent.name]
+        ctx.workers.update(others)
+        ctx.extended_peers.update(others)
 
 
 def register_saved_tensors_hooks(context_id, pack_hook, unpack_hook, workers=None):
@@ -255,13 +271,5 @@ def register_saved_tensors_hooks(context_id, pack_hook, unpack_hook, workers=Non
     On every worker (or ``workers``), requests served inside that context record
     their graph segment under the pair, as if wrapped in ``saved_tensors_hooks``.
     """
-    pack, unpack = ref_of(pack_hook), ref_of(unpack_hook)
-    agent = current_agent()
-    names = list(workers) if workers is not None else [w.name for w in agent.workers]
-    with _c.scope(None):
-        futs = [_rpc.rpc_async(n, _install_saved_hooks, (context_id, pack, unpack)) for n in names]
-    for fut in futs:
-        fut.wait()
-    ctx = _c.get_context(context_id)
-    if ctx is not None:
-        ctx.workers.update(n for n in names if n != agent.name)
+    install_on_workers(context_id, _install_saved_hooks,
+                       (ref_of(pack_hook), ref_of(unpack_hook)), workers)

@@ -1,9 +1,12 @@
 """``RemoteModule``: a module created and run on another worker, called like a local one.
 
->>> layer = RemoteModule("worker1/cpu", distgrad.nn.Linear, args=(4, 5))   # doctest: +SKIP
->>> with dist_autograd.context() as cid:                                   # doctest: +SKIP
-...     y = layer(x)               # runs on worker1; recorded for the distributed backward
+Inside a running world (a complete program: ``scripts/example_distributed.py``)::
+
+    layer = RemoteModule("worker1/cpu", distgrad.nn.Linear, args=(4, 5))
+    with dist_autograd.context() as cid:
+        y = layer(x)               # runs on worker1; recorded for the distributed backward
 """
+from distgrad import codec
 from distgrad.distributed.autograd import container as _c
 from distgrad.distributed.autograd import hooks as _hooks
 from distgrad.rpc import RRef, entry_point
@@ -58,6 +61,7 @@ class RemoteModule:
         self.on = worker
         self.device = "cpu"
         self._key = None
+        self._owner = True  # copies sent to other workers refer to it without owning it
         key = _c.new_id()
         self.module_rref = _rpc.remote(worker, _create, (key, module_cls, tuple(args or ()),
                                                          dict(kwargs or {}), module_cls.__name__))
@@ -74,7 +78,7 @@ class RemoteModule:
 
     def __del__(self):
         try:
-            if self._key is not None:
+            if self._key is not None and self._owner:
                 _rpc.rpc_async(self.on, _drop, (self._key,))
         except Exception:  # noqa: BLE001 - the world is gone: nothing left to free
             pass
@@ -115,3 +119,22 @@ class RemoteModule:
 # nothing); bound here by assignment so no definition in the package looks like a
 # call of Python's built-in eval.
 RemoteModule.eval = RemoteModule._evaluation_mode
+
+
+# A RemoteModule travels in RPC arguments (PyTorch pickles it), e.g. from the process that
+# made it to the trainers that call it: the copy names the same module and owns nothing.
+def _encode_remote_module(m, enc):
+    return [m.on, m._key, m.module_rref]
+
+
+def _decode_remote_module(payload, dec):
+    if type(payload) is not list or len(payload) != 3 or type(payload[0]) is not str \
+            or type(payload[1]) is not int or not isinstance(payload[2], RRef):
+        raise codec.CodecError("malformed RemoteModule")
+    m = RemoteModule.__new__(RemoteModule)
+    m.on, m._key, m.module_rref = payload
+    m.device, m._owner = "cpu", False
+    return m
+
+
+codec.register(RemoteModule, 13, _encode_remote_module, _decode_remote_module)

@@ -87,6 +87,7 @@ class NonDynamicallyQuantizableLinear(Linear):
 class MultiheadAttention(Module):
     """``torch.nn.MultiheadAttention``: parameters, state_dict keys and forward as PyTorch's.
 
+    >>> import distgrad
     >>> mha = MultiheadAttention(16, 4, batch_first=True)
     >>> x = distgrad.randn(2, 5, 16)
     >>> out, weights = mha(x, x, x)          # weights averaged over heads: (2, 5, 5)

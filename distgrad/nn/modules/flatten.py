@@ -25,6 +25,7 @@ class Flatten(Module):
 class Unflatten(Module):
     """Split dim ``dim`` into ``unflattened_size`` (a tuple or list of ints, one may be -1).
 
+    >>> import distgrad
     >>> Unflatten(1, (2, 5))(distgrad.zeros(3, 10)).shape
     distgrad.Size([3, 2, 5])
     """

@@ -61,6 +61,7 @@ class EmbeddingBag(Module):
     """Sums, means or maxima of bags of embeddings (``mode``), without materialising the
     embeddings of every index.
 
+    >>> import distgrad
     >>> bag = EmbeddingBag(10, 3, mode="sum")
     >>> bag(distgrad.tensor([1, 2, 4, 5, 4, 3]), distgrad.tensor([0, 4])).shape
     distgrad.Size([2, 3])

@@ -1,6 +1,7 @@
 """Transformer layers, as ``torch.nn.Transformer*``: same arguments, submodule names and
 state_dict keys, and PyTorch's regular (not fast-path) computation.
 
+>>> import distgrad
 >>> layer = TransformerEncoderLayer(d_model=16, nhead=4, batch_first=True)
 >>> encoder = TransformerEncoder(layer, num_layers=2)
 >>> encoder(distgrad.randn(2, 5, 16)).shape

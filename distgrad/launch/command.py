@@ -1,0 +1,266 @@
+"""``distgrad launch CONFIG [KEY=VALUE ...]``: train across worker processes.
+
+    distgrad launch configs/quickstart.toml
+    distgrad launch configs/quickstart.toml optim.lr=0.003 world.workers=3 --trace t.json
+    distgrad launch configs/quickstart.toml --resume          # the latest run, last checkpoint
+
+Exit status: 0 when training finished; 2 for a config or command-line error
+(nothing was started); 128+N when stopped by signal N (Ctrl-C: 130); otherwise the
+exit status of the first process that failed (128+N if a signal killed it), or 1
+when a worker raised or stopped answering.
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from . import checkpoint as ckpt
+from . import environment
+from .config import ConfigError, describe_schema, error_for, load_config
+
+__all__ = ["HELP", "add_arguments", "run", "main"]
+
+HELP = "train a model across worker processes from a TOML config"
+
+
+def _env(name, default=None):
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def _ranks(text):
+    try:
+        ranks = {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ranks "
+                                         "(e.g. 0,2)") from None
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks are integers >= 0")
+    return ranks
+
+
+class _HelpConfig(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print("\n".join(describe_schema()))
+        parser.exit()
+
+
+def add_arguments(p, rest=argparse.REMAINDER):
+    p.add_argument("config", help="the TOML config of the run (see configs/*.toml and "
+                                  "--help-config)")
+    # REMAINDER, read again by _intermixed: argparse alone would not take overrides that
+    # follow an option (`cfg.toml --trace t.json optim.lr=0.1`)
+    p.add_argument("overrides", nargs=rest, metavar="KEY=VALUE",
+                   help="replace config values, e.g. optim.lr=0.01 world.workers=3 "
+                        "(values are TOML; a bare word is a string)")
+    p.add_argument("--resume", action="store_true",
+                   default=_env("DISTGRAD_RESUME", "0") not in ("0", "false", "no"),
+                   help="continue the run in --run-dir, or the latest run of this config's "
+                        "name, from its last complete checkpoint; losses are the same, bit "
+                        "for bit, as a run that never stopped (default: off, or run.resume; "
+                        "env: DISTGRAD_RESUME=1)")
+    p.add_argument("--run-dir", metavar="DIR", default=_env("DISTGRAD_RUN_DIR"),
+                   help="the run directory (default: <run.dir>/<run.name>-<date>-<time>; "
+                        "env: DISTGRAD_RUN_DIR)")
+    p.add_argument("--trace", metavar="FILE", default=_env("DISTGRAD_TRACE"),
+                   help="write a Chrome trace (open it in ui.perfetto.dev) of every process "
+                        "to FILE (default: none; env: DISTGRAD_TRACE)")
+    p.add_argument("--show", metavar="RANKS", type=_ranks, default=_env("DISTGRAD_SHOW"),
+                   help="print only these ranks' output, e.g. 0,2; all of it is in the run "
+                        "directory's logs (default: every rank; env: DISTGRAD_SHOW)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar or progress lines (default: a tqdm bar on a "
+                        "terminal, a line per tenth of the run otherwise)")
+    p.add_argument("--no-plot", action="store_true",
+                   help="skip the loss curve (default: loss.png in the run directory when "
+                        "matplotlib is installed)")
+    p.add_argument("--local", action="store_true",
+                   help="start every process here even when Slurm or torchrun variables "
+                        "(SLURM_PROCID, RANK, ...) are set (default: follow them)")
+    p.add_argument("--check", action="store_true",
+                   help="check the config and print it resolved, with defaults; start nothing")
+    p.add_argument("--help-config", action=_HelpConfig,
+                   help="list every config key with its meaning and default, and exit")
+    return p
+
+
+def _intermixed(args):
+    """Options and overrides in any order after the config (see add_arguments)."""
+    parser = add_arguments(argparse.ArgumentParser(prog="distgrad launch", description=HELP),
+                           rest="*")
+    return parser.parse_intermixed_args([args.config, *args.overrides], namespace=args)
+
+
+def _fail(message):
+    print(f"distgrad launch: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _prepare(args):
+    """(config, plan, layout) or ConfigError/ValueError, before anything starts."""
+    from .resolve import plan
+    config = load_config(args.config, args.overrides)
+    resolved = plan(config, lambda key, message: error_for(args.config, key, message,
+                                                           args.overrides))
+    layout = environment.detect(config["world"]["workers"], force_local=args.local)
+    return config, resolved, layout
+
+
+def _new_run_dir(parent, name):
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = os.path.join(parent, f"{name}-{stamp}")
+    n = 1
+    while True:
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            n += 1
+            path = os.path.join(parent, f"{name}-{stamp}-{n}")
+
+
+def _latest_run(parent, name):
+    """The run directory of this name whose last complete checkpoint is newest."""
+    best = None
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return None
+    for entry in entries:
+        path = os.path.join(parent, entry)
+        if not entry.startswith(name + "-") or not os.path.isdir(path):
+            continue
+        found = ckpt.latest(path)
+        if found:
+            when = os.path.getmtime(os.path.join(found[0], ckpt.MANIFEST))
+            if best is None or when > best[0]:
+                best = (when, path)
+    return best[1] if best else None
+
+
+def _run_dir(args, config, layout, console):
+    """(run directory, checkpoint directory to resume from or None)."""
+    run = config["run"]
+    resume = args.resume or run["resume"]
+    if args.run_dir:
+        path = args.run_dir
+    elif layout.run_id:
+        path = os.path.join(run["dir"], f"{run['name']}-{layout.run_id}")
+    elif resume:
+        path = _latest_run(run["dir"], run["name"])
+        if path is None:
+            console.note(f"nothing to resume: no complete checkpoint in "
+                         f"{run['dir']}/{run['name']}-*; starting a new run")
+    else:
+        path = None
+    if path is None:
+        return _new_run_dir(run["dir"], run["name"]), None
+    os.makedirs(path, exist_ok=True)
+    found = ckpt.latest(path) if resume else None
+    if resume and found is None and (args.run_dir or layout.run_id):
+        console.note(f"nothing to resume in {path}: starting from step 0")
+    return path, found[0] if found else None
+
+
+def _blas_threads(config, layout):
+    value = config["world"]["blas_threads"]
+    if value != "auto":
+        return value
+    local = len(layout.ranks) - (1 if 0 in layout.ranks else 0) or 1
+    return max(1, environment.cpu_count() // local)
+
+
+def run(args, parser=None):
+    from distgrad import __version__
+    from .console import Console, plot_loss
+    from .supervisor import Supervisor
+
+    args = _intermixed(args)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # user modules named in the config
+    try:
+        config, resolved, layout = _prepare(args)
+    except (ConfigError, ValueError) as e:
+        return _fail(e)
+    if args.check:
+        print(json.dumps(config, indent=2))
+        print(f"# {len(resolved.layers)} stages, layers per stage {resolved.balance}, "
+              f"parameters per stage {resolved.stage_parameters}; {layout.kind} launch of "
+              f"{layout.world_size} processes", file=sys.stderr)
+        return 0
+    console = Console(show=args.show, progress=not args.no_progress)
+    run_dir, resume_from = _run_dir(args, config, layout, console)
+    if layout.kind == "torchrun":
+        layout.rendezvous = environment.torchrun_rendezvous(
+            layout.ranks[0], timeout=config["world"]["rendezvous_timeout"])
+    launch = {"version": __version__, "command": sys.argv, "config_file":
+              os.path.abspath(args.config), "overrides": list(args.overrides),
+              "config": config, "trace": os.path.abspath(args.trace) if args.trace else None}
+    console.note(f"run directory {run_dir}; {layout.kind} launch, "
+                 f"{_span(layout.ranks)} of {layout.world_size}; model "
+                 f"{resolved.parameters:,} parameters in {len(resolved.layers)} stages "
+                 f"(layers {resolved.balance})")
+    attempt, restarts = 0, config["run"]["max_restarts"]
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            supervisor = Supervisor(run_dir, layout, launch, console,
+                                    resolved.worker_modules(), _blas_threads(config, layout))
+            for s in previous:
+                signal.signal(s, supervisor.on_signal)
+            supervisor.start(resume_from, attempt)
+            outcome = supervisor.run()
+            if outcome.failed and attempt < restarts and layout.local and not supervisor.signals:
+                found = ckpt.latest(run_dir)
+                resume_from = found[0] if found else None
+                attempt += 1
+                console.note(f"{outcome.message}; restart {attempt} of {restarts} from "
+                             + (f"step {found[1]['step']}" if found else "the beginning"))
+                continue
+            break
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        console.close()
+    return _report(outcome, run_dir, supervisor.records, console,
+                   None if args.no_plot else plot_loss, 0 in layout.ranks)
+
+
+def _span(ranks):
+    return f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}"
+
+
+def _report(outcome, run_dir, records, console, plot_loss, coordinator_here):
+    if outcome.status == "finished" and coordinator_here:
+        if plot_loss is not None:
+            path, note = plot_loss(run_dir, records)
+            console.note(note or f"loss curve: {path}")
+        final = next((r for r in reversed(records) if "eval_loss" in r), None)
+        if final:
+            console.note("held-out loss {:.4f}".format(final["eval_loss"])
+                         + (f", accuracy {final['eval_accuracy']:.4f}"
+                            if "eval_accuracy" in final else ""))
+    elif outcome.status == "stopped":
+        console.note(outcome.message + "; continue with --resume")
+    elif outcome.failed:
+        console.note(f"FAILED: {outcome.message} (exit status {outcome.code})")
+        if outcome.root_cause:
+            console.note("root cause:")
+            for line in outcome.root_cause.rstrip().splitlines():
+                console.note("  " + line)
+    print(f"run directory: {run_dir}", flush=True)
+    return outcome.code
+
+
+def main(argv=None):
+    parser = add_arguments(argparse.ArgumentParser(prog="distgrad launch", description=HELP))
+    return run(parser.parse_args(argv), parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,436 @@
+"""Launch configs: TOML files checked against a schema before any process starts.
+
+    cfg = load_config("configs/quickstart.toml", ["optim.lr=0.01", "world.workers=3"])
+    cfg["optim"]["lr"]            # 0.01
+
+Every key the schema does not know, every value of the wrong type or out of range
+and every missing required field raises :class:`ConfigError`, whose message names
+the key, the file and the line (or the command-line override it came from). The
+tables ``model.kwargs``, ``data.kwargs``, ``offload`` and the extra keys of
+``optim`` and of each ``[[hooks]]`` entry are open: they are passed to the code
+they configure, which checks them (see :mod:`distgrad.launch.resolve`).
+"""
+import os
+import re
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10: the backport has the same API
+    import tomli as tomllib
+
+__all__ = ["ConfigError", "load_config", "from_dict", "parse_override", "SCHEMA",
+           "describe_schema", "heartbeat_interval"]
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; ``key``, ``source`` (file or "command line") and ``line``."""
+
+    def __init__(self, message, key=None, source=None, line=None):
+        where = source or ""
+        if source and line:
+            where = f"{source}:{line}"
+        parts = [p for p in (where, key) if p]
+        super().__init__(": ".join(parts + [message]))
+        self.key, self.source, self.line = key, source, line
+
+
+class Field:
+    """One key of the schema: its type, default, range and meaning (used in --help too)."""
+
+    def __init__(self, kind, default=None, *, required=False, low=None, high=None,
+                 choices=None, doc=""):
+        self.kind, self.default, self.required = kind, default, required
+        self.low, self.high, self.choices, self.doc = low, high, choices, doc
+
+    def check(self, value):
+        """The value, converted (an int where a float is expected); ValueError says why not."""
+        kind = self.kind
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind == "int_or_auto":
+            if value != "auto" and not _is(value, int):
+                raise ValueError(f"expected an integer or \"auto\", got {_show(value)}")
+        elif kind == "int_list":
+            if not isinstance(value, list) or not all(_is(v, int) for v in value):
+                raise ValueError(f"expected a list of integers, got {_show(value)}")
+            if self.low is not None and any(v < self.low for v in value):
+                raise ValueError(f"every entry must be at least {self.low}, got {value}")
+            return value
+        elif kind is dict:
+            if not isinstance(value, dict):
+                raise ValueError(f"expected a table, got {_show(value)}")
+            return value
+        elif not _is(value, kind):
+            raise ValueError(f"expected {_KIND_NAMES[kind]}, got {_show(value)}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"must be one of {', '.join(map(repr, self.choices))}, "
+                             f"got {value!r}")
+        if isinstance(value, (int, float)) and value != "auto":
+            if self.low is not None and value < self.low:
+                raise ValueError(f"must be at least {self.low}, got {value}")
+            if self.high is not None and value > self.high:
+                raise ValueError(f"must be at most {self.high}, got {value}")
+        return value
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _is(value, kind):
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _show(value):
+    kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "an array", dict: "a table"}
+    return f"{kinds.get(type(value), type(value).__name__)} ({value!r})"
+
+
+#: table -> key -> Field. Tables marked OPEN also take keys the schema does not list.
+SCHEMA = {
+    "run": {
+        "name": Field(str, doc="run directories are named <name>-<time>; default: the "
+                                "config file's name"),
+        "dir": Field(str, "runs", doc="where run directories go, relative to the working "
+                                      "directory"),
+        "steps": Field(int, low=1, doc="optimizer steps (or give epochs)"),
+        "epochs": Field(int, low=1, doc="passes over the training data (instead of steps)"),
+        "seed": Field(int, 0, low=0, doc="seeds the parameters and the batch order"),
+        "log_every": Field(int, 10, low=1, doc="steps between console metrics lines"),
+        "eval_every": Field(int, 0, low=0, doc="steps between evaluations on held-out data "
+                                               "(0: at the end only)"),
+        "grace_period": Field(float, 10.0, low=0.1, doc="seconds a graceful stop may take "
+                                                       "before SIGKILL"),
+        "max_restarts": Field(int, 0, low=0, doc="restarts of the whole world from the last "
+                                                 "checkpoint after a failure"),
+        "resume": Field(bool, False, doc="continue the latest run of this name from its last "
+                                         "complete checkpoint"),
+        "in_flight": Field(int, 2, low=1, high=8, doc="steps the coordinator sends ahead "
+                                                      "(hides its own message latency)"),
+    },
+    "world": {
+        "strategy": Field(str, "pipeline", doc="how the model is spread: \"pipeline\" "
+                                               "(layers split into stages)"),
+        "workers": Field(int, 2, low=1, high=256, doc="worker processes, one pipeline stage "
+                                                      "each (the coordinator is one more)"),
+        "transport": Field(str, "ipc", choices=("ipc", "tcp"), doc="worker endpoints: unix "
+                                                                   "sockets or TCP"),
+        "bind_addr": Field(str, "127.0.0.1", doc="address TCP endpoints bind to"),
+        "blas_threads": Field("int_or_auto", "auto", low=1, doc="BLAS threads per process; "
+                                                               "auto: cores / workers"),
+        "rpc_timeout": Field(float, 120.0, low=0.0, doc="seconds one step may take before "
+                                                        "the run fails (0: no limit)"),
+        "heartbeat_timeout": Field(float, 3.0, low=0.2, doc="seconds of silence after which "
+                                                            "a process is declared dead "
+                                                            "(and how soon a hang is found)"),
+        "rendezvous_timeout": Field(float, 60.0, low=0.1, doc="seconds for every process to "
+                                                              "join"),
+    },
+    "model": {
+        "factory": Field(str, required=True, doc="\"mlp\" or \"module:qualname\" of a "
+                                                 "function returning an nn.Sequential"),
+        "kwargs": Field(dict, {}, doc="keyword arguments of the factory"),
+        "loss": Field(str, "cross_entropy", choices=("cross_entropy", "mse"),
+                      doc="loss on the last stage's output"),
+    },
+    "pipeline": {
+        "balance": Field("int_list", low=1, doc="layers per stage (default: parameters "
+                                                "spread evenly)"),
+        "micro_batches": Field(int, 1, low=1, high=1024, doc="micro-batches per step"),
+        "schedule": Field(str, "gpipe", choices=("gpipe", "1f1b"),
+                          doc="order of forward and backward passes on each stage"),
+    },
+    "data": {
+        "source": Field(str, required=True, doc="\"spirals\", \"gaussians\" or "
+                                                "\"module:qualname\" returning (x, y)"),
+        "kwargs": Field(dict, {}, doc="keyword arguments of the source"),
+        "batch_size": Field(int, required=True, low=1, doc="samples per step"),
+        "eval_fraction": Field(float, 0.2, low=0.0, high=0.9, doc="share of the samples "
+                                                                  "held out for evaluation"),
+    },
+    "optim": {
+        "name": Field(str, "Adam", doc="a distgrad.optim class or \"module:qualname\"; the "
+                                       "other keys are its arguments"),
+    },
+    "checkpoint": {
+        "every": Field(int, 0, low=0, doc="steps between checkpoints (0: only on a graceful "
+                                          "stop and at the end)"),
+        "keep": Field(int, 2, low=1, doc="complete checkpoints kept"),
+    },
+    "hooks": {  # an array of tables; each entry's other keys are the hook's arguments
+        "ref": Field(str, required=True, doc="\"module:qualname\" of a hook run on every "
+                                             "stage before its optimizer step"),
+    },
+    "offload": {},  # per-worker offload policy, passed through to each stage
+}
+
+OPEN = {"optim", "hooks", "offload"}
+ARRAY_OF_TABLES = {"hooks"}
+OPEN_FIELDS = {("model", "kwargs"), ("data", "kwargs")}
+
+
+def heartbeat_interval(timeout):
+    """How often processes ping each other, given ``world.heartbeat_timeout``."""
+    return min(0.5, timeout / 4)
+
+
+def describe_schema():
+    """Lines documenting every key (for ``distgrad launch --help-config``)."""
+    lines = []
+    for table, fields in SCHEMA.items():
+        header = f"[[{table}]]" if table in ARRAY_OF_TABLES else f"[{table}]"
+        lines.append(header + ("  (other keys: passed through)" if table in OPEN else ""))
+        for key, f in fields.items():
+            default = "required" if f.required else f"default {f.default!r}"
+            lines.append(f"  {key:20s} {f.doc} ({default})")
+    return lines
+
+
+# -- where keys are in the file (tomllib keeps no positions) --------------------------
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\]?\s*(#.*)?$")
+_ASSIGN = re.compile(r"^\s*([A-Za-z0-9_\-\"]+(?:\s*\.\s*[A-Za-z0-9_\-\"]+)*)\s*=")
+
+
+def key_lines(text):
+    """{dotted key: line number} of headers and assignments; array tables as ``hooks.0``.
+
+    A light scan, not a parser: it is only used to point at a line in messages and
+    falls back to the enclosing table when a key is written inside an inline table.
+    """
+    lines, prefix, counts = {}, "", {}
+    in_multiline = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if in_multiline:
+            if in_multiline in line:
+                in_multiline = None
+            continue
+        m = _HEADER.match(line)
+        if m:
+            name = _dotted(m.group(2))
+            if m.group(1) == "[[":
+                index = counts[name] = counts.get(name, -1) + 1
+                name = f"{name}.{index}"
+            prefix = name
+            lines.setdefault(prefix, number)
+            continue
+        m = _ASSIGN.match(line)
+        if m:
+            key = f"{prefix}.{_dotted(m.group(1))}" if prefix else _dotted(m.group(1))
+            lines.setdefault(key, number)
+            rest = line[m.end():]
+            for quote in ('"""', "'''"):
+                if rest.count(quote) == 1:
+                    in_multiline = quote
+    return lines
+
+
+def _dotted(name):
+    return ".".join(p.strip().strip('"') for p in name.split("."))
+
+
+class _Where:
+    """Finds the source (file or override) and line of a dotted key for messages."""
+
+    def __init__(self, path, text):
+        self.path = path
+        self.lines = key_lines(text) if text is not None else {}
+        self.overrides = {}
+
+    def __call__(self, key):
+        if key in self.overrides:
+            return f"command line override {self.overrides[key]!r}", None
+        probe = key
+        while probe:
+            if probe in self.lines:
+                return self.path, self.lines[probe]
+            probe = probe.rpartition(".")[0]
+        return self.path, None
+
+
+def _error(where, key, message):
+    source, line = where(key)
+    return ConfigError(message, key=key, source=source, line=line)
+
+
+# -- overrides ----------------------------------------------------------------------
+
+def parse_override(text):
+    """``"optim.lr=0.01"`` -> (["optim", "lr"], 0.01). The value is read as TOML, and
+    taken as a plain string when it is not TOML (``data.source=spirals``)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or not all(p.strip() for p in key.split(".")):
+        raise ConfigError(f"an override is key=value with a dotted key, got {text!r}",
+                          source="command line")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return [p.strip() for p in key.split(".")], value
+
+
+def _apply_override(data, parts, value, text, where):
+    table = data
+    for i, p in enumerate(parts[:-1]):
+        nxt = table.get(p)
+        if isinstance(nxt, list) and p in ARRAY_OF_TABLES:
+            raise ConfigError(f"entries of [[{p}]] cannot be overridden from the command line; "
+                              "edit the file", key=".".join(parts), source="command line")
+        if nxt is None:
+            nxt = table[p] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{'.'.join(parts[:i + 1])} is not a table",
+                              key=".".join(parts), source="command line")
+        table = nxt
+    table[parts[-1]] = value
+    where.overrides[".".join(parts)] = text
+
+
+# -- loading and checking -----------------------------------------------------------
+
+def load_config(path, overrides=()):
+    """Read ``path``, apply ``key=value`` overrides, check and fill in defaults.
+
+    Returns a plain dict with every table of :data:`SCHEMA` present. Raises
+    :class:`ConfigError` for anything that would fail later.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read the config: {e.strerror}", source=path) from None
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML: {e}", source=path) from None
+    where = _Where(path, text)
+    for item in overrides:
+        parts, value = parse_override(item)
+        _apply_override(data, parts, value, item, where)
+    config = check(data, where)
+    config["run"].setdefault("name", None)
+    if config["run"]["name"] is None:
+        config["run"]["name"] = os.path.splitext(os.path.basename(path))[0]
+    return config
+
+
+def from_dict(data, source="<dict>"):
+    """Check a config given as a dict (parsed TOML) and fill in its defaults."""
+    return check(data, _Where(source, None))
+
+
+def check(data, where):
+    """Validate ``data`` (the parsed TOML) and return it with defaults filled in."""
+    out = {}
+    for table in data:
+        if table not in SCHEMA:
+            raise _error(where, table, f"unknown table or key; known: {', '.join(SCHEMA)}")
+    for table, fields in SCHEMA.items():
+        value = data.get(table, [] if table in ARRAY_OF_TABLES else {})
+        if table in ARRAY_OF_TABLES:
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise _error(where, table, f"expected an array of tables ([[{table}]]), got "
+                                           f"{_show(value)}")
+            out[table] = [_check_table(f"{table}.{i}", entry, fields, table in OPEN, where)
+                          for i, entry in enumerate(value)]
+        else:
+            if not isinstance(value, dict):
+                raise _error(where, table, f"expected a table, got {_show(value)}")
+            out[table] = _check_table(table, value, fields, table in OPEN, where)
+    _check_together(out, where)
+    return out
+
+
+def _check_table(name, value, fields, open_table, where):
+    out = {}
+    for key, v in value.items():
+        field = fields.get(key)
+        dotted = f"{name}.{key}"
+        if field is None:
+            if not open_table:
+                known = ", ".join(fields) or "none"
+                raise _error(where, dotted, f"unknown key; {name} takes: {known}")
+            out[key] = v
+            continue
+        try:
+            out[key] = field.check(v)
+        except ValueError as e:
+            raise _error(where, dotted, str(e)) from None
+    for key, field in fields.items():
+        if key in out:
+            continue
+        if field.required:
+            raise _error(where, f"{name}.{key}", f"missing; {field.doc}")
+        if field.default is not None:
+            out[key] = dict(field.default) if isinstance(field.default, dict) else field.default
+    return out
+
+
+def _check_together(c, where):
+    run = c["run"]
+    if "steps" in run and "epochs" in run:
+        raise _error(where, "run.epochs", "give run.steps or run.epochs, not both")
+    if "steps" not in run and "epochs" not in run:
+        raise _error(where, "run.steps", "missing; give run.steps or run.epochs")
+    strategy = c["world"]["strategy"]
+    if strategy != "pipeline":
+        raise _error(where, "world.strategy", f"{strategy!r} is not supported (yet); "
+                                              "the only strategy is \"pipeline\"")
+    balance = c["pipeline"].get("balance")
+    if balance is not None and len(balance) != c["world"]["workers"]:
+        raise _error(where, "pipeline.balance",
+                     f"gives {len(balance)} stages but world.workers is "
+                     f"{c['world']['workers']} (one stage per worker)")
+    mb, batch = c["pipeline"]["micro_batches"], c["data"]["batch_size"]
+    if mb > batch:
+        raise _error(where, "pipeline.micro_batches",
+                     f"{mb} micro-batches cannot split data.batch_size {batch}")
+    for ref_key in ("model.factory", "data.source", "optim.name"):
+        table, key = ref_key.split(".")
+        _check_reference_syntax(c[table][key], ref_key, where)
+    for i, hook in enumerate(c["hooks"]):
+        _check_reference_syntax(hook["ref"], f"hooks.{i}.ref", where, builtin_names=False)
+    if c["offload"]:
+        from distgrad.offload.config import check_config
+        try:
+            check_config(c["offload"], "offload")
+        except ValueError as e:  # names the key; the file and line come from here
+            key = str(e).split("'")[1] if "'" in str(e) else ""
+            raise _error(where, f"offload.{key}" if key else "offload", str(e)) from None
+
+
+_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _check_reference_syntax(value, key, where, builtin_names=True):
+    if builtin_names and ":" not in value:
+        if not value.isidentifier():
+            raise _error(where, key, f"{value!r} is neither a built-in name nor "
+                                     "'module:qualname'")
+        return
+    if not _REFERENCE.match(value):
+        raise _error(where, key, f"{value!r} is not a reference of the form 'module:qualname'")
+
+
+def error_for(config_path, key, message, overrides=()):
+    """A :class:`ConfigError` for ``key`` found wrong after loading (bad reference...)."""
+    text = None
+    try:
+        with open(config_path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        pass
+    where = _Where(config_path, text)
+    for item in overrides:
+        try:
+            parts, _ = parse_override(item)
+        except ConfigError:
+            continue
+        where.overrides[".".join(parts)] = item
+    return _error(where, key, message)

@@ -1,0 +1,384 @@
+"""Rank 0 of a launch: drives the pipeline stages through training.
+
+The supervisor starts it as ``python -m distgrad.launch.coordinator RUN_DIR``; it
+reads ``RUN_DIR/launch.json`` (the resolved config and the world to join), joins
+the RPC world, sets up one stage per worker and runs the steps:
+
+- each step's inputs go to the first stage and its targets to the last; the
+  next step is sent before the current one finishes (``run.in_flight``), so the
+  coordinator's own latency is hidden;
+- every ``checkpoint.every`` steps, and on a graceful stop (SIGTERM or SIGINT:
+  stop at the next step boundary), every stage saves its state and then the
+  manifest marks the checkpoint complete;
+- losses and accuracies go to ``metrics.jsonl``; with ``trace`` set, the events of
+  every process become one Chrome trace.
+
+When a stage fails it writes ``failure.json`` (the worker, the step, the error
+and the remote traceback) for the supervisor and exits with status 1.
+"""
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+
+from distgrad.distributed import rpc
+
+from . import checkpoint as ckpt
+from . import stage as _stage
+from . import trace as _trace
+from .data import Batches, micro_batches, split
+from .config import heartbeat_interval
+from .resolve import plan
+from .rundir import FAILURE, LAUNCH, METRICS, RESULT, write_json
+
+__all__ = ["Coordinator", "StageFailure", "main"]
+
+
+class StageFailure(Exception):
+    """A stage failed or became unreachable; carries what the supervisor reports."""
+
+    def __init__(self, record):
+        super().__init__(record["message"])
+        self.record = record
+
+
+def _error_of(future):
+    if not future.done():
+        return None
+    try:
+        future.value()
+    except Exception as e:  # noqa: BLE001 - the caller decides what it means
+        return e
+    return None
+
+
+class Coordinator:
+    def __init__(self, run_dir, launch):
+        self.run_dir, self.launch = run_dir, launch
+        self.config = config = launch["config"]
+        self.plan = plan(config)
+        self.workers = launch["world"]["workers"]  # stage index -> worker name
+        self.stop_requested = threading.Event()
+        self.trace = _trace.Recorder(bool(launch.get("trace")))
+        self.timeout = config["world"]["rpc_timeout"]
+        self.micro = config["pipeline"]["micro_batches"]
+        self.seq = 0
+        data = config["data"]
+        train, held_out = split(self.plan.source(**data["kwargs"]), data["eval_fraction"],
+                                config["run"]["seed"])
+        self.batches = Batches(train, data["batch_size"], config["run"]["seed"])
+        self.held_out = held_out
+        run = config["run"]
+        self.total = run.get("steps") or run["epochs"] * self.batches.steps_per_epoch
+        self.resume_from = launch.get("resume_from")
+        self.start = 0
+        if self.resume_from:
+            self.start = int(ckpt.read_manifest(self.resume_from)["step"])
+        self.metrics = None
+        self.last_step = self.start
+
+    # -- commands to every stage --
+    def _next_seq(self):
+        self.seq += 1
+        return self.seq
+
+    def _to_all(self, fn, args_of, timeout=None):
+        """Send ``fn(*args_of(stage))`` to every stage; return the futures."""
+        return [rpc.rpc_async(w, fn, args_of(k), timeout=self.timeout if timeout is None
+                              else timeout) for k, w in enumerate(self.workers)]
+
+    def _gather(self, futures, step):
+        """The results of one command on every stage, or StageFailure naming the culprit.
+
+        Waits for all futures but stops at the first error: a stage that is waiting
+        for a dead neighbour would otherwise keep this waiting until its timeout.
+        """
+        done = threading.Semaphore(0)
+        for f in futures:
+            f.add_done_callback(lambda _f: done.release())
+        for _ in futures:
+            done.acquire()
+            for k, f in enumerate(futures):
+                error = _error_of(f)
+                if error is not None:
+                    raise self._diagnose(k, error, step)
+        return [f.value() for f in futures]
+
+    def _diagnose(self, stage, error, step):
+        """Which worker is at fault: a probe finds a dead or stopped one within the
+        heartbeat bound; otherwise the stage whose call raised."""
+        hb = self.config["world"]["heartbeat_timeout"]
+        probes = [rpc.rpc_async(w, _stage.clock, timeout=hb + 2.0) for w in self.workers]
+        culprit, reason, message = stage, "error", str(error)
+        for k, p in enumerate(probes):
+            try:
+                p.wait()
+            except Exception as e:  # noqa: BLE001 - unreachable or timed out: this one
+                culprit, reason, message = k, "unreachable", str(e)
+                break
+        text, _, remote_tb = message.partition("\n\nRemote traceback")
+        traceback = remote_tb.partition(":\n")[2] if remote_tb else ""
+        if reason == "error":  # name the exception's class, as a traceback's last line does
+            kind = getattr(error, "remote_type", None) or type(error).__name__
+            if not text.startswith(kind):
+                text = f"{kind.removeprefix('builtins.')}: {text}"
+            traceback = getattr(error, "remote_traceback", None) or traceback
+        return StageFailure({
+            "worker": self.workers[culprit], "rank": culprit + 1, "stage": culprit,
+            "step": step + 1, "reason": reason, "message": text.strip(),
+            "traceback": traceback})
+
+    # -- setup --
+    def _setup(self):
+        config, p = self.config, self.plan
+        stages = len(self.workers)
+
+        def spec(k):
+            return ({"stage": k, "stages": stages, "layers": list(p.layers[k]),
+                     "prev": self.workers[k - 1] if k else None,
+                     "next": self.workers[k + 1] if k + 1 < stages else None,
+                     "seed": config["run"]["seed"], "factory": p.factory,
+                     "factory_kwargs": config["model"]["kwargs"], "optimizer": p.optimizer,
+                     "optimizer_kwargs": p.optimizer_kwargs, "loss": config["model"]["loss"],
+                     "hooks": p.hooks, "schedule": config["pipeline"]["schedule"],
+                     "offload": config["offload"], "timeout": self.timeout,
+                     "trace": self.trace.enabled, "resume_from": self.resume_from},)
+        return self._gather(self._to_all(_stage.setup, spec), self.start - 1)
+
+    # -- steps --
+    def _issue_step(self, step):
+        x, y = self.batches.batch(step)
+        xs, ys = micro_batches(x, self.micro), micro_batches(y, self.micro)
+        last = len(self.workers) - 1
+        seq = self._next_seq()
+        futures = []
+        for k, w in enumerate(self.workers):
+            self.trace.message("send", "input", _trace.flow_id("input", step, 0, k))
+            futures.append(rpc.rpc_async(w, _stage.step, (
+                seq, step, self.micro, xs if k == 0 else None, ys if k == last else None),
+                timeout=self.timeout))
+        if self.trace.enabled:
+            for k, f in enumerate(futures):
+                ident = _trace.flow_id("result", step, 0, k)
+                f.add_done_callback(lambda _f, i=ident: self.trace.message("receive", "result", i))
+        return futures
+
+    def _save(self, step_count):
+        directory = ckpt.step_dir(self.run_dir, step_count)
+        os.makedirs(directory, exist_ok=True)
+        seq = self._next_seq()
+        return directory, self._to_all(_stage.save, lambda k: (seq, directory, step_count))
+
+    def _complete_save(self, directory, futures, step_count):
+        self._gather(futures, step_count - 1)
+        ckpt.write_manifest(directory, {"step": step_count, "stages": len(self.workers),
+                                        "balance": self.plan.balance,
+                                        "config": self.config["run"]["name"]})
+        ckpt.prune(self.run_dir, self.config["checkpoint"]["keep"])
+        print(f"checkpoint at step {step_count}: {os.path.relpath(directory, self.run_dir)}",
+              flush=True)
+
+    def evaluate(self, step_count):
+        x, y = self.held_out
+        if len(x) == 0:
+            return None
+        chunk = self.config["data"]["batch_size"] * 4
+        loss = correct = 0.0
+        last = len(self.workers) - 1
+        for i, start in enumerate(range(0, len(x), chunk)):
+            key = -(step_count * 1000 + i + 1)  # negative: never a training step's key
+            xs = micro_batches(x[start:start + chunk], self.micro)
+            ys = micro_batches(y[start:start + chunk], self.micro)
+            seq = self._next_seq()
+            out = self._gather(self._to_all(_stage.evaluate, lambda k: (
+                seq, key, self.micro, xs if k == 0 else None, ys if k == last else None)),
+                step_count - 1)[last]
+            loss += out["loss"] * out["count"]
+            correct += out["correct"]
+        record = {"step": step_count, "eval_loss": loss / len(x)}
+        if self.config["model"]["loss"] == "cross_entropy":
+            record["eval_accuracy"] = correct / len(x)
+        self._log(record)
+        print("eval  step {step}  loss {eval_loss:.4f}".format(**record)
+              + (f"  accuracy {record['eval_accuracy']:.4f}" if "eval_accuracy" in record
+                 else ""), flush=True)
+        return record
+
+    def _log(self, record):
+        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.flush()
+
+    def _open_metrics(self):
+        path = os.path.join(self.run_dir, METRICS)
+        kept = []
+        if self.start and os.path.exists(path):  # drop what came after the checkpoint
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if rec.get("step", 0) <= self.start:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+        # a new file, renamed into place: a reader of the old one sees it replaced
+        tmp = f"{path}.tmp-{os.getpid()}"
+        self.metrics = open(tmp, "w", encoding="utf-8")
+        self.metrics.writelines(kept)
+        self.metrics.flush()
+        os.replace(tmp, path)
+        self._log({"event": "start", "step": self.start, "total_steps": self.total,
+                   "batch_size": self.config["data"]["batch_size"],
+                   "stages": len(self.workers), "time": time.time()})
+
+    def train(self):
+        run, every = self.config["run"], self.config["checkpoint"]["every"]
+        in_flight, log_every, eval_every = run["in_flight"], run["log_every"], run["eval_every"]
+        batch = self.config["data"]["batch_size"]
+        pending = deque()
+        step = self.start
+        started = window_start = time.perf_counter()
+        window_steps = 0
+        while step < self.total or pending:
+            while step < self.total and len(pending) < in_flight \
+                    and not self.stop_requested.is_set():
+                pending.append(("step", step, self._issue_step(step)))
+                step += 1
+                if every and step % every == 0:  # stages save in command order: after it
+                    pending.append(("save", step, self._save(step)))
+            if not pending:
+                break
+            kind, done_step, sent = pending.popleft()
+            if kind == "save":
+                self._complete_save(*sent, done_step)
+                continue
+            results = self._gather(sent, done_step)
+            self.last_step = done_step + 1
+            window_steps += 1
+            out = results[-1]
+            record = {"step": done_step + 1, "loss": out["loss"]}
+            if self.config["model"]["loss"] == "cross_entropy" and out["count"]:
+                record["accuracy"] = out["correct"] / out["count"]
+            for r in results:
+                record.update((k, v) for k, v in r.items() if "." in k)
+            now = time.perf_counter()
+            record["samples_per_s"] = window_steps * batch / max(now - window_start, 1e-9)
+            record["elapsed"] = now - started
+            self._log(record)
+            if (done_step + 1) % log_every == 0 or done_step + 1 == self.total:
+                window_start, window_steps = now, 0
+                print(f"step {done_step + 1}/{self.total}  loss {record['loss']:.4f}"
+                      + (f"  accuracy {record['accuracy']:.3f}" if "accuracy" in record else "")
+                      + f"  {record['samples_per_s']:.0f} samples/s", flush=True)
+            if eval_every and (done_step + 1) % eval_every == 0 and done_step + 1 < self.total:
+                self.evaluate(done_step + 1)
+        return self.last_step
+
+    def _collect_trace(self):
+        """Each stage's events and clock offset, merged into the trace file."""
+        samples = {k: [] for k in range(len(self.workers))}
+        for _ in range(8):
+            for k, w in enumerate(self.workers):
+                t0 = _trace.Recorder.now()
+                remote = rpc.rpc_sync(w, _stage.clock, timeout=self.timeout)
+                samples[k].append((t0, remote, _trace.Recorder.now()))
+        seq = self._next_seq()
+        events = self._gather(self._to_all(_stage.finish, lambda k: (seq,)), self.last_step)
+        procs = {0: self.trace.take()}
+        offsets = {0: 0}
+        for k, ev in enumerate(events):
+            procs[k + 1] = [tuple(e) for e in ev]
+            offsets[k + 1] = _trace.offset_from_samples(samples[k])[0]
+        offsets = _trace.align(offsets, procs)
+        names = ["0:coordinator"] + [f"{k + 1}:{w} (stage {k})" for k, w in
+                                     enumerate(self.workers)]
+        _trace.write_chrome_trace(self.launch["trace"], [
+            {"pid": r, "name": names[r], "offset": offsets[r] - offsets[0], "events": procs[r]}
+            for r in sorted(procs)])
+        print(f"trace: {self.launch['trace']}", flush=True)
+
+    def run(self):
+        info = self._setup()
+        sizes = ", ".join(f"stage {k}: {i['parameters']:,}" for k, i in enumerate(info))
+        print(f"{len(self.workers)} stages ({sizes} parameters); steps {self.start + 1}.."
+              f"{self.total}" + (f", resumed from {self.resume_from}" if self.resume_from else ""),
+              flush=True)
+        self._open_metrics()
+        try:
+            with self.trace.span("train", lane="steps"):
+                step_count = self.train()
+            stopped = self.stop_requested.is_set() and step_count < self.total
+            if (stopped or self.config["checkpoint"]["every"]) and step_count > self.start \
+                    and not os.path.exists(os.path.join(ckpt.step_dir(self.run_dir, step_count),
+                                                        ckpt.MANIFEST)):
+                directory, futures = self._save(step_count)
+                self._complete_save(directory, futures, step_count)
+            final = None if stopped else self.evaluate(step_count)
+            if self.launch.get("trace"):
+                self._collect_trace()
+        finally:
+            self.metrics.close()
+        result = {"status": "stopped" if stopped else "finished", "step": step_count,
+                  "total_steps": self.total}
+        if final:
+            result.update(final)
+        write_json(os.path.join(self.run_dir, RESULT), result)
+        return result
+
+
+def _die_with_parent():
+    """Linux: SIGKILL when the supervisor dies, so no coordinator outlives its launch."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:
+            os._exit(1)
+    except Exception:  # noqa: BLE001 - not Linux: the supervisor reaps us instead
+        pass
+
+
+def _options(world):
+    cfg = world["config"]
+    hb = cfg["heartbeat_timeout"]
+    return rpc.RpcBackendOptions(
+        init_method=world["init_method"], transport=world["transport"],
+        bind_addr=world.get("bind_addr") or cfg["bind_addr"], rpc_timeout=cfg["rpc_timeout"],
+        heartbeat_interval=heartbeat_interval(hb), heartbeat_timeout=hb,
+        rendezvous_timeout=cfg["rendezvous_timeout"])
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m distgrad.launch.coordinator RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = argv[0]
+    if os.environ.get("DISTGRAD_PDEATHSIG"):
+        _die_with_parent()
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # user modules named in the config, as for workers
+    with open(os.path.join(run_dir, LAUNCH), encoding="utf-8") as fh:
+        launch = json.load(fh)
+    world = dict(launch["world"], config=launch["config"]["world"])
+    coordinator = Coordinator(run_dir, launch)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stop at the next step boundary
+        signal.signal(sig, lambda *_: coordinator.stop_requested.set())
+    rpc.init_rpc("coordinator", rank=0, world_size=len(coordinator.workers) + 1,
+                 rpc_backend_options=_options(world))
+    try:
+        result = coordinator.run()
+    except StageFailure as f:
+        write_json(os.path.join(run_dir, FAILURE), f.record)
+        print(f"stopping: {f.record['worker']} (stage {f.record['stage']}) failed at step "
+              f"{f.record['step']}: {f.record['message']}", file=sys.stderr, flush=True)
+        rpc.shutdown(graceful=False)
+        return 1
+    rpc.shutdown(graceful=True)
+    print(f"{result['status']} at step {result['step']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

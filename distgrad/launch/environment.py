@@ -1,0 +1,144 @@
+"""Where a launch's processes come from: this machine, Slurm, or a torchrun-style job.
+
+- **local** (the default): this launcher starts the coordinator and every worker;
+  the rendezvous is a unix socket in a private temp directory, so launches side by
+  side never share a port.
+- **Slurm** (``srun -n 3 distgrad launch cfg.toml``): every task runs a launcher
+  that starts one process, rank ``SLURM_PROCID`` of ``SLURM_NTASKS``; the
+  coordinator runs on the first host of ``SLURM_JOB_NODELIST`` and the rendezvous
+  port is derived from ``SLURM_JOB_ID`` (15000 + id mod 15000: below Linux's
+  ephemeral range, different for concurrent jobs).
+- **torchrun / Kubernetes PyTorchJob** (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+  ``MASTER_PORT``): one process per launcher as well. Under torchrun its agent
+  already listens on ``MASTER_PORT`` with a key-value store; rank 0 then binds a
+  free port and publishes it in that store. Without an agent, ``MASTER_PORT``
+  itself is the rendezvous.
+
+>>> first_host("node[07-09,12],gpu01")
+'node07'
+>>> slurm_port("123456")
+18456
+"""
+import datetime
+import os
+import re
+import socket
+
+__all__ = ["Layout", "detect", "first_host", "slurm_port", "cpu_count", "torchrun_rendezvous"]
+
+
+class Layout:
+    """The world of one launch and which of its ranks this launcher starts."""
+
+    def __init__(self, kind, world_size, ranks, rendezvous=None, run_id=None,
+                 bind_addr=None):
+        self.kind, self.world_size, self.ranks = kind, world_size, list(ranks)
+        self.rendezvous = rendezvous   # None: local, made by the supervisor
+        self.run_id = run_id           # names the run directory all launchers share
+        self.bind_addr = bind_addr     # None: the config's world.bind_addr
+        # processes started by different launchers may be on different hosts: unix
+        # sockets would not reach them
+        self.transport = None if kind == "local" else "tcp"
+
+    @property
+    def local(self):
+        return self.kind == "local"
+
+    def __repr__(self):
+        return (f"Layout({self.kind}, world_size={self.world_size}, ranks={self.ranks}, "
+                f"rendezvous={self.rendezvous!r})")
+
+
+def cpu_count():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def first_host(nodelist):
+    """The first host name of a Slurm node list (``a[01-03,7],b`` -> ``a01``)."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise ValueError(f"cannot read SLURM_JOB_NODELIST {nodelist!r}")
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def slurm_port(job_id):
+    return 15000 + int(job_id) % 15000
+
+
+def _int_env(env, name):
+    value = env.get(name)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def detect(workers, env=None, force_local=False):
+    """The :class:`Layout` for this process's environment and ``workers`` stages."""
+    env = os.environ if env is None else env
+    world = workers + 1
+    if force_local or not (env.get("SLURM_PROCID") or env.get("RANK")):
+        return Layout("local", world, range(world))
+    if env.get("SLURM_PROCID") and env.get("SLURM_NTASKS") and env.get("SLURM_JOB_ID"):
+        size = _int_env(env, "SLURM_NTASKS")
+        _check_size(size, world, "SLURM_NTASKS")
+        rank = _int_env(env, "SLURM_PROCID")
+        host = first_host(env.get("SLURM_JOB_NODELIST") or socket.gethostname())
+        multi = _int_env(env, "SLURM_JOB_NUM_NODES") > 1 if env.get("SLURM_JOB_NUM_NODES") \
+            else False
+        rendezvous = f"tcp://{_address(host)}:{slurm_port(env['SLURM_JOB_ID'])}"
+        return Layout("slurm", size, [rank], rendezvous,
+                      run_id=f"slurm{env['SLURM_JOB_ID']}",
+                      bind_addr=_address(socket.gethostname()) if multi else None)
+    size, rank = _int_env(env, "WORLD_SIZE"), _int_env(env, "RANK")
+    _check_size(size, world, "WORLD_SIZE")
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if not addr or not port:
+        raise ValueError("RANK is set but MASTER_ADDR/MASTER_PORT are not: a torchrun-style "
+                         "launch needs all four (or pass --local)")
+    run_id = env.get("TORCHELASTIC_RUN_ID") or f"{addr}-{port}"
+    bind = None if addr in ("127.0.0.1", "localhost") else _address(socket.gethostname())
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return Layout("torchrun", size, [rank], None, run_id=run_id, bind_addr=bind)
+    return Layout("env", size, [rank], f"tcp://{_address(addr)}:{int(port)}", run_id=run_id,
+                  bind_addr=bind)
+
+
+def _check_size(size, world, name):
+    if size != world:
+        raise ValueError(f"{name}={size} but the config's world.workers needs {world} "
+                         f"processes (the coordinator and {world - 1} workers); run with "
+                         f"world.workers={size - 1} or {world} tasks")
+
+
+def _address(host):
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def torchrun_rendezvous(rank, env=None, timeout=60.0):
+    """Under torchrun: rank 0 picks a free port and publishes ``tcp://host:port`` in the
+    agent's store; the other ranks read it from there."""
+    import torch.distributed as dist  # present wherever torchrun is
+    env = os.environ if env is None else env
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    key = f"distgrad/launch/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/rendezvous"
+    if rank == 0:
+        host = _address(env["MASTER_ADDR"])
+        with socket.socket() as s:  # a free port: closed again just before rank 0 binds it
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        address = f"tcp://{host}:{port}"
+        store.set(key, address)
+        return address
+    return store.get(key).decode()  # waits (up to the store's timeout) for rank 0

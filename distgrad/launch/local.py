@@ -1,0 +1,58 @@
+"""The training a launch config describes, in one process: the baseline of a pipeline.
+
+Same model (built from the same seed), same batches, same micro-batches, same
+loss scaling and optimizer as the stages run, without processes or messages, so a
+pipeline's losses can be checked against it and its speed compared with it
+(``scripts/bench_launch.py``).
+
+>>> from distgrad.launch.config import from_dict
+>>> cfg = from_dict({"run": {"steps": 3},
+...                  "model": {"factory": "mlp", "kwargs": {"sizes": [2, 4, 2]}},
+...                  "data": {"source": "spirals", "kwargs": {"n": 64}, "batch_size": 8}})
+>>> len(train_in_one_process(cfg))
+3
+
+Hooks see the whole model here, each stage only its own part in a pipeline: a
+clipping hook clips by the global norm here and per stage there.
+"""
+import distgrad
+
+from .data import Batches, micro_batches, split
+from .resolve import plan
+from .stage import LOSSES
+
+__all__ = ["train_in_one_process"]
+
+
+def train_in_one_process(config, steps=None, on_step=None):
+    """Train as ``config`` says for ``steps`` (default: the config's) steps; the losses.
+
+    ``on_step(step, loss)`` is called after each step (a benchmark's clock).
+    """
+    p = plan(config)
+    run, data = config["run"], config["data"]
+    train, _ = split(p.source(**data["kwargs"]), data["eval_fraction"], run["seed"])
+    batches = Batches(train, data["batch_size"], run["seed"])
+    steps = steps or run.get("steps") or run["epochs"] * batches.steps_per_epoch
+    distgrad.manual_seed(run["seed"])
+    model = p.factory(**config["model"]["kwargs"])
+    optimizer = p.optimizer(model.parameters(), **p.optimizer_kwargs)
+    loss_fn = LOSSES[config["model"]["loss"]]()
+    count = config["pipeline"]["micro_batches"]
+    losses = []
+    for step in range(steps):
+        x, y = batches.batch(step)
+        total = 0.0
+        for xm, ym in zip(micro_batches(x, count), micro_batches(y, count)):
+            loss = loss_fn(model(distgrad.from_numpy(xm)), distgrad.from_numpy(ym)) \
+                * (len(ym) / len(y))
+            loss.backward()
+            total += loss.item()
+        for hook, kwargs in p.hooks:
+            hook(model, **kwargs)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total)
+        if on_step is not None:
+            on_step(step, total)
+    return losses

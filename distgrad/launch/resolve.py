@@ -1,0 +1,201 @@
+"""From a checked config to the things it names: functions, classes, the stage split.
+
+:func:`plan` imports what the config references (``module:qualname`` or a
+built-in name), checks the keyword arguments against their signatures, builds the
+model once to split its layers into stages, and lists the modules the workers must
+allow. The launcher calls it before starting any process, so every mistake is a
+:class:`~distgrad.launch.config.ConfigError` naming its key; the coordinator calls
+it again to build the stages.
+"""
+import importlib
+import inspect
+
+import distgrad
+import distgrad.optim
+
+from . import data as _data
+from . import models as _models
+from .config import ConfigError
+
+__all__ = ["Plan", "plan", "reference", "even_balance", "WORKER_MODULES"]
+
+#: modules every stage worker allows: the commands, built-in models and hooks
+WORKER_MODULES = ("distgrad.launch.stage", "distgrad.launch.models", "distgrad.launch.hooks")
+
+
+def reference(text, builtins=None):
+    """The object named by a built-in name or ``"module:qualname"``; LookupError says why."""
+    if ":" not in text:
+        if builtins is None or text not in builtins:
+            known = ", ".join(sorted(builtins or ()))
+            raise LookupError(f"{text!r} is not a built-in name (known: {known}) nor "
+                              "'module:qualname'")
+        return builtins[text]
+    module_name, _, qualname = text.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise LookupError(f"cannot import {module_name!r}: {e}") from None
+    for part in qualname.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise LookupError(f"{module_name!r} has no {qualname!r}") from None
+    if not callable(obj):
+        raise LookupError(f"{text!r} is not callable")
+    return obj
+
+
+class Plan:
+    """What a config resolves to; ``error(key, message)`` makes a ConfigError for it."""
+
+    def __init__(self, config, error):
+        self.config, self.error = config, error
+        model, data, optim = config["model"], config["data"], config["optim"]
+        self.factory = self._ref("model.factory", model["factory"], _models.BUILTIN)
+        self._bind("model.kwargs", self.factory, model["kwargs"])
+        self.source = self._ref("data.source", data["source"], _data.BUILTIN)
+        self._bind("data.kwargs", self.source, data["kwargs"])
+        optimizers = {n: c for n, c in vars(distgrad.optim).items()
+                      if isinstance(c, type) and issubclass(c, distgrad.optim.Optimizer)}
+        self.optimizer = self._ref("optim.name", optim["name"], optimizers)
+        self.optimizer_kwargs = {k: v for k, v in optim.items() if k != "name"}
+        self.hooks = []
+        for i, hook in enumerate(config["hooks"]):
+            fn = self._ref(f"hooks.{i}.ref", hook["ref"])
+            kwargs = {k: v for k, v in hook.items() if k != "ref"}
+            self._bind(f"hooks.{i}", fn, kwargs, leading=1)
+            self.hooks.append((fn, kwargs))
+        self.layers = self._split()
+        self._check_optimizer()
+
+    def _ref(self, key, text, builtins=None):
+        try:
+            return reference(text, builtins)
+        except LookupError as e:
+            raise self.error(key, str(e)) from None
+
+    def _bind(self, key, fn, kwargs, leading=0):
+        """Check ``fn(*leading, **kwargs)`` would bind: an unknown argument names its key."""
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return
+        where = f"(calling {fn.__module__}:{fn.__qualname__})"
+        params = sig.parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+            for k in kwargs:
+                if k not in names:
+                    raise self.error(f"{key}.{k}", f"got an unexpected keyword argument "
+                                                   f"{k!r} {where}")
+        try:
+            sig.bind(*([None] * leading), **kwargs)
+        except TypeError as e:
+            raise self.error(key, f"{e} {where}") from None
+
+    def _split(self):
+        model_cfg, workers = self.config["model"], self.config["world"]["workers"]
+        try:
+            distgrad.manual_seed(self.config["run"]["seed"])
+            model = self.factory(**model_cfg["kwargs"])
+        except Exception as e:  # noqa: BLE001 - any failure of user code names the key
+            raise self.error("model.factory", f"building the model failed: "
+                                              f"{type(e).__name__}: {e}") from None
+        if not isinstance(model, distgrad.nn.Sequential):
+            raise self.error("model.factory", f"must return an nn.Sequential (its layers "
+                                              f"become stages), got {type(model).__name__}")
+        self.parameters = sum(p.numel() for p in model.parameters())
+        sizes = [sum(p.numel() for p in layer.parameters()) for layer in model]
+        balance = self.config["pipeline"].get("balance")
+        if balance is None:
+            if len(sizes) < workers:
+                raise self.error("world.workers", f"{workers} stages need at least {workers} "
+                                                  f"layers; the model has {len(sizes)}")
+            balance = even_balance(sizes, workers)
+        elif sum(balance) != len(sizes):
+            raise self.error("pipeline.balance", f"covers {sum(balance)} layers but the model "
+                                                 f"has {len(sizes)}")
+        bounds, start = [], 0
+        for n in balance:
+            bounds.append((start, start + n))
+            start += n
+        self.balance = list(balance)
+        self.stage_parameters = [sum(sizes[a:b]) for a, b in bounds]
+        return bounds
+
+    def _check_optimizer(self):
+        """Build the optimizer on a probe parameter; a failure names the argument that
+        causes it (the one whose removal makes it succeed)."""
+        def build(kwargs):
+            self.optimizer([distgrad.nn.Parameter(distgrad.zeros(1))], **kwargs)
+        kwargs = self.optimizer_kwargs
+        try:
+            build(kwargs)
+        except (TypeError, ValueError) as e:
+            bad = None
+            for k in kwargs:
+                try:
+                    build({n: v for n, v in kwargs.items() if n != k})
+                except (TypeError, ValueError):
+                    continue
+                bad = k
+                break
+            what = f" ({bad} = {kwargs[bad]!r})" if bad else ""
+            raise self.error(f"optim.{bad}" if bad else "optim",
+                             f"{self.optimizer.__name__}{what}: {e}") from None
+
+    def worker_modules(self):
+        """Modules the stage workers must allow: ours plus those the config references."""
+        refs = [self.config["model"]["factory"], self.config["optim"]["name"]]
+        refs += [h["ref"] for h in self.config["hooks"]]
+        extra = [r.partition(":")[0] for r in refs if ":" in r]
+        return list(dict.fromkeys(list(WORKER_MODULES) + ["distgrad.optim"] + extra))
+
+
+def plan(config, error=None):
+    """Resolve ``config``; ``error(key, message)`` makes the exception (a ConfigError)."""
+    return Plan(config, error or (lambda key, message: ConfigError(message, key=key)))
+
+
+def even_balance(sizes, stages):
+    """Layers per stage so the largest stage's parameter count is smallest.
+
+    Parameterless layers (activations) stay with the layer before them.
+
+    >>> even_balance([10, 0, 10, 0, 10, 0, 2], 2)
+    [4, 3]
+    """
+    blocks = []  # [size, layer count]: a layer with parameters and what follows it
+    for s in sizes:
+        if s == 0 and blocks:
+            blocks[-1][1] += 1
+        else:
+            blocks.append([s, 1])
+    if len(blocks) < stages:  # too few parameterised layers: split by layer count
+        base, extra = divmod(len(sizes), stages)
+        return [base + (i < extra) for i in range(stages)]
+    # the smallest possible maximum, by bisection on it; then cut greedily under it
+    low, high = max(b[0] for b in blocks), sum(b[0] for b in blocks)
+    while low < high:
+        mid = (low + high) // 2
+        if _cuts(blocks, mid, stages) is not None:
+            high = mid
+        else:
+            low = mid + 1
+    return _cuts(blocks, low, stages)
+
+
+def _cuts(blocks, limit, stages):
+    """Layer counts of exactly ``stages`` contiguous groups of blocks, each group's
+    size at most ``limit``, or None. Greedy: close a group when the next block would
+    overflow it, or when every block left must open a group of its own."""
+    groups, size, layers = [], 0, 0
+    for i, (s, n) in enumerate(blocks):
+        if layers and (size + s > limit or len(blocks) - i == stages - len(groups) - 1):
+            groups.append(layers)
+            size, layers = 0, 0
+        size += s
+        layers += n
+    groups.append(layers)
+    return groups if len(groups) == stages else None

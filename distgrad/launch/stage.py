@@ -1,0 +1,264 @@
+"""The worker side of a launch: one pipeline stage per worker process.
+
+The coordinator calls these functions over RPC (they must be on the worker's
+allowlist: the launcher starts workers with ``--allow distgrad.launch.stage``).
+Each stage owns a slice of the model's layers and a local optimizer. Activations
+go straight from one stage to the next and gradients straight back, as
+``deliver`` calls; the coordinator only sends each step's inputs (to the first
+stage) and targets (to the last) and collects the losses.
+
+Commands carry a sequence number and run strictly in that order, whatever order
+the RPC handler threads pick them up in, so the coordinator can send the next step
+before the current one has finished, and every run of the same config does the
+same arithmetic in the same order (checkpoint resumes are bit-exact). A command
+runs on the handler thread that received it: the handler pool grows while others
+wait, so a neighbour's ``deliver`` is served meanwhile, and the stage's own calls
+are nested calls of a handler, which RPC accepts even once the worker's main
+thread has entered ``shutdown()`` (as ``distgrad worker`` does at once).
+"""
+import os
+import threading
+from contextlib import contextmanager, nullcontext
+
+import distgrad
+from distgrad import nn
+from distgrad.distributed import rpc
+
+from .checkpoint import atomic_save, stage_path
+from .schedule import SCHEDULES, forward_only
+from .trace import Recorder, flow_id
+
+__all__ = ["setup", "step", "evaluate", "save", "clock", "finish", "deliver", "LOSSES"]
+
+#: names accepted by ``model.loss``
+LOSSES = {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}
+
+_stage = None  # this worker's Stage, made by setup()
+
+
+class _Inbox:
+    """Tensors sent by the neighbouring stages, taken by key in schedule order."""
+
+    def __init__(self):
+        self._items = {}
+        self._cond = threading.Condition()
+        self._closed = None
+
+    def put(self, key, value):
+        with self._cond:
+            self._items[key] = value
+            self._cond.notify_all()
+
+    def take(self, key, timeout, sender):
+        with self._cond:
+            self._cond.wait_for(lambda: key in self._items or self._closed, timeout)
+            if key in self._items:
+                return self._items.pop(key)
+            if self._closed:
+                raise RuntimeError(f"stage stopped while waiting for {key} from {sender}: "
+                                   f"{self._closed}")
+            raise TimeoutError(f"no {key[-1]} for micro-batch {key[1]} of step {key[0]} "
+                               f"from {sender} within {timeout} s")
+
+    def close(self, reason):
+        with self._cond:
+            self._closed = reason
+            self._cond.notify_all()
+
+
+class Stage:
+    """A slice of the model, its optimizer and its place in the pipeline."""
+
+    def __init__(self, spec):
+        self.index, self.count = spec["stage"], spec["stages"]
+        self.prev, self.next = spec["prev"], spec["next"]
+        self.first, self.last = self.index == 0, self.index == self.count - 1
+        distgrad.manual_seed(spec["seed"])
+        full = spec["factory"](**spec["factory_kwargs"])
+        begin, end = spec["layers"]
+        self.layers = (begin, end)
+        self.module = full[begin:end]
+        self.optimizer = spec["optimizer"](self.module.parameters(), **spec["optimizer_kwargs"])
+        self.loss_fn = LOSSES[spec["loss"]]() if self.last else None
+        self.classify = spec["loss"] == "cross_entropy"
+        self.hooks = list(spec["hooks"])
+        self.schedule = SCHEDULES[spec["schedule"]]
+        # This stage's activation offloading (the config's [offload] table): its forward
+        # passes save tensors under these hooks; backward reads them back (ahead).
+        self.offload = None
+        if spec["offload"]:
+            from distgrad.offload import hooks_from_config
+            self.offload = hooks_from_config(spec["offload"], f"[offload] of stage {self.index}",
+                                             model=self.module)
+        self.timeout = spec["timeout"] or None
+        self.trace = Recorder(spec["trace"])
+        self.inbox = _Inbox()
+        if spec["resume_from"]:
+            self._load(spec["resume_from"])
+        self._order = threading.Condition()
+        self._next_seq = 1
+
+    @contextmanager
+    def turn(self, seq):
+        """Run the body as command ``seq``, after every command before it."""
+        with self._order:
+            if not self._order.wait_for(lambda: self._next_seq >= seq, self.timeout):
+                raise TimeoutError(f"stage {self.index}: command {seq} waited more than "
+                                   f"{self.timeout} s for command {self._next_seq}")
+            if self._next_seq != seq:
+                raise RuntimeError(f"stage {self.index}: command {seq} arrived twice")
+        try:
+            yield
+        finally:
+            with self._order:
+                self._next_seq = seq + 1
+                self._order.notify_all()
+
+    # -- passes --
+    def run(self, key, micro_batches, inputs, targets, train):
+        """One step (``train``) or one evaluation batch; ``key`` names it in messages.
+
+        ``inputs`` (first stage) and ``targets`` (last stage) are lists with one array
+        per micro-batch. Returns the last stage's loss and accuracy counts, and what
+        the hooks reported.
+        """
+        schedule = self.schedule if train else forward_only
+        order = schedule(self.index, self.count, micro_batches)
+        total = sum(len(t) for t in targets) if self.last else 0
+        held, sends = {}, []
+        out = {"loss": 0.0, "correct": 0, "count": total}
+        with distgrad.set_grad_enabled(train):
+            for kind, mb in order:
+                if kind == "F":
+                    held[mb] = self._forward(key, mb, inputs, targets, total, out, sends)
+                else:
+                    self._backward(key, mb, held.pop(mb), sends)
+        if train:
+            for hook, kwargs in self.hooks:
+                for name, value in (hook(self.module, **kwargs) or {}).items():
+                    out[f"{name}.stage{self.index}"] = float(value)
+            with self.trace.span("optimizer step", step=key):
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+        for f in sends:
+            f.wait()  # a neighbour that died shows up here, if not earlier
+        return out
+
+    def _forward(self, key, mb, inputs, targets, total, out, sends):
+        if self.first:
+            x = distgrad.from_numpy(inputs[mb])
+        else:
+            x = distgrad.from_numpy(self.inbox.take((key, mb, "act"), self.timeout, self.prev))
+            x.requires_grad_(distgrad.is_grad_enabled())
+        with self.trace.span("forward", step=key, micro_batch=mb), \
+                self.offload if self.offload is not None else nullcontext():
+            y = self.module(x)
+            if self.last:
+                target = distgrad.from_numpy(targets[mb])
+                loss = self.loss_fn(y, target) * (len(target) / total)
+                out["loss"] += loss.item()
+                if self.classify:
+                    out["correct"] += int((y.detach().numpy().argmax(1) == targets[mb]).sum())
+                return x, loss
+        sends.append(self._send(self.next, "act", key, mb, y.detach().numpy()))
+        return x, y
+
+    def _backward(self, key, mb, held, sends):
+        x, y = held
+        grad = None if self.last else \
+            distgrad.from_numpy(self.inbox.take((key, mb, "grad"), self.timeout, self.next))
+        with self.trace.span("backward", step=key, micro_batch=mb):
+            y.backward(grad)  # the last stage holds the loss: no gradient to start from
+        if not self.first:
+            sends.append(self._send(self.prev, "grad", key, mb, x.grad.numpy()))
+
+    def _send(self, to, kind, key, mb, array):
+        self.trace.message("send", kind, flow_id(kind, key, mb, self.index))
+        return rpc.rpc_async(to, deliver, ((key, mb, kind), array, self.index),
+                             timeout=self.timeout or 0)
+
+    # -- checkpoints --
+    def state(self, step):
+        return {"stage": self.index, "layers": list(self.layers), "step": step,
+                "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "rng": distgrad.get_rng_state()}
+
+    def _load(self, directory):
+        state = distgrad.load(stage_path(directory, self.index))
+        if list(state["layers"]) != list(self.layers):
+            raise RuntimeError(f"checkpoint {directory} holds layers {state['layers']} for "
+                               f"stage {self.index}, but this run gives it {list(self.layers)}")
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        distgrad.set_rng_state(state["rng"])
+
+
+def _require():
+    if _stage is None:
+        raise RuntimeError("this worker has no pipeline stage: the coordinator calls "
+                           "distgrad.launch.stage.setup first")
+    return _stage
+
+
+# -- the commands the coordinator sends ----------------------------------------------
+
+def setup(spec):
+    """Build this worker's stage from ``spec`` (made by the coordinator); returns its size."""
+    global _stage
+    if _stage is not None:
+        _stage.inbox.close("replaced by a new setup")
+    _stage = Stage(spec)
+    return {"parameters": sum(p.numel() for p in _stage.module.parameters()),
+            "pid": os.getpid()}
+
+
+def step(seq, step_index, micro_batches, inputs, targets):
+    """Train on one batch (as micro-batches); returns the last stage's loss."""
+    stage = _require()
+    stage.trace.message("receive", "input", flow_id("input", step_index, 0, stage.index))
+    with stage.turn(seq), stage.trace.span("step", lane="steps", step=step_index):
+        out = stage.run(step_index, micro_batches, inputs, targets, train=True)
+    stage.trace.message("send", "result", flow_id("result", step_index, 0, stage.index))
+    return out
+
+
+def evaluate(seq, key, micro_batches, inputs, targets):
+    """Forward passes only, on held-out data; returns loss and accuracy counts."""
+    stage = _require()
+    with stage.turn(seq), stage.trace.span("evaluate", lane="steps"):
+        return stage.run(key, micro_batches, inputs, targets, train=False)
+
+
+def save(seq, directory, step_count):
+    """Write this stage's parameters, optimizer state and RNG state (atomically)."""
+    stage = _require()
+    with stage.turn(seq), stage.trace.span("checkpoint", lane="steps", step=step_count):
+        atomic_save(stage.state(step_count), stage_path(directory, stage.index))
+    return True
+
+
+def finish(seq):
+    """The stage's trace events; the stage is dropped afterwards."""
+    global _stage
+    stage = _require()
+    with stage.turn(seq):
+        events = stage.trace.take()
+    stage.inbox.close("finished")
+    if stage.offload is not None:
+        stage.offload.close()  # its run directory (or store namespace) goes with it
+    if _stage is stage:
+        _stage = None
+    return events
+
+
+def deliver(key, array, sender):
+    """A neighbour's activation or gradient for ``key = (step, micro-batch, kind)``."""
+    stage = _require()
+    step_key, mb, kind = key
+    stage.trace.message("receive", kind, flow_id(kind, step_key, mb, sender))
+    stage.inbox.put((step_key, mb, kind), array)
+
+
+def clock():
+    """This process's clock, for the coordinator's offset estimate."""
+    return Recorder.now()

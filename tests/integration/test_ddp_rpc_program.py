@@ -1,0 +1,59 @@
+"""PyTorch's DDP + RPC example (our CPU port, written against torch) runs on distgrad with
+``torch`` aliased to distgrad by an import hook that its spawned processes inherit: DDP
+averages the dense gradients inside distributed autograd contexts, so the two trainers'
+replicas stay identical while the loss falls."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_ddp_rpc_example_runs_unchanged_with_torch_aliased(tmp_path):
+    env = dict(os.environ, DISTGRAD_TORCH_ALIAS="1",
+               PYTHONPATH=os.pathsep.join([str(HERE / "torch_alias"), str(ROOT)]))
+    proc = subprocess.Popen([sys.executable, str(HERE / "ddp_rpc_program.py"), str(tmp_path),
+                             str(_free_port()), str(_free_port()), "3"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:  # the spawned ranks die with their parent (PDEATHSIG)
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    assert "trainer0: epoch 2 done" in out and "trainer1: epoch 2 done" in out, out
+    runs = [json.loads((tmp_path / f"trainer{r}.json").read_text()) for r in (0, 1)]
+    # the dense replicas got the same averaged gradients at every step
+    assert runs[0]["fc"] == runs[1]["fc"]
+    for run in runs:  # the same 4 batches each epoch: the last epoch's loss is lower
+        losses = run["losses"]
+        assert len(losses) == 12
+        assert sum(losses[-4:]) < sum(losses[:4]), losses
+
+
+def test_the_alias_reaches_distgrad_not_torch(tmp_path):
+    env = dict(os.environ, DISTGRAD_TORCH_ALIAS="1",
+               PYTHONPATH=os.pathsep.join([str(HERE / "torch_alias"), str(ROOT)]))
+    code = ("import torch, torch.distributed as dist, torch.nn.parallel as par; "
+            "print(torch.__name__, dist.__name__, par.DistributedDataParallel.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["distgrad", "distgrad.distributed",
+                                  "distgrad.nn.parallel.distributed"], out.stderr

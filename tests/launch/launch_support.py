@@ -1,0 +1,119 @@
+"""Helpers of the launch tests: a launch as a user runs it, and the checks on its processes."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from distgrad.utils.tempdirs import pid_alive
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+TINY = """\
+# a pipeline small enough to start, train and stop in a couple of seconds
+[run]
+steps = 6
+log_every = 2
+
+[world]
+workers = 2
+heartbeat_timeout = 1.0
+rpc_timeout = 30.0
+
+[model]
+factory = "mlp"
+kwargs = { sizes = [2, 8, 8, 2] }
+
+[data]
+source = "spirals"
+kwargs = { n = 256 }
+batch_size = 32
+
+[optim]
+lr = 0.05
+"""
+
+
+class Launch:
+    def __init__(self, proc, cwd, output):
+        self.proc, self.cwd, self.output_path = proc, Path(cwd), output
+
+    @property
+    def output(self):
+        return Path(self.output_path).read_text(errors="replace")
+
+    def wait(self, timeout=60):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"launch did not end within {timeout} s:\n{self.output}")
+
+    @property
+    def run_dir(self):
+        for line in reversed(self.output.splitlines()):
+            if line.startswith("run directory: "):
+                return self.cwd / line.split(": ", 1)[1]
+        dirs = sorted(glob.glob(str(self.cwd / "runs" / "*")), key=os.path.getmtime)
+        return Path(dirs[-1]) if dirs else None
+
+    def metrics(self):
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def losses(self):
+        return [r["loss"] for r in self.metrics() if "loss" in r]
+
+    def pids(self):
+        path = self.run_dir / "processes.json"
+        return {int(k): v for k, v in json.loads(path.read_text())["children"].items()}
+
+    def wait_for_steps(self, n, timeout=30):
+        """Block until the run has logged ``n`` steps (and the launcher still runs)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.run_dir is not None and len(self.losses()) >= n:
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"launch ended early ({self.proc.returncode}):\n{self.output}")
+            time.sleep(0.05)
+        raise AssertionError(f"no {n} steps within {timeout} s:\n{self.output}")
+
+
+def kill_recorded(cwd):
+    """Every process a launch under ``cwd`` recorded that still runs (a safety net)."""
+    for path in glob.glob(os.path.join(cwd, "**", "processes*.json"), recursive=True):
+        try:
+            pids = json.loads(Path(path).read_text())["children"].values()
+        except (OSError, ValueError, KeyError):
+            continue
+        for pid in pids:
+            if pid_alive(pid) and _cwd(pid) == os.path.realpath(cwd):  # ours, not a reused pid
+                os.kill(pid, signal.SIGKILL)
+
+
+def _cwd(pid):
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
+def assert_all_gone(pids, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    alive = [p for p in pids if pid_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if pid_alive(p)]
+    assert not alive, f"processes left behind: {alive}"

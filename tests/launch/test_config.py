@@ -1,0 +1,154 @@
+"""Launch configs: every way a config can be wrong fails before anything starts, with
+an error naming the key, the file and the line (or the command-line override)."""
+import pytest
+
+from distgrad.launch.config import ConfigError, key_lines, load_config, parse_override
+from distgrad.launch.resolve import plan
+from distgrad.launch.command import _prepare
+
+from launch_support import TINY
+
+pytestmark = pytest.mark.timeout(60)
+
+def write(tmp_path, text=TINY, name="c.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def resolve(path, overrides=()):
+    """What `distgrad launch` does before starting anything."""
+    class Args:
+        config, local = path, True
+    Args.overrides = list(overrides)
+    return _prepare(Args)
+
+
+def test_a_good_config_gets_its_defaults(tmp_path):
+    config = load_config(write(tmp_path), ["optim.lr=0.5", "world.transport=tcp"])
+    assert config["optim"]["lr"] == 0.5 and config["world"]["transport"] == "tcp"
+    assert config["run"]["name"] == "c"                    # the file's name
+    assert config["pipeline"] == {"micro_batches": 1, "schedule": "gpipe"}
+    assert config["checkpoint"] == {"every": 0, "keep": 2}
+    assert config["hooks"] == [] and config["offload"] == {}
+    p = plan(config)
+    assert p.balance == [2, 3] and p.layers == [(0, 2), (2, 5)]
+    assert "distgrad.launch.stage" in p.worker_modules()
+
+
+def test_key_lines_follow_tables_arrays_and_dotted_keys():
+    lines = key_lines("[run]\nsteps = 1\n\n[[hooks]]\nref = 'a:b'\n[[hooks]]\nref = 'c:d'\n"
+                      "[model]\nkwargs.sizes = [1]\n")
+    assert lines["run.steps"] == 2 and lines["hooks.0.ref"] == 5 and lines["hooks.1.ref"] == 7
+    assert lines["model.kwargs.sizes"] == 9
+
+
+@pytest.mark.parametrize("edit, key, at, words", [
+    (("[run]\n", "[runs]\n"), "runs", "[runs]", "unknown table"),
+    (("steps = 6", "steps = 6\nstep = 3"), "run.step", "step = 3", "unknown key"),
+    (("steps = 6", 'steps = "six"'), "run.steps", "steps =", "expected an integer, got a string"),
+    (("steps = 6", "steps = true"), "run.steps", "steps =", "expected an integer, got a boolean"),
+    (("steps = 6", "steps = 0"), "run.steps", "steps =", "at least 1"),
+    (("steps = 6", "epochs = 2\nsteps = 6"), "run.epochs", "epochs =", "not both"),
+    (("steps = 6", "seed = 1"), "run.steps", "[run]", "missing"),
+    (('factory = "mlp"\n', ""), "model.factory", "[model]", "missing"),
+    (('source = "spirals"\n', ""), "data.source", "[data]", "missing"),
+    (("batch_size = 32\n", ""), "data.batch_size", "[data]", "missing"),
+    (("workers = 2", 'workers = 2\nstrategy = "ddp"'), "world.strategy", "strategy =",
+     "'ddp' is not supported"),
+    (("workers = 2", 'workers = 2\ntransport = "udp"'), "world.transport", "transport =",
+     "one of 'ipc', 'tcp'"),
+    (("rpc_timeout = 30.0", "rpc_timeout = -5"), "world.rpc_timeout", "rpc_timeout =",
+     "at least 0"),
+    (("[optim]", "[pipeline]\nbalance = [1, 2, 2]\n[optim]"), "pipeline.balance", "balance =",
+     "3 stages"),
+    (("[optim]", "[pipeline]\nmicro_batches = 33\n[optim]"), "pipeline.micro_batches",
+     "micro_batches =", "cannot split data.batch_size 32"),
+    (("[optim]", '[pipeline]\nschedule = "zigzag"\n[optim]'), "pipeline.schedule", "schedule =",
+     "one of"),
+    (('factory = "mlp"', 'factory = "not a name"'), "model.factory", "factory =",
+     "neither a built-in"),
+    (("[run]\n", "offload = 3\n[run]\n"), "offload", "offload =", "expected a table"),
+    (("[optim]", '[offload]\nkind = "disk"\nbogus = 1\n[optim]'), "offload.bogus", "bogus =",
+     "unknown key 'bogus'"),
+    (("[optim]", '[[hooks]]\nref = "no colon"\n[optim]'), "hooks.0.ref", "ref =",
+     "module:qualname"),
+    (("[optim]", "[[hooks]]\nevery = 2\n[optim]"), "hooks.0.ref", "[[hooks]]", "missing"),
+    (("[optim]", "[checkpoint]\nevery = 1.5\n[optim]"), "checkpoint.every", "every = 1.5",
+     "an integer"),
+])
+def test_config_errors_name_key_file_and_line(tmp_path, edit, key, at, words):
+    text = TINY.replace(*edit)
+    path = write(tmp_path, text)
+    line = next(n for n, content in enumerate(text.splitlines(), 1) if at in content)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    e = info.value
+    assert (e.key, e.source, e.line) == (key, path, line), str(e)
+    assert words in str(e) and f"{path}:{line}: {key}:" in str(e)
+
+
+@pytest.mark.parametrize("edit, key, words", [
+    (('factory = "mlp"', 'factory = "nosuchmodule:f"'), "model.factory",
+     "cannot import 'nosuchmodule'"),
+    (('factory = "mlp"', 'factory = "distgrad.launch.models:nope"'), "model.factory",
+     "has no 'nope'"),
+    (('factory = "mlp"', 'factory = "cnn"'), "model.factory", "not a built-in name (known: mlp)"),
+    (("sizes = [2, 8, 8, 2] }", "sizes = [2, 8, 8, 2], depth = 3 }"), "model.kwargs.depth",
+     "unexpected keyword argument 'depth'"),
+    (("sizes = [2, 8, 8, 2] }", "sizes = [2, -1] }"), "model.factory", "building the model failed"),
+    (('factory = "mlp"\nkwargs = { sizes = [2, 8, 8, 2] }',
+      'factory = "distgrad.launch.data:spirals"'), "model.factory", "must return an nn.Sequential"),
+    (("kwargs = { n = 256 }", "kwargs = { m = 256 }"), "data.kwargs.m", "unexpected keyword"),
+    (("[optim]", '[optim]\nname = "Adamm"'), "optim.name", "not a built-in name"),
+    (("lr = 0.05", "lr = 0.05\nmomentun = 0.9"), "optim.momentun", "unexpected keyword"),
+    (("lr = 0.05", "lr = -1.0"), "optim.lr", "Adam (lr = -1.0): Invalid learning rate"),
+    (("workers = 2", "workers = 9"), "world.workers", "9 stages need at least 9 layers"),
+    (("[optim]", "[pipeline]\nbalance = [1, 1]\n[optim]"), "pipeline.balance",
+     "covers 2 layers but the model has 5"),
+    (("[optim]", '[[hooks]]\nref = "distgrad.launch.hooks:clip_grad_norm"\nmax_nrm = 1\n[optim]'),
+     "hooks.0.max_nrm", "unexpected keyword argument 'max_nrm'"),
+    (("[optim]", '[[hooks]]\nref = "distgrad.launch.hooks:clip_grad_norm"\n[optim]'),
+     "hooks.0", "missing a required argument: 'max_norm'"),
+])
+def test_references_and_arguments_are_checked_before_starting(tmp_path, edit, key, words):
+    path = write(tmp_path, TINY.replace(*edit))
+    with pytest.raises(ConfigError) as info:
+        resolve(path)
+    assert info.value.key == key and words in str(info.value), str(info.value)
+    assert info.value.source == path and info.value.line is not None
+
+
+def test_overrides_are_toml_or_strings_and_errors_name_them(tmp_path):
+    assert parse_override("optim.lr=1e-3") == (["optim", "lr"], 1e-3)
+    assert parse_override("pipeline.balance=[2, 3]") == (["pipeline", "balance"], [2, 3])
+    assert parse_override("data.source=spirals") == (["data", "source"], "spirals")
+    path = write(tmp_path)
+    with pytest.raises(ConfigError, match=r"command line override 'run.steps=lots': run.steps: "
+                                          r"expected an integer"):
+        load_config(path, ["run.steps=lots"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(path, ["run.steps"])
+    with pytest.raises(ConfigError, match="run.steps is not a table"):
+        load_config(path, ["run.steps.x=1"])
+    with pytest.raises(ConfigError, match=r"entries of \[\[hooks\]\]"):
+        load_config(write(tmp_path, TINY + '[[hooks]]\nref = "a:b"\n', "h.toml"),
+                    ["hooks.0.ref=c:d"])
+    with pytest.raises(ConfigError, match="override 'optim.lrr=1'.*unexpected keyword"):
+        resolve(path, ["optim.lrr=1"])
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"missing.toml: cannot read the config"):
+        load_config(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match=r"c.toml: not valid TOML: .*line 2"):
+        load_config(write(tmp_path, "[run]\nsteps = = 3\n"))
+
+
+def test_scheduler_world_size_must_match_the_config(tmp_path, monkeypatch):
+    from distgrad.launch.environment import detect
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "localhost"}
+    with pytest.raises(ValueError, match="SLURM_NTASKS=4 but the config's world.workers "
+                                         "needs 3 processes"):
+        detect(2, env)

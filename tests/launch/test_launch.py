@@ -1,0 +1,243 @@
+"""``distgrad launch`` end to end: real processes, real sockets, real failures.
+
+Every run is tiny (a few steps of a 2-8-8-2 network), so a launch costs about the
+start-up of its three or four Python processes.
+"""
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("zmq")
+pytest.importorskip("msgpack")
+
+import distgrad  # noqa: E402
+from distgrad.launch import checkpoint as ckpt  # noqa: E402
+from distgrad.launch.config import load_config  # noqa: E402
+from distgrad.launch.local import train_in_one_process  # noqa: E402
+
+from launch_support import assert_all_gone  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def reference(config_path, overrides=(), steps=None):
+    """The same training in this process: what every pipeline must reproduce exactly."""
+    return train_in_one_process(load_config(config_path, list(overrides)), steps)
+
+
+def test_two_workers_train_like_one_process_with_overrides(launcher, tiny_config):
+    overrides = ["optim.lr=0.03", "run.eval_every=3"]
+    launch = launcher(tiny_config, *overrides)
+    assert launch.wait() == 0, launch.output
+    run_dir = launch.run_dir
+    assert launch.losses() == reference(tiny_config, overrides)   # bit for bit
+    record = json.loads((run_dir / "launch.json").read_text())
+    assert record["overrides"] == overrides and record["version"] == distgrad.__version__
+    assert record["config"]["optim"]["lr"] == 0.03 and record["config"]["run"]["name"] == "tiny"
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
+        "0-coordinator.log", "1-worker1.log", "2-worker2.log"]
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "finished"
+    evals = [r for r in launch.metrics() if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [3, 6] and "eval_accuracy" in evals[0]
+    out = launch.output
+    assert "0:coordinator | step 2/6" in out and "1:worker1 | " in out
+    assert out.rstrip().endswith(f"run directory: {os.path.relpath(run_dir, launch.cwd)}")
+    assert_all_gone(launch.pids().values())
+
+
+def test_three_workers_micro_batched_1f1b_with_hooks_and_a_trace(launcher, tiny_config,
+                                                                 tmp_path):
+    config = tmp_path / "hooked.toml"
+    config.write_text(tiny_config.read_text()
+                      + '[[hooks]]\nref = "distgrad.launch.hooks:grad_norm"\n')
+    overrides = ["world.workers=3", "pipeline.micro_batches=2", "pipeline.schedule=1f1b",
+                 "world.transport=tcp"]
+    launch = launcher(config, *overrides, "--trace", "trace.json", "--show", "0")
+    assert launch.wait() == 0, launch.output
+    assert launch.losses() == reference(config, overrides)
+    steps = [r for r in launch.metrics() if "loss" in r]
+    assert all(r[f"grad_norm.stage{k}"] > 0 for r in steps for k in range(3))
+    assert "1:worker1 |" not in launch.output and "0:coordinator |" in launch.output
+    trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    assert names == {0: "0:coordinator", 1: "1:worker1 (stage 0)", 2: "2:worker2 (stage 1)",
+                     3: "3:worker3 (stage 2)"}
+    spans = {(e["pid"], e["name"]) for e in trace if e["ph"] == "X"}
+    for stage in (1, 2, 3):
+        assert {(stage, "forward"), (stage, "backward"), (stage, "optimizer step")} <= spans
+    sends = {e["id"]: e for e in trace if e["ph"] == "s"}
+    receipts = {e["id"]: e for e in trace if e["ph"] == "f"}
+    assert len(sends) == len(receipts) > 6 * 2 * 4   # activations and gradients, 2 per step
+    for ident, receipt in receipts.items():
+        assert receipt["ts"] >= sends[ident]["ts"] and receipt["pid"] != sends[ident]["pid"]
+
+
+def test_resume_reproduces_an_uninterrupted_run(launcher, tiny_config):
+    first = launcher(tiny_config, "run.steps=4", "checkpoint.every=2")
+    assert first.wait() == 0, first.output
+    run_dir = first.run_dir
+    assert ckpt.latest(run_dir)[1]["step"] == 4
+    second = launcher(tiny_config, "run.steps=8", "checkpoint.every=2", "--resume",
+                      "--run-dir", run_dir)
+    assert second.wait() == 0, second.output
+    assert "steps 5..8, resumed from" in second.output
+    uninterrupted = reference(tiny_config, steps=8)
+    assert second.losses() == uninterrupted                     # bit for bit
+    assert [r["step"] for r in second.metrics() if "loss" in r] == list(range(1, 9))
+
+
+def test_a_killed_worker_stops_the_run_and_leaves_its_checkpoint(launcher, tiny_config):
+    launch = launcher(tiny_config, "run.steps=100000", "checkpoint.every=3", "run.log_every=1000")
+    launch.wait_for_steps(7)
+    pids = launch.pids()
+    os.kill(pids[2], signal.SIGKILL)
+    t0 = time.monotonic()
+    assert launch.wait() == 128 + signal.SIGKILL, launch.output
+    assert time.monotonic() - t0 < 5
+    assert "FAILED: worker2 (rank 2, stage 1) was killed by SIGKILL at step" in launch.output
+    assert_all_gone(pids.values())
+    directory, manifest = ckpt.latest(launch.run_dir)
+    assert manifest["step"] >= 6 and manifest["step"] % 3 == 0
+    for stage in (0, 1):  # complete and loadable (resuming from one: the test above)
+        state = distgrad.load(ckpt.stage_path(directory, stage))
+        assert state["step"] == manifest["step"] and state["optimizer"]["state"]
+
+
+def test_ctrl_c_checkpoints_at_a_step_boundary_and_leaves_no_process(launcher, tiny_config):
+    launch = launcher(tiny_config, "run.steps=100000", "run.log_every=1000")
+    launch.wait_for_steps(3)
+    pids = launch.pids()
+    launch.proc.send_signal(signal.SIGINT)
+    assert launch.wait() == 128 + signal.SIGINT, launch.output
+    assert_all_gone(pids.values())
+    result = json.loads((launch.run_dir / "result.json").read_text())
+    assert result["status"] == "stopped"
+    stopped_at = result["step"]
+    assert ckpt.latest(launch.run_dir)[1]["step"] == stopped_at == launch.losses().__len__()
+    assert f"stopped by SIGINT at step {stopped_at}; last checkpoint: step {stopped_at}" \
+        in launch.output
+
+
+def test_a_stopped_worker_is_detected_within_the_heartbeat_bound(launcher, tiny_config):
+    launch = launcher(tiny_config, "run.steps=100000", "run.log_every=1000")
+    launch.wait_for_steps(3)
+    pids = launch.pids()
+    os.kill(pids[1], signal.SIGSTOP)
+    t0 = time.monotonic()
+    code = launch.wait()
+    took = time.monotonic() - t0
+    assert code == 1, launch.output
+    assert "FAILED: worker1 (rank 1, stage 0) stopped answering (its process was stopped" \
+        in launch.output
+    # the heartbeat bound (1 s) plus reaction and teardown: far below the 30 s RPC timeout
+    # that a missed detection would take (generous, for a loaded machine)
+    assert took < 15, took
+    assert_all_gone(pids.values())
+
+
+def test_two_launches_at_once_do_not_collide(launcher, tiny_config):
+    a, b = launcher(tiny_config), launcher(tiny_config, "world.transport=tcp")
+    assert a.wait() == 0, a.output
+    assert b.wait() == 0, b.output
+    assert a.run_dir != b.run_dir and a.losses() == b.losses() == reference(tiny_config)
+
+
+FAULTY = '''
+import os
+
+from distgrad import nn
+from distgrad.launch.models import mlp
+
+
+class Trap(nn.Module):
+    """Passes its input through; on its ``at``-th call raises, or exits the process."""
+
+    def __init__(self, at, exit_code=None, once=None):
+        super().__init__()
+        self.at, self.exit_code, self.once, self.calls = at, exit_code, once, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at and not (self.once and os.path.exists(self.once)):
+            if self.once:
+                open(self.once, "w").close()
+            if self.exit_code is not None:
+                os._exit(self.exit_code)
+            raise ZeroDivisionError(f"trap sprung at call {self.calls}")
+        return x
+
+
+def model(at, exit_code=None, once=None):
+    return nn.Sequential(*mlp([2, 8, 8, 2]), Trap(at, exit_code, once))
+'''
+
+
+def test_an_exception_on_a_worker_names_it_the_step_and_the_traceback(
+        launcher, tiny_config, tmp_path):
+    (tmp_path / "faulty.py").write_text(FAULTY)
+    launch = launcher(tiny_config, 'model.factory="faulty:model"', "model.kwargs={at = 4}")
+    assert launch.wait() == 1, launch.output
+    out = launch.output
+    assert "FAILED: worker2 (rank 2, stage 1) failed: ZeroDivisionError: trap sprung at " \
+           "call 4 at step 4" in out
+    assert "root cause:" in out and "faulty.py" in out and "Traceback" in out
+
+
+def test_a_worker_exit_status_is_the_launch_status_and_restarts_resume(
+        launcher, tiny_config, tmp_path):
+    (tmp_path / "faulty.py").write_text(FAULTY)
+    crash = ['model.factory="faulty:model"', "checkpoint.every=2", "run.steps=8"]
+    dies = launcher(tiny_config, *crash, "model.kwargs={at = 5, exit_code = 3}")
+    assert dies.wait() == 3, dies.output
+    assert "FAILED: worker2 (rank 2, stage 1) exited with status 3 at step 5" in dies.output
+    once = f'model.kwargs={{at = 5, exit_code = 3, once = "{tmp_path / "crashed"}"}}'
+    restarts = launcher(tiny_config, *crash, "run.max_restarts=1", once)
+    assert restarts.wait() == 0, restarts.output
+    # from step 4, or 2 when the crash came before the manifest of step 4 was written
+    assert re.search(r"exited with status 3 at step 5; restart 1 of 1 from step [24]\n",
+                     restarts.output), restarts.output
+    sys.path.insert(0, str(tmp_path))
+    try:
+        expected = reference(tiny_config, crash + [once])  # the marker exists: no trap
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert restarts.losses() == expected
+
+
+@pytest.mark.slow
+def test_under_torchrun_every_rank_runs_its_own_launcher(tiny_config, tmp_path, request):
+    """torchrun's agent holds MASTER_PORT: rank 0 publishes its rendezvous in the agent's
+    store. Costs ~18 s of CPU (every rank imports torch): runs with ``-m slow`` only."""
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("about 18 s of CPU: run with -m slow")
+    pytest.importorskip("torch")
+    import subprocess
+    from launch_support import ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+         "-m", "distgrad", "launch", str(tiny_config), "--no-progress", "--no-plot"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "torchrun launch, rank 0 of 3" in done.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").open()
+              if '"loss"' in line]
+    assert losses == reference(tiny_config)
+
+
+def test_each_stage_offloads_its_activations_and_trains_the_same(launcher, tiny_config,
+                                                                 tmp_path):
+    config = tmp_path / "offloaded.toml"
+    config.write_text(tiny_config.read_text() + '[offload]\nkind = "disk"\n'
+                      f'directory = "{tmp_path}"\n[offload.policy]\nmin_bytes = 0\n')
+    launch = launcher(config)
+    assert launch.wait() == 0, launch.output
+    assert launch.losses() == reference(tiny_config)  # bit for bit, offloaded or not
+    assert not list(tmp_path.glob("distgrad-offload-*"))  # each stage removed its directory
