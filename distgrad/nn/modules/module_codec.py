@@ -47,7 +47,7 @@ from .module import Module, empty_module_state
 __all__ = ["MODULE_CODE"]
 
 #: The value codec's extension code for an ``nn.Module`` tree.
-MODULE_CODE = 13
+MODULE_CODE = 14
 
 _MACHINERY = frozenset(empty_module_state())
 
