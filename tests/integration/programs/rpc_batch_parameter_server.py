@@ -10,8 +10,10 @@ seeded NumPy generators, so both runs see the same numbers (two gradients are
 summed, and IEEE addition of two terms does not depend on their order; they are
 added under the server's lock, where the original adds them before taking it
 and two trainers' in-place additions can race). The
-original also starts a gloo process group that nothing uses; this port does
-not. MASTER_PORT comes from the environment. Plain PyTorch.
+original also starts a gloo process group that nothing uses, on the same
+MASTER_PORT as the RPC rendezvous; this port does not (on distgrad the second
+rendezvous finds the port taken). MASTER_PORT comes from the environment. Plain
+PyTorch.
 """
 import json
 import os
