@@ -18,8 +18,9 @@ of them)::
 the codec can encode; ``enc.array(a)`` stores an array and returns its
 reference, ``enc.context`` is what the caller of :func:`encode` passed);
 ``decode(payload, dec)`` rebuilds the object (``dec.array(ref)``,
-``dec.context``). A type whose encoder needs a context (an RRef needs an RPC
-agent) raises ``TypeError`` without one. A context may also move large arrays
+``dec.context``, ``dec.resolve(ref)`` for a function or class reference). A
+type whose encoder needs a context (an RRef needs an RPC agent) raises
+``TypeError`` without one. A context may also move large arrays
 out of band: ``context.external_array(a)`` returns a msgpack-able reference (or
 None to decline) and the decoding side's ``context.external_buffer(ref)``
 returns the bytes (RPC's shared-memory path).
@@ -214,8 +215,8 @@ class Encoder:
         if h is not None:
             return _ext(h.code, self.pack(h.encode(o, self)))
         raise TypeError(f"object of type {t.__module__}.{t.__qualname__} cannot be sent or "
-                        "saved (no pickling: send arrays, tensors, numbers, strings, "
-                        "containers, RRefs)")
+                        "saved (no pickling: tensors, arrays, numbers, strings, containers and "
+                        "nn.Modules travel; over RPC also RRefs and functions by reference)")
 
 
 _tls = threading.local()
@@ -302,6 +303,17 @@ class Decoder:
         if a.flags.writeable:
             a.flags.writeable = False
         return a
+
+    def resolve(self, ref):
+        """The function or class that reference ``ref`` (``"module:qualname"``) names, as
+        the context's ``resolve(ref)`` decides (RPC: the worker's allowlist; ``load``: the
+        modules the caller allows); CodecError where the context resolves nothing."""
+        resolver = getattr(self.context, "resolve", None)
+        if resolver is None:
+            raise CodecError("functions, classes and modules are not accepted here")
+        if type(ref) is not str:
+            raise CodecError("malformed function or class reference")
+        return resolver(ref)
 
     def unpack(self, data):
         """Decode a nested msgpack payload (one more level of depth)."""

@@ -2,10 +2,28 @@
 
 A file is one msgpack array ``[magic, version, data]`` where ``data`` is what
 :func:`distgrad.codec.dumps` makes of the object: tensors, arrays, containers
-(dict, list, tuple), numbers, strings, dtypes. Loading can therefore never run
-code, as ``torch.load(weights_only=True)`` promises: functions and other objects
-are refused on save (TypeError naming the type) and on load.
+(dict, list, tuple), numbers, strings, dtypes, and whole ``nn.Module`` s (their
+class by reference, their state; see :mod:`distgrad.nn.modules.module_codec`).
+Other objects are refused on save (TypeError naming the type).
+
+Loading never runs code: a module is rebuilt without calling anything of its
+class. Which classes (and functions held by a module's attributes) a file may
+name is the caller's choice, as ``torch.load``'s ``weights_only`` is:
+
+* always distgrad's own (``distgrad.*``);
+* the modules named in ``allowed_modules`` (and their submodules), imported if
+  need be: ``distgrad.load(f, allowed_modules=["mymodels"])``;
+* with ``weights_only=False`` (the file is trusted), any module this process has
+  already imported, ``__main__`` included; load never imports a new one then.
+
+Anything else raises ``pickle.UnpicklingError`` (PyTorch's class for a refused
+global) saying what to allow.
 """
+import importlib
+import pickle
+
+from .references import canonical_module, loaded_module, lookup, split_reference
+
 __all__ = ["save", "load"]
 
 _MAGIC = "distgrad-checkpoint"
@@ -32,8 +50,61 @@ def save(obj, f):
         f.write(blob)
 
 
-def load(f, map_location=None, weights_only=True):
-    """Read what :func:`save` wrote; tensors come back writable and detached from the file."""
+class _Trust:
+    """``distgrad.load``'s decoding context: resolves the references a checkpoint holds."""
+
+    def __init__(self, allowed_modules, trust_imported):
+        self.allowed = tuple(canonical_module(m) for m in allowed_modules)
+        self.trust_imported = trust_imported
+
+    def resolve(self, ref):
+        try:
+            module_name, _ = split_reference(ref)
+        except ValueError as e:
+            raise pickle.UnpicklingError(f"Weights only load failed: {e}") from None
+        module = self._module(ref, module_name)
+        try:
+            return lookup(ref, module)
+        except LookupError as e:
+            raise pickle.UnpicklingError(f"Weights only load failed: {e}") from None
+
+    def _module(self, ref, name):
+        named = any(name == a or name.startswith(a + ".") for a in self.allowed)
+        if name == "distgrad" or name.startswith("distgrad.") or named:
+            module = loaded_module(name)
+            if module is not None:
+                return module
+            try:
+                return importlib.import_module(name)
+            except ImportError as e:
+                raise pickle.UnpicklingError(f"cannot load {ref!r}: {e}") from None
+        if self.trust_imported:
+            module = loaded_module(name)
+            if module is None:
+                raise pickle.UnpicklingError(
+                    f"cannot load {ref!r}: module {name!r} is not imported in this process "
+                    "(distgrad.load never imports one on its own); import it first or pass "
+                    f"allowed_modules=[{name!r}]")
+            return module
+        raise pickle.UnpicklingError(
+            f"Weights only load failed: the checkpoint holds {ref!r}, and module {name!r} is "
+            "not allowed by default. If you trust the file, load it with weights_only=False "
+            "(classes of modules already imported), or allow the module: "
+            f"distgrad.load(f, allowed_modules=[{name!r}])")
+
+
+def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None,
+         allowed_modules=(), **pickle_load_args):
+    """Read what :func:`save` wrote; tensors come back writable and detached from the file.
+
+    ``weights_only`` (default True) and ``allowed_modules`` say which classes a saved
+    module may be of (see the module docstring). ``map_location`` (every tensor is on
+    the CPU), ``pickle_module``, ``mmap`` and extra pickle arguments are accepted for
+    PyTorch's signature and ignored: nothing is unpickled.
+    """
+    if isinstance(allowed_modules, str):
+        raise TypeError("allowed_modules must be a list of module names, not a string")
+    trust = _Trust(allowed_modules, trust_imported=weights_only is False)
     import msgpack
     from . import codec
     name = getattr(f, "name", f)
@@ -49,7 +120,7 @@ def load(f, map_location=None, weights_only=True):
     if magic != _MAGIC or version != _VERSION:
         raise RuntimeError(f"{name!r} is not a distgrad checkpoint of version {_VERSION}")
     try:
-        return _writable(codec.loads(data))
+        return _writable(codec.loads(data, trust))
     except codec.CodecError as e:
         raise RuntimeError(f"{name!r} is a damaged distgrad checkpoint: {e}") from None
 

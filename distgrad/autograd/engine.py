@@ -14,7 +14,7 @@ import numpy as np
 
 from .broadcast import reduction_axes, sum_to_shape
 from .grad_mode import _state
-from .node import AccumulateGrad, accumulate_into_grad
+from .node import AccumulateGrad, accumulate_into_grad, sum_grads
 
 _getrefcount = sys.getrefcount
 from .tensor import Tensor, _make
@@ -248,8 +248,7 @@ class GraphTask:
             buf = self.buffers[node] = [None] * len(node._out_meta or (None,))
         if g is None:
             return
-        old = buf[input_nr]
-        buf[input_nr] = g if old is None else old + g
+        buf[input_nr] = sum_grads(buf[input_nr], g)
 
     def mark_ready(self, node):
         heapq.heappush(self._heap, (-node._seq, next(self._tiebreak), node))
@@ -321,7 +320,7 @@ class GraphTask:
                                 g.dtype != dtype:
                             g = _validate(node, nxt, input_nr, g, create_graph)
                         old = buf[input_nr]
-                        buf[input_nr] = g if old is None else old + g
+                        buf[input_nr] = g if old is None else sum_grads(old, g)
                     remaining = deps[nxt] - 1
                     deps[nxt] = remaining
                     if remaining == 0:

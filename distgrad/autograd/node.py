@@ -17,7 +17,7 @@ from .grad_mode import _state
 
 from ..utils.hooks import RemovableHandle
 
-__all__ = ["Node", "AccumulateGrad", "next_sequence_nr", "init_node"]
+__all__ = ["Node", "AccumulateGrad", "next_sequence_nr", "init_node", "sum_grads"]
 
 _sequence = itertools.count()
 next_sequence_nr = _sequence.__next__
@@ -164,6 +164,17 @@ class AccumulateGrad(Node):
                 for hook in tuple(hooks.values()):
                     hook(variable)
         return ()
+
+
+def sum_grads(old, g):
+    """``old + g`` for two gradients of one input (either may be None); NumPy turns the
+    sum of two 0-d arrays into a scalar, which is made a 0-d array again."""
+    if old is None:
+        return g
+    if g is None:
+        return old
+    total = old + g
+    return np.asarray(total) if isinstance(total, np.generic) else total
 
 
 def accumulate_into_grad(variable, g, owned=False):

@@ -13,7 +13,7 @@ from .promotion import operands, as_tensor_operand
 from .registry import defop, record, record_view
 
 __all__ = ["getitem", "index_put", "index_select", "gather", "where", "maximum", "minimum",
-           "masked_fill", "masked_select", "take_along_dim", "fmax", "fmin",
+           "masked_fill", "masked_select", "tril", "triu", "take_along_dim", "fmax", "fmin",
            "sort", "argsort", "topk"]
 
 
@@ -203,6 +203,28 @@ def masked_fill(input, mask, value):
 
 
 MaskedFillBackward0 = defop("MaskedFillBackward0", vjps=(lambda xp, g, m: xp.mask(g, ~m["mask"]),))
+
+
+def _triangle(name, keep):
+    """``tril``/``triu``: zero the elements outside a triangle of the last two dims."""
+    node = defop(name.capitalize() + "Backward0", vjps=(lambda xp, g, m: xp.mask(g, m["keep"]),))
+
+    def op(input, diagonal=0):
+        d = input._data
+        if d.ndim < 2:
+            raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+        mask = keep(np.ones(d.shape[-2:], dtype=bool), diagonal)
+        return record(node, np.where(mask, d, np.zeros((), d.dtype)), (input,), (),
+                      {"keep": mask})
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = (f"{name}(input, diagonal=0): ``input`` with the elements "
+                  f"{'above' if name == 'tril' else 'below'} the ``diagonal``-th diagonal of "
+                  "its last two dimensions set to zero.")
+    return op
+
+
+tril = _triangle("tril", np.tril)
+triu = _triangle("triu", np.triu)
 
 
 def masked_select(input, mask):

@@ -34,7 +34,7 @@ class NAdam(Optimizer):
         mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
         mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))
         mu_t = state["mu_product"]
-        mu_t._data = (mu_t._data * mu).astype(np.float32)
+        mu_t._data = np.asarray(mu_t._data * mu, dtype=np.float32)
         mu_product = float(mu_t._data)
         denom = np.sqrt(state["exp_avg_sq"]._data / (1 - beta2 ** step)) + group["eps"]
         param += (-lr * (1.0 - mu) / (1.0 - mu_product)) * grad / denom

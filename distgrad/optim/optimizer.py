@@ -257,7 +257,7 @@ def _check_betas(betas):
 def _advance_step(state):
     """Count one more step in ``state["step"]`` (a float32 tensor, as PyTorch keeps it)."""
     step_t = state["step"]
-    step_t._data = step_t._data + np.float32(1)
+    step_t._data = np.asarray(step_t._data + np.float32(1))  # 0-d + scalar is a NumPy scalar
     return float(step_t._data)
 
 

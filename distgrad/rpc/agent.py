@@ -144,8 +144,8 @@ class Agent:
             self._by_name = {w.name: w for w in self.workers}
             self.pool = HandlerPool(min(opts.num_worker_threads, 4), name=f"rpc-{self.name}")
             self._start_shm()
+            self.running = True  # before connect starts the I/O thread and peers' calls run
             t.connect([ep for _, _, ep in table])
-            self.running = True
             self._probe_shm()
         except BaseException:
             self._teardown(announce=None)

@@ -287,12 +287,7 @@ def _encode_function(fn, enc):
 
 
 def _decode_function(ref, dec):
-    resolver = getattr(dec.context, "resolve", None)
-    if resolver is None:
-        raise codec.CodecError("functions are not accepted here")
-    if type(ref) is not str:
-        raise codec.CodecError("malformed function reference")
-    return resolver(ref)
+    return dec.resolve(ref)
 
 
 codec.register((types.FunctionType, types.BuiltinFunctionType, type), 12, _encode_function,

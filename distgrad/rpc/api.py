@@ -66,8 +66,10 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
     caller = _caller_module(2)
     if caller is not None:
         agent.allowlist.extend([caller])
-    agent.start(_rendezvous_server)
+    # Installed before it starts: a peer's first call can reach a handler (which may call
+    # get_worker_info()) while start() is still finishing. A failed start uninstalls it.
     current.install(agent)
+    agent.start(_rendezvous_server)
 
 
 def _need():

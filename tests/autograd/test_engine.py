@@ -311,3 +311,20 @@ def test_second_order_complex_matches_torch(fn):
         (gg,) = m.autograd.grad((g * g.conj()).real.sum(), z)
         results.append(gg.detach().numpy().copy())
     np.testing.assert_allclose(results[0], results[1], rtol=1e-10)
+
+
+@needs_torch
+@pytest.mark.parametrize("use_grad", [False, True])
+def test_zero_dim_leaf_used_twice_gets_a_tensor_gradient(use_grad):
+    # two 0-d gradients of one input summed by NumPy are a scalar, not an array
+    def run(lib):
+        e = lib.tensor(0.5, requires_grad=True)
+        x = lib.linspace(-1, 1, 5)
+        loss = (e * x ** 4 + e * x ** 5).sum() + e * e
+        if use_grad:
+            return lib.autograd.grad(loss, e)[0]
+        loss.backward()
+        return e.grad
+    ours, theirs = run(distgrad), run(torch)
+    assert isinstance(ours, distgrad.Tensor) and ours.shape == ()
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6)

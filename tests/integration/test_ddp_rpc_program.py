@@ -1,5 +1,6 @@
-"""PyTorch's DDP + RPC example (our CPU port, written against torch) runs on distgrad with
-``torch`` aliased to distgrad by an import hook that its spawned processes inherit: DDP
+"""PyTorch's DDP + RPC example (our CPU port, written against torch) runs on distgrad under
+``python -m distgrad.compat.as_torch`` (``torch`` is distgrad there and in the processes it
+spawns): DDP
 averages the dense gradients inside distributed autograd contexts, so the two trainers'
 replicas stay identical while the loss falls."""
 import json
@@ -26,9 +27,9 @@ def _free_port():
 
 
 def test_ddp_rpc_example_runs_unchanged_with_torch_aliased(tmp_path):
-    env = dict(os.environ, DISTGRAD_TORCH_ALIAS="1",
-               PYTHONPATH=os.pathsep.join([str(HERE / "torch_alias"), str(ROOT)]))
-    proc = subprocess.Popen([sys.executable, str(HERE / "ddp_rpc_program.py"), str(tmp_path),
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "distgrad.compat.as_torch",
+                             str(HERE / "ddp_rpc_program.py"), str(tmp_path),
                              str(_free_port()), str(_free_port()), "3"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -49,8 +50,8 @@ def test_ddp_rpc_example_runs_unchanged_with_torch_aliased(tmp_path):
 
 
 def test_the_alias_reaches_distgrad_not_torch(tmp_path):
-    env = dict(os.environ, DISTGRAD_TORCH_ALIAS="1",
-               PYTHONPATH=os.pathsep.join([str(HERE / "torch_alias"), str(ROOT)]))
+    from distgrad.compat import as_torch
+    env = as_torch.child_environment(dict(os.environ, PYTHONPATH=str(ROOT)))
     code = ("import torch, torch.distributed as dist, torch.nn.parallel as par; "
             "print(torch.__name__, dist.__name__, par.DistributedDataParallel.__module__)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

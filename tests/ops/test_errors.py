@@ -40,6 +40,7 @@ CASES = [
     ("t_3d", lambda m: m.ones(2, 2, 2).t(), "<= 2 dimensions"),
     ("gather_dims", lambda m: m.ones(2, 3).gather(1, m.tensor([0, 1])), "same number of dimensions"),
     ("mm_1d", lambda m: m.mm(m.ones(3), m.ones(3, 2)), "2D|matrix|must be"),
+    ("tril_1d", lambda m: m.tril(m.ones(3)), "tril: input tensor must have at least 2 dimensions"),
 ]
 
 

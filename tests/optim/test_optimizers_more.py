@@ -251,3 +251,20 @@ def test_signatures_match_torch(name):
     ours, theirs = getattr(optim, name), getattr(torch.optim, name)
     assert _signature(ours.__init__) == _signature(theirs.__init__)
     assert _signature(ours.step) == _signature(theirs.step)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad",
+                                  "Adadelta", "RMSprop"])
+def test_0d_state_stays_a_0d_float32_tensor_as_in_torch(name):
+    # NumPy turns 0-d array + scalar into a scalar; a counter must stay an array
+    # (np.asarray(tensor), the codec and load_state_dict all need one)
+    (_, _, ours), (_, _, theirs) = (_train(lib, name, {"lr": 0.01}, steps=3)
+                                    for lib in (distgrad, torch))
+    for i, state in ours.state_dict()["state"].items():
+        for key, value in state.items():
+            expected = theirs.state_dict()["state"][i][key]
+            if expected.dim() == 0:
+                a = np.asarray(value)
+                assert type(a) is np.ndarray and a.shape == () and a.dtype == np.float32, key
+                assert float(a) == pytest.approx(float(expected), rel=1e-6), key

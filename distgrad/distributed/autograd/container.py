@@ -23,7 +23,7 @@ import logging
 import threading
 import weakref
 
-from distgrad.autograd.node import Node
+from distgrad.autograd.node import Node, sum_grads
 from distgrad.autograd.tensor import Tensor
 from distgrad.rpc import current_agent, entry_point, interceptors
 
@@ -101,8 +101,7 @@ class DistAutogradContext:
         # No copy: the engine never writes into a gradient it passed on, and readers get
         # read-only views (get_gradients, DistributedOptimizer), so the array stays ours.
         with self.lock:
-            old = self.grads.get(variable)
-            self.grads[variable] = g if old is None else old + g
+            self.grads[variable] = sum_grads(self.grads.get(variable), g)
 
 
 def read_only(a):

@@ -19,6 +19,7 @@ from .pooling import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d
                       MaxPool2d)
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNBase, RNNCell, RNNCellBase
+from . import module_codec  # noqa: F401 - modules travel through the value codec
 
 __all__ = ["Module", "Identity", "Linear", "GELU", "LeakyReLU", "LogSoftmax", "ReLU", "Sigmoid",
            "Softmax", "Tanh", "ModuleDict", "ModuleList", "Sequential", "Dropout", "LayerNorm",

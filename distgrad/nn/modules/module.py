@@ -167,6 +167,22 @@ def _addindent(s, num_spaces):
     return first + "\n" + "\n".join(" " * num_spaces + line for line in lines)
 
 
+def empty_module_state():
+    """What ``Module.__init__`` puts in a module's ``__dict__``: training mode, the stores
+    of parameters, buffers and children, and the (empty) hook tables. The value codec
+    starts a rebuilt module from it too, without running any ``__init__``."""
+    hooks = ("_backward_pre_hooks", "_backward_hooks", "_forward_hooks",
+             "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+             "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_load_state_dict_pre_hooks",
+             "_load_state_dict_post_hooks",
+             "_any_call_hook")  # a mirror of every local call hook (see _global_any_call_hook)
+    state = {"training": True, "_parameters": _TrackedDict(), "_buffers": OrderedDict(),
+             "_non_persistent_buffers_set": set(), "_modules": _TrackedDict(),
+             "_is_full_backward_hook": None}
+    state.update((name, OrderedDict()) for name in hooks)
+    return state
+
+
 class Module:
     """Base class of every layer; subclasses define ``forward`` and assign submodules.
 
@@ -189,25 +205,7 @@ class Module:
     def __init__(self, *args, **kwargs):
         if args or kwargs:
             raise TypeError(f"{type(self).__name__}.__init__() got unexpected arguments")
-        d = self.__dict__
-        d["training"] = True
-        d["_parameters"] = _TrackedDict()
-        d["_buffers"] = OrderedDict()
-        d["_non_persistent_buffers_set"] = set()
-        d["_modules"] = _TrackedDict()
-        d["_backward_pre_hooks"] = OrderedDict()
-        d["_backward_hooks"] = OrderedDict()
-        d["_is_full_backward_hook"] = None
-        d["_forward_hooks"] = OrderedDict()
-        d["_forward_hooks_with_kwargs"] = OrderedDict()
-        d["_forward_hooks_always_called"] = OrderedDict()
-        d["_forward_pre_hooks"] = OrderedDict()
-        d["_forward_pre_hooks_with_kwargs"] = OrderedDict()
-        d["_state_dict_hooks"] = OrderedDict()
-        d["_load_state_dict_pre_hooks"] = OrderedDict()
-        d["_load_state_dict_post_hooks"] = OrderedDict()
-        # Mirror of every local call hook (see _global_any_call_hook).
-        d["_any_call_hook"] = OrderedDict()
+        self.__dict__.update(empty_module_state())
 
     def forward(self, *input):
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required '

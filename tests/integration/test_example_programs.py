@@ -1,0 +1,206 @@
+"""Ports of public PyTorch example programs run unchanged on PyTorch and on distgrad.
+
+Each program in ``programs/`` is a plain ``import torch`` program (see its
+docstring for what it ports and how it was shrunk). The test runs it twice, in
+processes of their own: with the real torch (forked from a Python that imported
+torch once, ``torch_zygote.py``: the import costs more CPU than most programs),
+and under ``python -m distgrad.compat.as_torch`` (``torch`` is distgrad, in the
+program and in every process it spawns). Both must exit 0; the last ``RESULT {json}`` line
+of each is compared:
+
+* most programs draw their weights and data from seeded NumPy generators, so
+  every number must agree to float32 (float64 for the time-series program)
+  tolerance;
+* ``vae`` and ``mnist_cnn`` keep torch's own randomness (default initialisation,
+  dropout, shuffling, reparameterisation noise), which distgrad's generator does
+  not reproduce: there both runs must learn, and land in the same range.
+
+Without torch installed only the distgrad run happens (exit 0, finite numbers).
+Every process is started in a session of its own and the whole session is
+killed when the test ends, whatever happened.
+"""
+import importlib.util
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torch_zygote import Zygote
+
+pytestmark = pytest.mark.timeout(240)
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+RUN_TIMEOUT = 180  # seconds for one run of one program (real torch starts slowly)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _environment():
+    env = dict(os.environ)
+    env.pop("DISTGRAD_AS_TORCH", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
+                                                       .split(os.pathsep) if p])
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    return env
+
+
+class Run:
+    """One program running in a session of its own, its output going to files: on distgrad
+    a fresh ``python -m distgrad.compat.as_torch``, on torch a child of the zygote."""
+
+    def __init__(self, program, args, workdir, zygote=None):
+        self.name = f"{program} {' '.join(args)} on {'torch' if zygote else 'distgrad'}"
+        workdir.mkdir(parents=True)
+        self.out_path, self.err_path = workdir / "stdout", workdir / "stderr"
+        argv = [str(PROGRAMS / f"{program}.py")] + list(args)
+        self.zygote, self.proc = zygote, None
+        if zygote is not None:
+            self.pid = zygote.run(json.dumps({
+                "argv": argv, "cwd": str(workdir), "env": _environment(),
+                "stdout": str(self.out_path), "stderr": str(self.err_path)}))
+            return
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "distgrad.compat.as_torch"] + argv, cwd=workdir,
+                stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=_environment(),
+                start_new_session=True)
+        self.pid = self.proc.pid
+
+    def wait(self):
+        try:
+            if self.zygote is not None:
+                code = self.zygote.wait(self.pid, RUN_TIMEOUT)
+            else:
+                code = self.proc.wait(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"{self.name} did not finish in {RUN_TIMEOUT} s\n{self.output()}")
+        finally:
+            self.kill()
+        if code != 0:
+            pytest.fail(f"{self.name} exited with {code}\n{self.output()}")
+        lines = [ln for ln in self.out_path.read_text().splitlines() if ln.startswith("RESULT ")]
+        if not lines:
+            pytest.fail(f"{self.name} printed no RESULT line\n{self.output()}")
+        return json.loads(lines[-1][len("RESULT "):])
+
+    def kill(self):
+        """Kill the session (the program and whatever it started); its parent reaps it."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def output(self):
+        tail = lambda p: "\n".join(p.read_text(errors="replace").splitlines()[-40:])  # noqa: E731
+        return f"--- stdout\n{tail(self.out_path)}\n--- stderr\n{tail(self.err_path)}"
+
+
+@pytest.fixture(scope="module")
+def torch_zygote():
+    """One real-torch Python per test worker that forks the reference runs (see
+    torch_zygote.py: it saves an ``import torch`` per run); None without torch."""
+    if not HAVE_TORCH:
+        yield None
+        return
+    zygote = Zygote(_environment())
+    yield zygote
+    zygote.close()
+
+
+def _leaves(value, path=""):
+    """(path, number) for every number in a nested RESULT value."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def same_numbers(rtol, atol=0.0):
+    """Every number of the two results agrees (ints and booleans exactly)."""
+    def check(ours, theirs):
+        a, b = dict(_leaves(ours)), dict(_leaves(theirs))
+        assert a.keys() == b.keys()
+        bad = [f"{k}: distgrad {a[k]!r}, torch {b[k]!r}" for k in a
+               if (a[k] != b[k] if not isinstance(b[k], float)
+                   else not math.isclose(a[k], b[k], rel_tol=rtol, abs_tol=atol))]
+        assert not bad, "\n".join(bad[:20])
+    return check
+
+
+def _falls(values):
+    return all(later < earlier for earlier, later in zip(values, values[1:]))
+
+
+def vae_in_range(ours, theirs):
+    """Different noise and initial weights: both learn, and end within 10% of each other."""
+    for result in (ours, theirs):
+        assert _falls(result["train"]) and _falls(result["test"]), result
+    assert ours["test"][-1] == pytest.approx(theirs["test"][-1], rel=0.10)
+    assert ours["train"][0] == pytest.approx(theirs["train"][0], rel=0.10)
+
+
+def cnn_in_range(ours, theirs):
+    """Different initial weights, dropout masks and batch order: both classify the
+    synthetic test set, and the learning-rate schedule is the same."""
+    for result in (ours, theirs):
+        assert result["accuracy"][-1] >= 0.9 and result["test_loss"][-1] < 0.3, result
+        assert _falls(result["test_loss"]), result
+    assert ours["lr"] == pytest.approx(theirs["lr"], rel=1e-12)
+
+
+CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 finishes together
+    ("rpc_pipeline", [], same_numbers(rtol=1e-4)),
+    ("rpc_batch_reinforce", [], same_numbers(rtol=1e-4, atol=1e-5)),
+    ("rpc_batch_parameter_server", [], same_numbers(rtol=1e-4, atol=1e-5)),
+    ("rpc_rnn", [], same_numbers(rtol=1e-5)),
+    ("rpc_rl", [], same_numbers(rtol=1e-4, atol=1e-5)),
+    ("rpc_parameter_server", [], same_numbers(rtol=1e-4)),
+    ("tutorial_pytorch_with_examples", [], same_numbers(rtol=1e-4, atol=1e-6)),
+    ("time_sequence_prediction", [], same_numbers(rtol=1e-7, atol=1e-10)),
+    ("mnist_cnn", [], cnn_in_range),
+    ("vae", [], vae_in_range),
+    ("word_language_model", ["--tied"], same_numbers(rtol=1e-4)),
+    ("word_language_model", ["--model", "Transformer"], same_numbers(rtol=1e-4)),
+    ("regression", [], same_numbers(rtol=1e-4, atol=1e-6)),
+]
+
+
+@pytest.mark.parametrize("program,args,compare", CASES,
+                         ids=[" ".join([c[0]] + c[1]) for c in CASES])
+def test_program_runs_unchanged_and_matches_torch(program, args, compare, tmp_path, torch_zygote):
+    ours = Run(program, args, tmp_path / "distgrad")
+    theirs = Run(program, args, tmp_path / "torch", torch_zygote) if torch_zygote else None
+    try:
+        ours_result = ours.wait()
+        theirs_result = theirs.wait() if theirs is not None else None
+    finally:
+        for run in (ours, theirs):
+            if run is not None:
+                run.kill()
+    numbers = [v for _, v in _leaves(ours_result) if isinstance(v, float)]
+    assert numbers and all(math.isfinite(v) for v in numbers), ours_result
+    if theirs_result is not None:
+        compare(ours_result, theirs_result)
