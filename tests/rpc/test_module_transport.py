@@ -1,5 +1,8 @@
 """An ``nn.Module`` and an optimizer's state_dict travel over RPC by value (no pickle):
 the receiver rebuilds the module from its class reference, resolved by its allowlist."""
+import sys
+import types
+
 import numpy as np
 import pytest
 
@@ -14,6 +17,14 @@ class NotAllowedOnWorkers(distgrad.nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = distgrad.nn.Linear(2, 2)
+
+
+# The harness trusts this test module on its workers; a class of a module that no
+# worker allows is what a program would send by mistake.
+_unlisted = types.ModuleType("unlisted_models")
+_unlisted.NotAllowedOnWorkers = NotAllowedOnWorkers
+NotAllowedOnWorkers.__module__ = "unlisted_models"
+sys.modules.setdefault("unlisted_models", _unlisted)
 
 
 def test_a_module_and_its_optimizer_state_go_and_come_back(rpc_world):
