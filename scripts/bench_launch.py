@@ -1,4 +1,5 @@
-"""Throughput of ``distgrad launch`` pipelines against the same model in one process.
+"""Throughput of ``distgrad launch`` pipelines and data-parallel replicas against the
+same model in one process.
 
     python scripts/bench_launch.py            # the full table (a few minutes on 2 cores)
     python scripts/bench_launch.py --quick    # fewer steps, for a smoke test
@@ -7,12 +8,14 @@ Two sizes: ``configs/quickstart.toml`` (a 2-64-64-64-2 network, where the messag
 between stages dominate) and ``configs/wide.toml`` (eight 1024x1024 layers, batch
 256, where the stages' compute dominates). Each runs as a real launch (the
 coordinator and one process per stage, one BLAS thread each) with 2 and 4 stages,
-with and without micro-batches, and its samples/s (steady state, read from the run's
-metrics) is compared with the same training in one process (same model, batches,
-micro-batches and optimizer: ``distgrad.launch.local``) with one BLAS thread and
-with all cores. With torch installed, PyTorch's own pipelining (GPipe over gloo,
-one thread per stage) runs beside it on the wide model, against torch in one
-process with one thread.
+with and without micro-batches, and as 2 data-parallel replicas (``world.strategy =
+"ddp"``: each replica the whole model on half of every batch, gradients averaged by
+DistributedDataParallel); its samples/s (steady state, read from the run's metrics)
+is compared with the same training in one process (same model, batches and
+optimizer: ``distgrad.launch.local``) with one BLAS thread and with all cores. With
+torch installed, PyTorch's own pipelining (GPipe over gloo, one thread per stage)
+and its DDP over gloo (2 ranks, one thread each) run beside it on the wide model,
+against torch in one process with one thread.
 
 A run's rate is the median over five windows of its steady-state steps; every
 configuration runs once per round (``--rounds``, default 3) and the table shows the
@@ -117,14 +120,24 @@ def _torch_child(mode, rank, micro, steps, warmup, store):
     y = torch.randint(0, 16, (256,))
     loss_fn = torch.nn.CrossEntropyLoss()
     times = []
-    if mode == "torch-single":
+    if mode in ("torch-single", "torch-ddp"):
+        if mode == "torch-ddp":  # each rank half of the batch, gradients averaged by gloo
+            import torch.distributed as dist
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                                    world_size=2)
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            x, y = x[rank::2], y[rank::2]
         opt = torch.optim.Adam(model.parameters(), lr=3e-4)
         for _ in range(steps):
             loss_fn(model(x), y).backward()
             opt.step()
             opt.zero_grad()
             times.append(time.perf_counter())
-        print(json.dumps({"rate": window_rate(times, 256, warmup)}))
+        if mode == "torch-ddp":
+            dist.barrier()
+            dist.destroy_process_group()
+        if rank == 0:
+            print(json.dumps({"rate": window_rate(times, 256, warmup)}))
         return
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
@@ -204,6 +217,10 @@ def main(argv=None):
                           + ("s" if threads > 1 else ""), "threads": threads},
                          partial(single_process, config, ["pipeline.micro_batches=1"],
                                  threads, steps, warmup)))
+        todo.append(({"size": size, "what": "ddp, 2 replicas", "replicas": 2},
+                     partial(pipeline, config, ["world.strategy=ddp", "world.workers=2",
+                                                "pipeline.micro_batches=1"],
+                             steps, warmup, workdir)))
         for stages, micro, schedule in p["runs"]:
             overrides = [f"world.workers={stages}", f"pipeline.micro_batches={micro}",
                          f"pipeline.schedule={schedule}"]
@@ -224,6 +241,9 @@ def main(argv=None):
             todo.append(({"size": "wide", "what": f"torch: GPipe over gloo, 2 stages, {micro} "
                           "micro-batches", "torch": True},
                          partial(torch_run, "torch-gpipe", micro, steps, warmup, workdir)))
+        todo.append(({"size": "wide", "what": "torch: DDP over gloo, 2 ranks", "torch": True,
+                      "replicas": 2},
+                     partial(torch_run, "torch-ddp", 1, steps, warmup, workdir)))
     rates = [[] for _ in todo]
     try:
         for _ in range(args.rounds):
@@ -240,7 +260,7 @@ def main(argv=None):
             row["vs_all_cores"] = row["rate"] / next(r for r in same
                                                      if r.get("threads") == cores)["rate"]
 
-    print(f"distgrad launch pipelines vs one process ({cores} cores; medians of {args.rounds} "
+    print(f"distgrad launch pipelines and replicas vs one process ({cores} cores; medians of {args.rounds} "
           "rounds; ratios against the same framework's one-process run)")
     print(f"{'size':11s} {'configuration':46s} {'samples/s':>10s} {'x 1 thread':>11s} "
           f"{'x all cores':>12s}")
@@ -264,6 +284,10 @@ def _verdict(rows):
     quick = best("quickstart", 2)
     wide = best("wide", 2, 2, 1024)
     met, lines = {}, []
+    for r in rows:  # no target set: reported
+        if r.get("replicas") and not r.get("torch"):
+            lines.append(f"{r['size']}, ddp with 2 replicas: {r['vs_one_thread']:.2f}x one "
+                         f"thread, {r['vs_all_cores']:.2f}x all cores (samples/s)")
     if quick:
         slowdown = 1 / quick["vs_one_thread"]
         met["quickstart"] = slowdown <= TARGETS["quickstart_slowdown_max"]

@@ -1,4 +1,5 @@
-"""``distgrad launch``: multi-worker pipeline training started from a TOML config.
+"""``distgrad launch``: multi-worker training started from a TOML config: pipeline
+stages, data-parallel replicas (DDP), or pipelines replicated over the data.
 
     distgrad launch configs/quickstart.toml [key=value ...] [--resume] [--trace FILE]
 
@@ -12,6 +13,8 @@ Modules, from the outside in:
 - :mod:`.console`     merged logs, the progress bar, the loss curve
 - :mod:`.coordinator` rank 0: the training loop, evaluation, checkpoints, the trace
 - :mod:`.stage`       a worker's pipeline stage (called by the coordinator over RPC)
+- :mod:`.grid`        which stage of which replica each worker holds
+- :mod:`.replicas`    the replicas' process group and gradient averaging (DDP)
 - :mod:`.schedule`, :mod:`.data`, :mod:`.models`, :mod:`.hooks`, :mod:`.checkpoint`,
   :mod:`.trace`       the parts they share
 """

@@ -3,6 +3,7 @@
     distgrad launch configs/quickstart.toml
     distgrad launch configs/quickstart.toml optim.lr=0.003 world.workers=3 --trace t.json
     distgrad launch configs/quickstart.toml --resume          # the latest run, last checkpoint
+    distgrad launch configs/ddp_quickstart.toml               # data parallel: 2 replicas
 
 Exit status: 0 when training finished; 2 for a config or command-line error
 (nothing was started); 128+N when stopped by signal N (Ctrl-C: 130); otherwise the
@@ -189,9 +190,9 @@ def run(args, parser=None):
         return _fail(e)
     if args.check:
         print(json.dumps(config, indent=2))
-        print(f"# {len(resolved.layers)} stages, layers per stage {resolved.balance}, "
-              f"parameters per stage {resolved.stage_parameters}; {layout.kind} launch of "
-              f"{layout.world_size} processes", file=sys.stderr)
+        print(f"# {_stages(resolved)}{_replicas(config)}, layers per stage "
+              f"{resolved.balance}, parameters per stage {resolved.stage_parameters}; "
+              f"{layout.kind} launch of {layout.world_size} processes", file=sys.stderr)
         return 0
     console = Console(show=args.show, progress=not args.no_progress)
     run_dir, resume_from = _run_dir(args, config, layout, console)
@@ -203,8 +204,8 @@ def run(args, parser=None):
               "config": config, "trace": os.path.abspath(args.trace) if args.trace else None}
     console.note(f"run directory {run_dir}; {layout.kind} launch, "
                  f"{_span(layout.ranks)} of {layout.world_size}; model "
-                 f"{resolved.parameters:,} parameters in {len(resolved.layers)} stages "
-                 f"(layers {resolved.balance})")
+                 f"{resolved.parameters:,} parameters in {_stages(resolved)} "
+                 f"(layers {resolved.balance}){_replicas(config)}")
     attempt, restarts = 0, config["run"]["max_restarts"]
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -229,6 +230,16 @@ def run(args, parser=None):
         console.close()
     return _report(outcome, run_dir, supervisor.records, console,
                    None if args.no_plot else plot_loss, 0 in layout.ranks)
+
+
+def _stages(resolved):
+    n = len(resolved.layers)
+    return f"{n} stage{'s' if n > 1 else ''}"
+
+
+def _replicas(config):
+    replicas = config["world"]["replicas"]
+    return f" x {replicas} data-parallel replicas" if replicas > 1 else ""
 
 
 def _span(ranks):

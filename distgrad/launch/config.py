@@ -9,6 +9,14 @@ the key, the file and the line (or the command-line override it came from). The
 tables ``model.kwargs``, ``data.kwargs``, ``offload`` and the extra keys of
 ``optim`` and of each ``[[hooks]]`` entry are open: they are passed to the code
 they configure, which checks them (see :mod:`distgrad.launch.resolve`).
+
+How the workers share the training (``[world]``): ``strategy = "pipeline"`` splits
+the model's layers into ``workers / replicas`` stages, each on its own worker, and
+runs ``replicas`` such pipelines side by side (default 1); ``strategy = "ddp"`` gives
+every worker the whole model (``replicas = workers``). Each replica trains on its
+shard of every batch (``data.batch_size / replicas`` samples, which must divide
+evenly) and the replicas average their gradients before every optimizer step, so
+the run trains like one process on the whole batch (see :mod:`distgrad.launch.grid`).
 """
 import os
 import re
@@ -112,10 +120,17 @@ SCHEMA = {
                                                       "(hides its own message latency)"),
     },
     "world": {
-        "strategy": Field(str, "pipeline", doc="how the model is spread: \"pipeline\" "
-                                               "(layers split into stages)"),
-        "workers": Field(int, 2, low=1, high=256, doc="worker processes, one pipeline stage "
-                                                      "each (the coordinator is one more)"),
+        "strategy": Field(str, "pipeline", choices=("pipeline", "ddp"),
+                          doc="how the model is spread: \"pipeline\" (layers split into "
+                              "stages) or \"ddp\" (every worker trains the whole model on "
+                              "its shard of each batch, gradients averaged)"),
+        "workers": Field(int, 2, low=1, high=256, doc="worker processes: stages x replicas "
+                                                      "(the coordinator is one more)"),
+        "replicas": Field(int, low=1, high=256, doc="data-parallel copies of the pipeline, "
+                                                    "each on its shard of every batch; "
+                                                    "\"pipeline\": world.workers / replicas "
+                                                    "stages (default 1), \"ddp\": every "
+                                                    "worker is one (default world.workers)"),
         "transport": Field(str, "ipc", choices=("ipc", "tcp"), doc="worker endpoints: unix "
                                                                    "sockets or TCP"),
         "bind_addr": Field(str, "127.0.0.1", doc="address TCP endpoints bind to"),
@@ -139,7 +154,10 @@ SCHEMA = {
     "pipeline": {
         "balance": Field("int_list", low=1, doc="layers per stage (default: parameters "
                                                 "spread evenly)"),
-        "micro_batches": Field(int, 1, low=1, high=1024, doc="micro-batches per step"),
+        "micro_batches": Field(int, 1, low=1, high=1024, doc="micro-batches per step (of "
+                                                             "each replica's shard; with "
+                                                             "one stage: gradient "
+                                                             "accumulation)"),
         "schedule": Field(str, "gpipe", choices=("gpipe", "1f1b"),
                           doc="order of forward and backward passes on each stage"),
     },
@@ -147,7 +165,8 @@ SCHEMA = {
         "source": Field(str, required=True, doc="\"spirals\", \"gaussians\" or "
                                                 "\"module:qualname\" returning (x, y)"),
         "kwargs": Field(dict, {}, doc="keyword arguments of the source"),
-        "batch_size": Field(int, required=True, low=1, doc="samples per step"),
+        "batch_size": Field(int, required=True, low=1, doc="samples per step, over all "
+                                                            "replicas"),
         "eval_fraction": Field(float, 0.2, low=0.0, high=0.9, doc="share of the samples "
                                                                   "held out for evaluation"),
     },
@@ -184,7 +203,8 @@ def describe_schema():
         header = f"[[{table}]]" if table in ARRAY_OF_TABLES else f"[{table}]"
         lines.append(header + ("  (other keys: passed through)" if table in OPEN else ""))
         for key, f in fields.items():
-            default = "required" if f.required else f"default {f.default!r}"
+            default = "required" if f.required else \
+                "optional" if f.default is None else f"default {f.default!r}"
             lines.append(f"  {key:20s} {f.doc} ({default})")
     return lines
 
@@ -378,19 +398,21 @@ def _check_together(c, where):
         raise _error(where, "run.epochs", "give run.steps or run.epochs, not both")
     if "steps" not in run and "epochs" not in run:
         raise _error(where, "run.steps", "missing; give run.steps or run.epochs")
-    strategy = c["world"]["strategy"]
-    if strategy != "pipeline":
-        raise _error(where, "world.strategy", f"{strategy!r} is not supported (yet); "
-                                              "the only strategy is \"pipeline\"")
+    stages, replicas = _check_grid(c["world"], where)
     balance = c["pipeline"].get("balance")
-    if balance is not None and len(balance) != c["world"]["workers"]:
+    if balance is not None and len(balance) != stages:
         raise _error(where, "pipeline.balance",
-                     f"gives {len(balance)} stages but world.workers is "
-                     f"{c['world']['workers']} (one stage per worker)")
+                     f"gives {len(balance)} stages but the world has {stages} "
+                     f"(world.workers {c['world']['workers']} / world.replicas {replicas})")
     mb, batch = c["pipeline"]["micro_batches"], c["data"]["batch_size"]
-    if mb > batch:
+    if batch % replicas:
+        raise _error(where, "data.batch_size",
+                     f"{batch} samples cannot be split into {replicas} equal shards "
+                     f"(world.replicas {replicas}): make it a multiple of {replicas}")
+    if mb > batch // replicas:
+        shard = "" if replicas == 1 else f"'s shard of {batch // replicas} samples per replica"
         raise _error(where, "pipeline.micro_batches",
-                     f"{mb} micro-batches cannot split data.batch_size {batch}")
+                     f"{mb} micro-batches cannot split data.batch_size {batch}{shard}")
     for ref_key in ("model.factory", "data.source", "optim.name"):
         table, key = ref_key.split(".")
         _check_reference_syntax(c[table][key], ref_key, where)
@@ -403,6 +425,24 @@ def _check_together(c, where):
         except ValueError as e:  # names the key; the file and line come from here
             key = str(e).split("'")[1] if "'" in str(e) else ""
             raise _error(where, f"offload.{key}" if key else "offload", str(e)) from None
+
+
+def _check_grid(world, where):
+    """(stages, replicas) of ``world``, whose ``replicas`` gets its default here."""
+    workers, replicas = world["workers"], world.get("replicas")
+    if world["strategy"] == "ddp":
+        if replicas is not None and replicas != workers:
+            raise _error(where, "world.replicas",
+                         f"with world.strategy \"ddp\" every worker is a replica: "
+                         f"give {workers} (world.workers) or leave it out, not {replicas}")
+        world["replicas"] = workers
+        return 1, workers
+    replicas = world["replicas"] = replicas or 1
+    if workers % replicas:
+        raise _error(where, "world.replicas",
+                     f"{replicas} replicas cannot share world.workers {workers} equally "
+                     f"(each replica is world.workers / world.replicas stages)")
+    return workers // replicas, replicas
 
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

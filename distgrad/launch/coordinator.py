@@ -1,15 +1,20 @@
-"""Rank 0 of a launch: drives the pipeline stages through training.
+"""Rank 0 of a launch: drives the pipeline stages (of every replica) through training.
 
 The supervisor starts it as ``python -m distgrad.launch.coordinator RUN_DIR``; it
 reads ``RUN_DIR/launch.json`` (the resolved config and the world to join), joins
 the RPC world, sets up one stage per worker and runs the steps:
 
-- each step's inputs go to the first stage and its targets to the last; the
-  next step is sent before the current one finishes (``run.in_flight``), so the
-  coordinator's own latency is hidden;
+- each step's inputs go to the first stage and its targets to the last; with
+  data-parallel replicas (``world.replicas``, or ``world.strategy = "ddp"``) each
+  replica's first and last stage get its shard of them, the replicas average their
+  gradients among themselves, and the coordinator serves the store through which
+  they meet (it trains no replica itself: it stays free to send ahead, watch and
+  checkpoint, and every replica runs the same code); the next step is sent before
+  the current one finishes (``run.in_flight``), so the coordinator's own latency is
+  hidden;
 - every ``checkpoint.every`` steps, and on a graceful stop (SIGTERM or SIGINT:
-  stop at the next step boundary), every stage saves its state and then the
-  manifest marks the checkpoint complete;
+  stop at the next step boundary), every stage (of replica 0: the replicas are identical) saves its
+  state and then the manifest marks the checkpoint complete;
 - losses and accuracies go to ``metrics.jsonl``; with ``trace`` set, the events of
   every process become one Chrome trace.
 
@@ -24,13 +29,14 @@ import threading
 import time
 from collections import deque
 
-from distgrad.distributed import rpc
+from distgrad.distributed import TCPStore, rpc
 
 from . import checkpoint as ckpt
 from . import stage as _stage
 from . import trace as _trace
 from .data import Batches, micro_batches, split
 from .config import heartbeat_interval
+from .grid import Grid
 from .resolve import plan
 from .rundir import FAILURE, LAUNCH, METRICS, RESULT, write_json
 
@@ -60,7 +66,8 @@ class Coordinator:
         self.run_dir, self.launch = run_dir, launch
         self.config = config = launch["config"]
         self.plan = plan(config)
-        self.workers = launch["world"]["workers"]  # stage index -> worker name
+        self.workers = launch["world"]["workers"]  # worker index -> worker name
+        self.grid = Grid.of(config)
         self.stop_requested = threading.Event()
         self.trace = _trace.Recorder(bool(launch.get("trace")))
         self.timeout = config["world"]["rpc_timeout"]
@@ -69,7 +76,8 @@ class Coordinator:
         data = config["data"]
         train, held_out = split(self.plan.source(**data["kwargs"]), data["eval_fraction"],
                                 config["run"]["seed"])
-        self.batches = Batches(train, data["batch_size"], config["run"]["seed"])
+        self.batches = Batches(train, data["batch_size"], config["run"]["seed"],
+                               self.grid.replicas)
         self.held_out = held_out
         run = config["run"]
         self.total = run.get("steps") or run["epochs"] * self.batches.steps_per_epoch
@@ -79,6 +87,7 @@ class Coordinator:
             self.start = int(ckpt.read_manifest(self.resume_from)["step"])
         self.metrics = None
         self.last_step = self.start
+        self.store = None  # where the replicas meet (replicas > 1)
 
     # -- commands to every stage --
     def _next_seq(self):
@@ -127,19 +136,29 @@ class Coordinator:
                 text = f"{kind.removeprefix('builtins.')}: {text}"
             traceback = getattr(error, "remote_traceback", None) or traceback
         return StageFailure({
-            "worker": self.workers[culprit], "rank": culprit + 1, "stage": culprit,
+            "worker": self.workers[culprit], "rank": culprit + 1,
+            "place": self.grid.describe(culprit),
             "step": step + 1, "reason": reason, "message": text.strip(),
             "traceback": traceback})
 
     # -- setup --
     def _setup(self):
-        config, p = self.config, self.plan
-        stages = len(self.workers)
+        config, p, grid = self.config, self.plan, self.grid
+        stages, world = grid.stages, config["world"]
+        if grid.replicas > 1:
+            bind = self.launch["world"].get("bind_addr") or world["bind_addr"]
+            self.store = TCPStore(bind, 0, is_master=True, wait_for_workers=False,
+                                  timeout=world["rendezvous_timeout"])
 
-        def spec(k):
+        def spec(w):
+            replica, k = grid.place(w)
             return ({"stage": k, "stages": stages, "layers": list(p.layers[k]),
-                     "prev": self.workers[k - 1] if k else None,
-                     "next": self.workers[k + 1] if k + 1 < stages else None,
+                     "worker": w, "replica": replica, "replicas": grid.replicas,
+                     "store": [self.store.host, self.store.port] if self.store else None,
+                     "heartbeat_timeout": world["heartbeat_timeout"],
+                     "rendezvous_timeout": world["rendezvous_timeout"],
+                     "prev": self.workers[w - 1] if k else None,
+                     "next": self.workers[w + 1] if k + 1 < stages else None,
                      "seed": config["run"]["seed"], "factory": p.factory,
                      "factory_kwargs": config["model"]["kwargs"], "optimizer": p.optimizer,
                      "optimizer_kwargs": p.optimizer_kwargs, "loss": config["model"]["loss"],
@@ -149,17 +168,40 @@ class Coordinator:
         return self._gather(self._to_all(_stage.setup, spec), self.start - 1)
 
     # -- steps --
+    def _shard_arguments(self, shards, count):
+        """For each worker: (micro-batch count, inputs or None, targets or None) of its
+        replica's shard; a shard smaller than ``count`` has as many micro-batches as samples."""
+        per_replica = []
+        for x, y in shards:
+            n = min(count, len(x))
+            per_replica.append((n, micro_batches(x, n) if n else [],
+                                micro_batches(y, n) if n else []))
+        out = []
+        for w in range(len(self.workers)):
+            replica, k = self.grid.place(w)
+            n, xs, ys = per_replica[replica]
+            out.append((n, xs if k == 0 else None, ys if k == self.grid.stages - 1 else None))
+        return out
+
+    def _combine(self, results):
+        """The last stages' results of every replica, as the whole batch's."""
+        last = [results[self.grid.index(r, self.grid.stages - 1)]
+                for r in range(self.grid.replicas)]
+        # equal shards: the mean of the replicas' means (one replica: its loss, bit for bit)
+        out = {"loss": sum(r["loss"] for r in last) / len(last),
+               "correct": sum(r["correct"] for r in last), "count": sum(r["count"] for r in last)}
+        for r in results[:self.grid.stages]:  # replica 0's hook values (all replicas agree)
+            out.update((k, v) for k, v in r.items() if "." in k)
+        return out
+
     def _issue_step(self, step):
-        x, y = self.batches.batch(step)
-        xs, ys = micro_batches(x, self.micro), micro_batches(y, self.micro)
-        last = len(self.workers) - 1
+        arguments = self._shard_arguments(self.batches.shards(step), self.micro)
         seq = self._next_seq()
         futures = []
         for k, w in enumerate(self.workers):
             self.trace.message("send", "input", _trace.flow_id("input", step, 0, k))
-            futures.append(rpc.rpc_async(w, _stage.step, (
-                seq, step, self.micro, xs if k == 0 else None, ys if k == last else None),
-                timeout=self.timeout))
+            futures.append(rpc.rpc_async(w, _stage.step, (seq, step, *arguments[k]),
+                                         timeout=self.timeout))
         if self.trace.enabled:
             for k, f in enumerate(futures):
                 ident = _trace.flow_id("result", step, 0, k)
@@ -174,7 +216,8 @@ class Coordinator:
 
     def _complete_save(self, directory, futures, step_count):
         self._gather(futures, step_count - 1)
-        ckpt.write_manifest(directory, {"step": step_count, "stages": len(self.workers),
+        ckpt.write_manifest(directory, {"step": step_count, "stages": self.grid.stages,
+                                        "replicas": self.grid.replicas,
                                         "balance": self.plan.balance,
                                         "config": self.config["run"]["name"]})
         ckpt.prune(self.run_dir, self.config["checkpoint"]["keep"])
@@ -187,17 +230,20 @@ class Coordinator:
             return None
         chunk = self.config["data"]["batch_size"] * 4
         loss = correct = 0.0
-        last = len(self.workers) - 1
+        replicas = self.grid.replicas
         for i, start in enumerate(range(0, len(x), chunk)):
             key = -(step_count * 1000 + i + 1)  # negative: never a training step's key
-            xs = micro_batches(x[start:start + chunk], self.micro)
-            ys = micro_batches(y[start:start + chunk], self.micro)
+            part = x[start:start + chunk], y[start:start + chunk]
+            arguments = self._shard_arguments(  # each replica evaluates a share of the chunk
+                [(part[0][r::replicas], part[1][r::replicas]) for r in range(replicas)],
+                self.micro)
             seq = self._next_seq()
-            out = self._gather(self._to_all(_stage.evaluate, lambda k: (
-                seq, key, self.micro, xs if k == 0 else None, ys if k == last else None)),
-                step_count - 1)[last]
-            loss += out["loss"] * out["count"]
-            correct += out["correct"]
+            results = self._gather(self._to_all(
+                _stage.evaluate, lambda k: (seq, key, *arguments[k])), step_count - 1)
+            for r in range(replicas):
+                out = results[self.grid.index(r, self.grid.stages - 1)]
+                loss += out["loss"] * out["count"]
+                correct += out["correct"]
         record = {"step": step_count, "eval_loss": loss / len(x)}
         if self.config["model"]["loss"] == "cross_entropy":
             record["eval_accuracy"] = correct / len(x)
@@ -231,7 +277,8 @@ class Coordinator:
         os.replace(tmp, path)
         self._log({"event": "start", "step": self.start, "total_steps": self.total,
                    "batch_size": self.config["data"]["batch_size"],
-                   "stages": len(self.workers), "time": time.time()})
+                   "stages": self.grid.stages, "replicas": self.grid.replicas,
+                   "time": time.time()})
 
     def train(self):
         run, every = self.config["run"], self.config["checkpoint"]["every"]
@@ -254,15 +301,13 @@ class Coordinator:
             if kind == "save":
                 self._complete_save(*sent, done_step)
                 continue
-            results = self._gather(sent, done_step)
+            out = self._combine(self._gather(sent, done_step))
             self.last_step = done_step + 1
             window_steps += 1
-            out = results[-1]
             record = {"step": done_step + 1, "loss": out["loss"]}
             if self.config["model"]["loss"] == "cross_entropy" and out["count"]:
                 record["accuracy"] = out["correct"] / out["count"]
-            for r in results:
-                record.update((k, v) for k, v in r.items() if "." in k)
+            record.update((k, v) for k, v in out.items() if "." in k)
             now = time.perf_counter()
             record["samples_per_s"] = window_steps * batch / max(now - window_start, 1e-9)
             record["elapsed"] = now - started
@@ -276,6 +321,12 @@ class Coordinator:
                 self.evaluate(done_step + 1)
         return self.last_step
 
+    def _finish(self):
+        """Every stage lets go of what it holds (the replicas' process group, offloaded
+        activations); returns their trace events."""
+        seq = self._next_seq()
+        return self._gather(self._to_all(_stage.finish, lambda k: (seq,)), self.last_step)
+
     def _collect_trace(self):
         """Each stage's events and clock offset, merged into the trace file."""
         samples = {k: [] for k in range(len(self.workers))}
@@ -284,15 +335,14 @@ class Coordinator:
                 t0 = _trace.Recorder.now()
                 remote = rpc.rpc_sync(w, _stage.clock, timeout=self.timeout)
                 samples[k].append((t0, remote, _trace.Recorder.now()))
-        seq = self._next_seq()
-        events = self._gather(self._to_all(_stage.finish, lambda k: (seq,)), self.last_step)
+        events = self._finish()
         procs = {0: self.trace.take()}
         offsets = {0: 0}
         for k, ev in enumerate(events):
             procs[k + 1] = [tuple(e) for e in ev]
             offsets[k + 1] = _trace.offset_from_samples(samples[k])[0]
         offsets = _trace.align(offsets, procs)
-        names = ["0:coordinator"] + [f"{k + 1}:{w} (stage {k})" for k, w in
+        names = ["0:coordinator"] + [f"{k + 1}:{w} ({self.grid.describe(k)})" for k, w in
                                      enumerate(self.workers)]
         _trace.write_chrome_trace(self.launch["trace"], [
             {"pid": r, "name": names[r], "offset": offsets[r] - offsets[0], "events": procs[r]}
@@ -300,11 +350,20 @@ class Coordinator:
         print(f"trace: {self.launch['trace']}", flush=True)
 
     def run(self):
+        try:
+            return self._run()
+        finally:
+            if self.store is not None:
+                self.store.close()
+
+    def _run(self):
         info = self._setup()
-        sizes = ", ".join(f"stage {k}: {i['parameters']:,}" for k, i in enumerate(info))
-        print(f"{len(self.workers)} stages ({sizes} parameters); steps {self.start + 1}.."
-              f"{self.total}" + (f", resumed from {self.resume_from}" if self.resume_from else ""),
-              flush=True)
+        stages = self.grid.stages
+        sizes = ", ".join(f"stage {k}: {i['parameters']:,}" for k, i in enumerate(info[:stages]))
+        copies = f" x {self.grid.replicas} replicas" if self.grid.replicas > 1 else ""
+        print(f"{stages} stage{'s' if stages > 1 else ''}{copies} ({sizes} parameters); steps "
+              f"{self.start + 1}..{self.total}"
+              + (f", resumed from {self.resume_from}" if self.resume_from else ""), flush=True)
         self._open_metrics()
         try:
             with self.trace.span("train", lane="steps"):
@@ -318,6 +377,8 @@ class Coordinator:
             final = None if stopped else self.evaluate(step_count)
             if self.launch.get("trace"):
                 self._collect_trace()
+            else:
+                self._finish()
         finally:
             self.metrics.close()
         result = {"status": "stopped" if stopped else "finished", "step": step_count,
@@ -371,7 +432,7 @@ def main(argv=None):
         result = coordinator.run()
     except StageFailure as f:
         write_json(os.path.join(run_dir, FAILURE), f.record)
-        print(f"stopping: {f.record['worker']} (stage {f.record['stage']}) failed at step "
+        print(f"stopping: {f.record['worker']} ({f.record['place']}) failed at step "
               f"{f.record['step']}: {f.record['message']}", file=sys.stderr, flush=True)
         rpc.shutdown(graceful=False)
         return 1

@@ -2,7 +2,8 @@
 
 A data source is a function returning ``(x, y)`` NumPy arrays (or a dict with
 ``"train"`` and ``"eval"`` pairs). It runs on the coordinator only, which sends
-each step's inputs to the first stage and its targets to the last.
+each step's inputs to the first stage and its targets to the last (of each
+replica: its shard of them).
 
 >>> x, y = spirals(n=100, seed=0)
 >>> x.shape, y.shape, x.dtype.name, y.dtype.name
@@ -13,9 +14,15 @@ each step's inputs to the first stage and its targets to the last.
 (8, (10, 2), 20)
 
 The order of batches is a function of the seed and the step alone, so a run
-resumed from a checkpoint sees the same batches as one that never stopped.
+resumed from a checkpoint sees the same batches as one that never stopped, and
+the replicas of a data-parallel run together see the same batches as one process:
+
+>>> [len(x) for x, _ in Batches(train, batch_size=10, seed=0, replicas=2).shards(0)]
+[5, 5]
 """
 import numpy as np
+
+from distgrad.utils.data import DistributedSampler
 
 __all__ = ["spirals", "gaussians", "split", "Batches", "micro_batches", "BUILTIN"]
 
@@ -76,24 +83,48 @@ def _pair(value, what):
 
 
 class Batches:
-    """The training batches: ``batch(step)`` is the same for the same seed and step."""
+    """The training batches of every step, whole (``batch``) or in replicas' shards.
 
-    def __init__(self, train, batch_size, seed):
+    An epoch's order is ``DistributedSampler``'s with one replica (PyTorch's
+    ``randperm`` seeded with ``seed + epoch``) and step ``s`` of the epoch takes the
+    next ``batch_size`` samples of it. With ``replicas`` R, replica r's shard of that
+    batch (``shards(s)[r]``) is every R-th of those samples from the r-th on: exactly
+    the batch of ``batch_size / R`` samples that ``DistributedSampler(train,
+    num_replicas=R, rank=r, seed=seed, drop_last=True)`` (with ``set_epoch``) gives
+    replica r at that step. So R replicas see the samples one process sees, for any R.
+    """
+
+    def __init__(self, train, batch_size, seed, replicas=1):
         self.x, self.y = train
         if batch_size > len(self.x):
             raise ValueError(f"data.batch_size {batch_size} exceeds the {len(self.x)} "
                              "training samples")
-        self.batch_size, self.seed = batch_size, seed
+        if batch_size % replicas:
+            raise ValueError(f"data.batch_size {batch_size} cannot be split into {replicas} "
+                             "equal shards")
+        self.batch_size, self.seed, self.replicas = batch_size, seed, replicas
         self.steps_per_epoch = len(self.x) // batch_size
+        self._sampler = DistributedSampler(range(len(self.x)), num_replicas=1, rank=0,
+                                           seed=seed)
         self._epoch, self._order = None, None
 
-    def batch(self, step):
+    def _take(self, step):
         epoch, index = divmod(step, self.steps_per_epoch)
         if epoch != self._epoch:
-            self._epoch = epoch
-            self._order = np.random.default_rng((self.seed, epoch)).permutation(len(self.x))
-        take = np.sort(self._order[index * self.batch_size:(index + 1) * self.batch_size])
+            self._sampler.set_epoch(epoch)
+            self._epoch, self._order = epoch, np.fromiter(self._sampler, dtype=np.int64)
+        return self._order[index * self.batch_size:(index + 1) * self.batch_size]
+
+    def batch(self, step):
+        """``(x, y)`` of step ``step``: all replicas' samples."""
+        take = self._take(step)
         return self.x[take], self.y[take]
+
+    def shards(self, step):
+        """``[(x, y)]`` of step ``step``, one per replica (equal sizes)."""
+        take = self._take(step)
+        return [(self.x[t], self.y[t]) for t in (take[r::self.replicas]
+                                                  for r in range(self.replicas))]
 
 
 def micro_batches(array, count):

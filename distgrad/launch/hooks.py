@@ -11,6 +11,8 @@ run's metrics as ``<key>.stage<N>``::
     max_norm = 1.0
 
 Stages see only their own parameters, so norms and clipping here are per stage.
+With data-parallel replicas hooks run after the replicas' gradients are averaged,
+so every replica clips alike and stays identical.
 """
 import math
 

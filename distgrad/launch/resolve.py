@@ -16,6 +16,7 @@ import distgrad.optim
 from . import data as _data
 from . import models as _models
 from .config import ConfigError
+from .grid import Grid
 
 __all__ = ["Plan", "plan", "reference", "even_balance", "WORKER_MODULES"]
 
@@ -95,7 +96,7 @@ class Plan:
             raise self.error(key, f"{e} {where}") from None
 
     def _split(self):
-        model_cfg, workers = self.config["model"], self.config["world"]["workers"]
+        model_cfg, stages = self.config["model"], Grid.of(self.config).stages
         try:
             distgrad.manual_seed(self.config["run"]["seed"])
             model = self.factory(**model_cfg["kwargs"])
@@ -109,10 +110,10 @@ class Plan:
         sizes = [sum(p.numel() for p in layer.parameters()) for layer in model]
         balance = self.config["pipeline"].get("balance")
         if balance is None:
-            if len(sizes) < workers:
-                raise self.error("world.workers", f"{workers} stages need at least {workers} "
+            if len(sizes) < stages:
+                raise self.error("world.workers", f"{stages} stages need at least {stages} "
                                                   f"layers; the model has {len(sizes)}")
-            balance = even_balance(sizes, workers)
+            balance = even_balance(sizes, stages)
         elif sum(balance) != len(sizes):
             raise self.error("pipeline.balance", f"covers {sum(balance)} layers but the model "
                                                  f"has {len(sizes)}")

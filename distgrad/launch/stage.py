@@ -15,6 +15,10 @@ runs on the handler thread that received it: the handler pool grows while others
 wait, so a neighbour's ``deliver`` is served meanwhile, and the stage's own calls
 are nested calls of a handler, which RPC accepts even once the worker's main
 thread has entered ``shutdown()`` (as ``distgrad worker`` does at once).
+
+With data-parallel replicas (``world.replicas``) every stage exists once per
+replica; the replicas of a stage average their gradients before each optimizer
+step (:mod:`distgrad.launch.replicas`) and only replica 0 writes checkpoints.
 """
 import os
 import threading
@@ -25,7 +29,7 @@ from distgrad import nn
 from distgrad.distributed import rpc
 
 from .checkpoint import atomic_save, stage_path
-from .schedule import SCHEDULES, forward_only
+from .schedule import SCHEDULES, forward_only, one_f_one_b
 from .trace import Recorder, flow_id
 
 __all__ = ["setup", "step", "evaluate", "save", "clock", "finish", "deliver", "LOSSES"]
@@ -71,6 +75,9 @@ class Stage:
 
     def __init__(self, spec):
         self.index, self.count = spec["stage"], spec["stages"]
+        # this worker's index among all workers (= the stage index without replicas):
+        # names its messages in traces
+        self.worker, self.replica = spec["worker"], spec["replica"]
         self.prev, self.next = spec["prev"], spec["next"]
         self.first, self.last = self.index == 0, self.index == self.count - 1
         distgrad.manual_seed(spec["seed"])
@@ -95,6 +102,12 @@ class Stage:
         self.inbox = _Inbox()
         if spec["resume_from"]:
             self._load(spec["resume_from"])
+        self.replicas = None
+        if spec["replicas"] > 1:
+            from .replicas import Replicas
+            self.replicas = Replicas(spec, self.module)
+            if self.replicas.ddp is not None:  # DDP averages in the backward after a forward
+                self.schedule = one_f_one_b    # one stage: F0 B0 F1 B1 ...
         self._order = threading.Condition()
         self._next_seq = 1
 
@@ -130,9 +143,13 @@ class Stage:
         with distgrad.set_grad_enabled(train):
             for kind, mb in order:
                 if kind == "F":
-                    held[mb] = self._forward(key, mb, inputs, targets, total, out, sends)
+                    held[mb] = self._forward(key, mb, micro_batches, inputs, targets, total,
+                                             out, sends)
                 else:
                     self._backward(key, mb, held.pop(mb), sends)
+        if train and self.replicas is not None and self.replicas.ddp is None:
+            with self.trace.span("average gradients", step=key):
+                self.replicas.average_gradients()
         if train:
             for hook, kwargs in self.hooks:
                 for name, value in (hook(self.module, **kwargs) or {}).items():
@@ -144,15 +161,18 @@ class Stage:
             f.wait()  # a neighbour that died shows up here, if not earlier
         return out
 
-    def _forward(self, key, mb, inputs, targets, total, out, sends):
+    def _forward(self, key, mb, count, inputs, targets, total, out, sends):
+        model, sync = self.module, nullcontext()
+        if self.replicas is not None and distgrad.is_grad_enabled():
+            model, sync = self.replicas.forward_of(mb, count)
         if self.first:
             x = distgrad.from_numpy(inputs[mb])
         else:
             x = distgrad.from_numpy(self.inbox.take((key, mb, "act"), self.timeout, self.prev))
             x.requires_grad_(distgrad.is_grad_enabled())
-        with self.trace.span("forward", step=key, micro_batch=mb), \
+        with self.trace.span("forward", step=key, micro_batch=mb), sync, \
                 self.offload if self.offload is not None else nullcontext():
-            y = self.module(x)
+            y = model(x)
             if self.last:
                 target = distgrad.from_numpy(targets[mb])
                 loss = self.loss_fn(y, target) * (len(target) / total)
@@ -173,8 +193,8 @@ class Stage:
             sends.append(self._send(self.prev, "grad", key, mb, x.grad.numpy()))
 
     def _send(self, to, kind, key, mb, array):
-        self.trace.message("send", kind, flow_id(kind, key, mb, self.index))
-        return rpc.rpc_async(to, deliver, ((key, mb, kind), array, self.index),
+        self.trace.message("send", kind, flow_id(kind, key, mb, self.worker))
+        return rpc.rpc_async(to, deliver, ((key, mb, kind), array, self.worker),
                              timeout=self.timeout or 0)
 
     # -- checkpoints --
@@ -192,6 +212,12 @@ class Stage:
         self.optimizer.load_state_dict(state["optimizer"])
         distgrad.set_rng_state(state["rng"])
 
+    def close(self, reason):
+        self.inbox.close(reason)
+        if self.replicas is not None:
+            self.replicas.close()
+            self.replicas = None
+
 
 def _require():
     if _stage is None:
@@ -206,7 +232,7 @@ def setup(spec):
     """Build this worker's stage from ``spec`` (made by the coordinator); returns its size."""
     global _stage
     if _stage is not None:
-        _stage.inbox.close("replaced by a new setup")
+        _stage.close("replaced by a new setup")
     _stage = Stage(spec)
     return {"parameters": sum(p.numel() for p in _stage.module.parameters()),
             "pid": os.getpid()}
@@ -215,10 +241,10 @@ def setup(spec):
 def step(seq, step_index, micro_batches, inputs, targets):
     """Train on one batch (as micro-batches); returns the last stage's loss."""
     stage = _require()
-    stage.trace.message("receive", "input", flow_id("input", step_index, 0, stage.index))
+    stage.trace.message("receive", "input", flow_id("input", step_index, 0, stage.worker))
     with stage.turn(seq), stage.trace.span("step", lane="steps", step=step_index):
         out = stage.run(step_index, micro_batches, inputs, targets, train=True)
-    stage.trace.message("send", "result", flow_id("result", step_index, 0, stage.index))
+    stage.trace.message("send", "result", flow_id("result", step_index, 0, stage.worker))
     return out
 
 
@@ -230,10 +256,12 @@ def evaluate(seq, key, micro_batches, inputs, targets):
 
 
 def save(seq, directory, step_count):
-    """Write this stage's parameters, optimizer state and RNG state (atomically)."""
+    """Write this stage's parameters, optimizer state and RNG state (atomically); of
+    identical replicas, replica 0 alone writes."""
     stage = _require()
     with stage.turn(seq), stage.trace.span("checkpoint", lane="steps", step=step_count):
-        atomic_save(stage.state(step_count), stage_path(directory, stage.index))
+        if stage.replica == 0:
+            atomic_save(stage.state(step_count), stage_path(directory, stage.index))
     return True
 
 
@@ -243,7 +271,7 @@ def finish(seq):
     stage = _require()
     with stage.turn(seq):
         events = stage.trace.take()
-    stage.inbox.close("finished")
+    stage.close("finished")
     if stage.offload is not None:
         stage.offload.close()  # its run directory (or store namespace) goes with it
     if _stage is stage:

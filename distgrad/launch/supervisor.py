@@ -26,6 +26,7 @@ from distgrad.utils.tempdirs import owned_tempdir
 from . import checkpoint as ckpt
 from .config import heartbeat_interval
 from .console import MetricsTail
+from .grid import Grid
 from .rundir import FAILURE, LAUNCH, LOGS, METRICS, PROCESSES, RESULT, read_json, write_json
 
 __all__ = ["Supervisor", "Outcome"]
@@ -47,8 +48,9 @@ class Outcome:
 
 
 class _Child:
-    def __init__(self, rank, name, proc, log):
+    def __init__(self, rank, name, place, proc, log):
         self.rank, self.name, self.proc, self.log = rank, name, proc, log
+        self.place = place      # "stage 1", "replica 0"...: see distgrad.launch.grid
         self.pid = proc.pid
         self.status = None      # exit code (negative: killed by that signal) once reaped
         self.killed = False     # we sent the kill: its exit is not a failure of its own
@@ -59,9 +61,7 @@ class _Child:
         return self.status is None
 
     def describe(self):
-        what = "coordinator" if self.rank == 0 else f"{self.name} (rank {self.rank}, " \
-                                                    f"stage {self.rank - 1})"
-        return what
+        return "coordinator" if self.rank == 0 else f"{self.name} (rank {self.rank}, {self.place})"
 
 
 def describe_status(status):
@@ -181,7 +181,8 @@ class Supervisor:
                                 stderr=subprocess.STDOUT, env=self._environment(), **kwargs)
         if self.pgid is None:
             self.pgid = proc.pid
-        child = _Child(rank, name, proc, log)
+        child = _Child(rank, name, Grid.of(self.config).describe(rank - 1) if rank else None,
+                       proc, log)
         os.set_blocking(proc.stdout.fileno(), False)
         self._selector.register(proc.stdout, selectors.EVENT_READ, child)
         self.children.append(child)
@@ -368,8 +369,8 @@ class Supervisor:
                                              if self.states.get(report["worker"]) == "T" else "")
             else:
                 how = f"failed: {report['message'].splitlines()[0] if report['message'] else ''}"
-            message = (f"{report['worker']} (rank {report['rank']}, stage {report['stage']}) "
-                       f"{how} at step {step}")
+            message = f"{report['worker']} (rank {report['rank']}, {report['place']}) {how} at " \
+                      f"step {step}"
             cause = report.get("traceback") or report.get("message", "")
             return Outcome(1, message, cause, step=step)
         step = self._last_step() + 1

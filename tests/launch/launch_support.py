@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from distgrad.launch.config import load_config
+from distgrad.launch.local import train_in_one_process
 from distgrad.utils.tempdirs import pid_alive
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -89,6 +91,23 @@ class Launch:
                 raise AssertionError(f"launch ended early ({self.proc.returncode}):\n{self.output}")
             time.sleep(0.05)
         raise AssertionError(f"no {n} steps within {timeout} s:\n{self.output}")
+
+
+def reference(config_path, overrides=(), steps=None):
+    """The same training in this process, on the whole batch: what a pipeline reproduces
+    bit for bit, and data-parallel replicas up to float rounding."""
+    return train_in_one_process(load_config(config_path, list(overrides)), steps)
+
+
+def kill_mid_run(launch, rank, after_steps):
+    """SIGKILL process ``rank`` of a running launch once it has logged ``after_steps``
+    steps; returns (its exit status, seconds it took to end, the pids of its processes)."""
+    launch.wait_for_steps(after_steps)
+    pids = launch.pids()
+    os.kill(pids[rank], signal.SIGKILL)
+    t0 = time.monotonic()
+    code = launch.wait()
+    return code, time.monotonic() - t0, pids
 
 
 def kill_recorded(cwd):

@@ -54,8 +54,22 @@ def test_key_lines_follow_tables_arrays_and_dotted_keys():
     (('factory = "mlp"\n', ""), "model.factory", "[model]", "missing"),
     (('source = "spirals"\n', ""), "data.source", "[data]", "missing"),
     (("batch_size = 32\n", ""), "data.batch_size", "[data]", "missing"),
-    (("workers = 2", 'workers = 2\nstrategy = "ddp"'), "world.strategy", "strategy =",
-     "'ddp' is not supported"),
+    (("workers = 2", 'workers = 2\nstrategy = "fsdp"'), "world.strategy", "strategy =",
+     "one of 'pipeline', 'ddp', got 'fsdp'"),
+    (("workers = 2", 'workers = 2\nstrategy = "ddp"\nreplicas = 3'), "world.replicas",
+     "replicas =", "every worker is a replica: give 2 (world.workers) or leave it out"),
+    (("workers = 2", "workers = 3\nreplicas = 2"), "world.replicas", "replicas =",
+     "2 replicas cannot share world.workers 3 equally"),
+    (("workers = 2", "workers = 2\nreplicas = 0"), "world.replicas", "replicas =",
+     "at least 1"),
+    (("workers = 2", 'workers = 3\nstrategy = "ddp"'), "data.batch_size", "batch_size =",
+     "32 samples cannot be split into 3 equal shards"),
+    (("[world]\nworkers = 2", '[pipeline]\nmicro_batches = 17\n[world]\nworkers = 2\n'
+                                'strategy = "ddp"'), "pipeline.micro_batches", "micro_batches =",
+     "17 micro-batches cannot split data.batch_size 32's shard of 16 samples per replica"),
+    (("[world]\nworkers = 2", "[pipeline]\nbalance = [1, 1, 1, 2]\n[world]\nworkers = 4\n"
+                                "replicas = 2"), "pipeline.balance", "balance =",
+     "gives 4 stages but the world has 2 (world.workers 4 / world.replicas 2)"),
     (("workers = 2", 'workers = 2\ntransport = "udp"'), "world.transport", "transport =",
      "one of 'ipc', 'tcp'"),
     (("rpc_timeout = 30.0", "rpc_timeout = -5"), "world.rpc_timeout", "rpc_timeout =",
@@ -117,6 +131,18 @@ def test_references_and_arguments_are_checked_before_starting(tmp_path, edit, ke
         resolve(path)
     assert info.value.key == key and words in str(info.value), str(info.value)
     assert info.value.source == path and info.value.line is not None
+
+
+def test_replicas_default_to_one_pipeline_or_every_ddp_worker(tmp_path):
+    path = write(tmp_path)
+    assert load_config(path)["world"]["replicas"] == 1
+    ddp = load_config(path, ["world.strategy=ddp", "world.workers=4"])
+    assert ddp["world"]["replicas"] == 4 and plan(ddp).layers == [(0, 5)]
+    both = load_config(path, ["world.workers=4", "world.replicas=2"])
+    assert plan(both).balance == [2, 3]
+    with pytest.raises(ConfigError, match=r"command line override 'world.replicas=3': "
+                                          r"world.replicas: 3 replicas cannot share"):
+        load_config(path, ["world.workers=4", "world.replicas=3"])
 
 
 def test_overrides_are_toml_or_strings_and_errors_name_them(tmp_path):

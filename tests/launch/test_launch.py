@@ -17,17 +17,10 @@ pytest.importorskip("msgpack")
 
 import distgrad  # noqa: E402
 from distgrad.launch import checkpoint as ckpt  # noqa: E402
-from distgrad.launch.config import load_config  # noqa: E402
-from distgrad.launch.local import train_in_one_process  # noqa: E402
 
-from launch_support import assert_all_gone  # noqa: E402
+from launch_support import assert_all_gone, kill_mid_run, reference  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def reference(config_path, overrides=(), steps=None):
-    """The same training in this process: what every pipeline must reproduce exactly."""
-    return train_in_one_process(load_config(config_path, list(overrides)), steps)
 
 
 def test_two_workers_train_like_one_process_with_overrides(launcher, tiny_config):
@@ -93,12 +86,9 @@ def test_resume_reproduces_an_uninterrupted_run(launcher, tiny_config):
 
 def test_a_killed_worker_stops_the_run_and_leaves_its_checkpoint(launcher, tiny_config):
     launch = launcher(tiny_config, "run.steps=100000", "checkpoint.every=3", "run.log_every=1000")
-    launch.wait_for_steps(7)
-    pids = launch.pids()
-    os.kill(pids[2], signal.SIGKILL)
-    t0 = time.monotonic()
-    assert launch.wait() == 128 + signal.SIGKILL, launch.output
-    assert time.monotonic() - t0 < 5
+    code, took, pids = kill_mid_run(launch, rank=2, after_steps=7)
+    assert code == 128 + signal.SIGKILL, launch.output
+    assert took < 5
     assert "FAILED: worker2 (rank 2, stage 1) was killed by SIGKILL at step" in launch.output
     assert_all_gone(pids.values())
     directory, manifest = ckpt.latest(launch.run_dir)

@@ -108,9 +108,11 @@ def test_check_prints_the_resolved_config_and_errors_start_nothing(tmp_path):
 
 
 def _launch_configs():
-    """The shipped launch configs (the offload experiment's configs have an [experiment])."""
+    """The shipped configs of ``distgrad launch`` (not the offloading experiments' ones,
+    which scripts/offload_experiment.py reads: they have an [experiment] table)."""
     return sorted(p.name for p in (Path(ROOT) / "configs").glob("*.toml")
-                  if "[experiment]" not in p.read_text())
+                  if not any(line.strip() == "[experiment]"
+                             for line in p.read_text().splitlines()))
 
 
 @pytest.mark.parametrize("config", _launch_configs())
@@ -162,3 +164,41 @@ def test_epochs_count_steps_from_the_training_split(tmp_path):
     config = load_config(path, ["run.epochs=3", "data.kwargs={n = 1000}", "data.batch_size=100"])
     coordinator = Coordinator(str(tmp_path), {"config": config, "world": {"workers": ["a", "b"]}})
     assert coordinator.batches.steps_per_epoch == 8 and coordinator.total == 24  # 800 train
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_replica_shards_are_distributed_sampler_batches_of_the_whole_batch(replicas):
+    import numpy as np
+    import distgrad
+    from distgrad.launch.data import Batches
+    from distgrad.utils.data import DataLoader, DistributedSampler, TensorDataset
+    n, batch = 101, 12
+    x = np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
+    y = np.arange(n)
+    batches = Batches((x, y), batch, seed=7, replicas=replicas)
+    assert batches.steps_per_epoch == n // batch
+    data = TensorDataset(distgrad.from_numpy(x), distgrad.from_numpy(y))
+    for epoch in (0, 1):
+        for rank in range(replicas):  # what each rank of a torch-style DDP program loads
+            sampler = DistributedSampler(data, num_replicas=replicas, rank=rank, seed=7,
+                                         drop_last=True)
+            sampler.set_epoch(epoch)
+            loader = DataLoader(data, batch_size=batch // replicas, sampler=sampler)
+            for k, (_, yb) in zip(range(batches.steps_per_epoch), loader):
+                step = epoch * batches.steps_per_epoch + k
+                assert batches.shards(step)[rank][1].tolist() == yb.tolist()
+        for k in range(batches.steps_per_epoch):  # together: the one-process batch
+            step = epoch * batches.steps_per_epoch + k
+            whole = sorted(batches.batch(step)[1].tolist())
+            assert sorted(sum((s[1].tolist() for s in batches.shards(step)), [])) == whole
+    assert len(set(batches.batch(0)[1].tolist()) & set(batches.batch(1)[1].tolist())) == 0
+
+
+def test_the_grid_places_workers_replica_by_replica():
+    from distgrad.launch.grid import Grid
+    grid = Grid(6, 2)
+    assert grid.stages == 3 and [grid.place(w) for w in range(6)] == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert grid.stage_peers(1) == [1, 4] and grid.index(1, 2) == 5
+    assert [Grid(3, 1).describe(2), Grid(3, 3).describe(2), grid.describe(4)] == [
+        "stage 2", "replica 2", "stage 1, replica 1"]
