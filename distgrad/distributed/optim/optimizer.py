@@ -93,21 +93,24 @@ class DistributedOptimizer:
     def step(self, context_id):
         """Apply ``context_id``'s gradients on every owner; raise the first failure."""
         _c.require_context(context_id)
-        # All owners but the last step asynchronously, overlapping the local step; the
-        # last one is a blocking call, whose reply comes straight to this thread (an
-        # asynchronous reply costs a wake-up of the RPC thread and then of this one).
+        # The remote owners step asynchronously, overlapping the local step. Without a
+        # local part the last owner gets a blocking call instead, whose reply comes
+        # straight to this thread (an asynchronous reply costs a wake-up of the RPC
+        # thread and then of this one, which only pays off when there is work to overlap).
+        asynchronous = self._owners if self._local is not None else self._owners[:-1]
+        blocking = self._owners[len(asynchronous):]
         with _c.scope(None):
-            futs = [_rpc.rpc_async(o, _step, (self._key, context_id)) for o in self._owners[:-1]]
+            futs = [_rpc.rpc_async(o, _step, (self._key, context_id)) for o in asynchronous]
         first = None
         if self._local is not None:
             try:
                 self._local.step(context_id)
             except Exception as e:  # noqa: BLE001 - wait for the others, then raise
                 first = e
-        if self._owners:
+        for owner in blocking:
             try:
                 with _c.scope(None):
-                    _rpc.rpc_sync(self._owners[-1], _step, (self._key, context_id))
+                    _rpc.rpc_sync(owner, _step, (self._key, context_id))
             except Exception as e:  # noqa: BLE001 - wait for all, then raise
                 first = first or e
         for f in futs:
