@@ -58,6 +58,10 @@ from .errors import DistBackendError
 
 __all__ = ["Communicator", "Program", "describe_fingerprint", "shm_handshake"]
 
+
+#: Name prefix of the directory of a rank's ipc:// socket (with its pid after it).
+IPC_DIR_PREFIX = "dg-pg-"
+
 log = logging.getLogger("distgrad.distributed")
 Kind = wire.Kind
 
@@ -187,7 +191,7 @@ class Communicator:
         one (lower latency) for peers on this host, with the host's boot id."""
         tcp = self.transport.bind(f"tcp://{self.options.bind_addr}:0")
         try:
-            self._ipc_dir = owned_tempdir("dg-pg-")
+            self._ipc_dir = owned_tempdir(IPC_DIR_PREFIX)
             ipc = f"ipc://{self._ipc_dir}/r{self.rank}.sock"
             self.transport.router.bind(ipc)
         except (OSError, zmq.ZMQError) as e:  # no unix sockets here: TCP only

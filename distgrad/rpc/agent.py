@@ -50,6 +50,10 @@ from .worker_info import WorkerInfo
 
 __all__ = ["Agent"]
 
+
+#: Name prefix of the directory of a process's ipc:// socket (with its pid after it).
+IPC_DIR_PREFIX = "dg-rpc-"
+
 log = logging.getLogger("distgrad.rpc")
 Kind = wire.Kind
 
@@ -122,7 +126,7 @@ class Agent:
         try:
             t.start_auth()
             if opts.transport == "ipc":
-                self._ipc_dir = opts.ipc_dir or owned_tempdir("dg-rpc-")
+                self._ipc_dir = opts.ipc_dir or owned_tempdir(IPC_DIR_PREFIX)
                 address = f"ipc://{self._ipc_dir}/{uuid.uuid4().hex[:12]}.sock"
             else:
                 address = f"tcp://{opts.bind_addr}:0"

@@ -32,7 +32,8 @@ import zmq
 from distgrad.rpc import api
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.rendezvous import RendezvousServer
-from distgrad.utils.tempdirs import owned_tempdir
+from distgrad.rpc.agent import IPC_DIR_PREFIX
+from distgrad.utils.tempdirs import owned_tempdir, sweep_stale
 
 from . import forkserver
 from .spmd import TEST_MODULES_ENV
@@ -329,6 +330,7 @@ class World:
             for name in self.procs:
                 self.final_logs[name] = self.log_text(name)
             shutil.rmtree(self.dir, ignore_errors=True)
+            sweep_stale(IPC_DIR_PREFIX)  # the socket directories of workers that were killed
 
     def _all_alive(self):
         return all(p.poll() is None for p in self.procs.values())

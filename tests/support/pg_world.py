@@ -20,7 +20,9 @@ import traceback
 
 from distgrad import codec
 from distgrad.distributed import TCPStore
+from distgrad.distributed.comm import IPC_DIR_PREFIX
 from distgrad.multiprocessing.lifetime import die_with_parent, reap
+from distgrad.utils.tempdirs import sweep_stale
 
 __all__ = ["World", "Context", "registry"]
 
@@ -120,6 +122,7 @@ class World:
             pass
         reap(self.processes, grace_period=2.0)
         self.store.close()
+        sweep_stale(IPC_DIR_PREFIX)  # the socket directories of ranks that were killed
 
 
 def _rank_main(rank, n, port, options, parent):

@@ -1,4 +1,5 @@
-"""ipc socket directories of crashed processes are swept by the next process."""
+"""ipc socket directories of crashed processes are swept by the next process; those of a
+program that ends without closing what made them go at its exit."""
 import os
 import subprocess
 import sys
@@ -12,8 +13,8 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_dead_owners_directories_are_swept(tmp_path):
     # A child makes a directory and dies without cleaning up, as a crash would.
-    code = ("import sys; from distgrad.utils.tempdirs import owned_tempdir; "
-            "print(owned_tempdir('dgtest-', sys.argv[1]))")
+    code = ("import os, sys; from distgrad.utils.tempdirs import owned_tempdir; "
+            "print(owned_tempdir('dgtest-', sys.argv[1]), flush=True); os._exit(0)")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                          text=True, timeout=60, check=True).stdout.strip()
     assert os.path.isdir(out)
@@ -34,3 +35,19 @@ def test_dead_owners_files_are_swept_too(tmp_path):
     live.write_bytes(b"x")
     sweep_stale("dgtest-", str(tmp_path))
     assert not stale.exists() and live.exists()
+
+
+def test_a_program_that_just_ends_leaves_no_directory(tmp_path):
+    # No rpc.shutdown() or destroy_process_group(): the interpreter's exit removes it. A
+    # forked child that exits normally first must not remove its parent's directory.
+    code = ("import os, sys; from distgrad.utils.tempdirs import owned_tempdir\n"
+            "d = owned_tempdir('dgtest-', sys.argv[1])\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    sys.exit(0)\n"
+            "os.waitpid(pid, 0)\n"
+            "print(d, os.path.isdir(d))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert out[1] == "True", "a forked child's exit removed its parent's directory"
+    assert not os.path.exists(out[0])
