@@ -99,6 +99,8 @@ class Stage:
                                              model=self.module)
         self.timeout = spec["timeout"] or None
         self.trace = Recorder(spec["trace"])
+        if self.offload is not None and self.trace.enabled:
+            self.offload.observe_io(self._trace_offload_io)
         self.inbox = _Inbox()
         if spec["resume_from"]:
             self._load(spec["resume_from"])
@@ -110,6 +112,10 @@ class Stage:
                 self.schedule = one_f_one_b    # one stage: F0 B0 F1 B1 ...
         self._order = threading.Condition()
         self._next_seq = 1
+
+    def _trace_offload_io(self, kind, nbytes, start, end):
+        # called from the tier's own threads (writes) and from backward (reads)
+        self.trace.add_span(f"offload {kind}", start, end, lane="offload I/O", bytes=nbytes)
 
     @contextmanager
     def turn(self, seq):

@@ -2,7 +2,7 @@
 
 Each process keeps a :class:`Recorder` (a no-op unless ``--trace`` is given):
 spans (forward and backward of a micro-batch, optimizer steps, a step on the
-coordinator) and the two ends of every message between processes (an activation
+coordinator, a stage's offloaded activations written and read back) and the two ends of every message between processes (an activation
 or gradient leaving one stage, arriving at the next). The coordinator gathers the
 events at the end, measures each process's clock offset, and writes one JSON file
 that Perfetto and chrome://tracing open: a lane per process and per thread role,
@@ -22,7 +22,7 @@ __all__ = ["Recorder", "flow_id", "offset_from_samples", "align", "chrome_trace"
            "write_chrome_trace"]
 
 #: lanes (thread ids) of a process in the trace
-LANES = {"compute": 0, "messages": 1, "steps": 2}
+LANES = {"compute": 0, "messages": 1, "steps": 2, "offload I/O": 3}
 
 _FLOW_KINDS = {"input": 0, "target": 1, "act": 2, "grad": 3, "result": 4}
 

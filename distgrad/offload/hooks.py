@@ -167,6 +167,14 @@ class OffloadHooks(saved_tensors_hooks):
                              "pass model=")
         return policy
 
+    def observe_io(self, fn):
+        """Call ``fn(kind, nbytes, start_ns, end_ns)`` for each write to the tier and each
+        read from it that cost I/O (see :class:`~distgrad.offload.tier.Tier`); a tier of
+        one's own without ``observe`` reports nothing."""
+        observe = getattr(self.tier, "observe", None)
+        if observe is not None:
+            observe(fn)
+
     # ------------------------------------------------------------ context
     def __enter__(self):
         if self._closed:

@@ -13,6 +13,10 @@ Every tier has the same life cycle for a record, written once here:
 * ``delete(key)`` frees the record, also while its put is still on its way.
 * ``holds(key)`` says whether a get would cost no I/O; ``flush()`` waits for
   every put to be stored; ``close()`` frees everything; ``describe()`` names it.
+* ``observe(fn)``: ``fn(kind, nbytes, start_ns, end_ns)`` is called for every write
+  (``"write"``: from the put to its being stored) and every read that cost I/O
+  (``"read"``), timestamps of ``time.perf_counter_ns``, from whichever thread did
+  it (a launch's trace draws them).
 
 Subclasses implement ``_start_put``, ``_read``, ``_remove`` and call
 :meth:`Tier._stored` when a put finishes.
@@ -44,8 +48,15 @@ class Tier:
         self._errors = {}      # key -> exception of a failed put
         self._inflight = 0
         self._closed = False
+        self._observer = None
+        self._put_started = {}  # key -> perf_counter_ns of its put, while observed
 
     # ------------------------------------------------------------ public
+    def observe(self, fn):
+        """Report every write and every read that cost I/O to ``fn`` (None: stop)."""
+        with self._cond:
+            self._observer = fn
+            self._put_started.clear()
     def put(self, key, payload):
         """Start storing ``payload`` (a uint8 array) as ``key``; return the seconds waited."""
         n = payload.nbytes
@@ -65,6 +76,8 @@ class Tier:
                 waited = time.perf_counter() - t0
             self._inflight += n
             self._pending[key] = payload
+            if self._observer is not None:
+                self._put_started[key] = time.perf_counter_ns()
         self._start_put(key, payload)
         return waited
 
@@ -77,7 +90,13 @@ class Tier:
             return payload
         if error is not None:
             raise error
-        return self._read(key, align)
+        observer = self._observer
+        if observer is None:
+            return self._read(key, align)
+        start = time.perf_counter_ns()
+        data = self._read(key, align)
+        observer("read", data.nbytes, start, time.perf_counter_ns())
+        return data
 
     def holds(self, key):
         """Whether ``key``'s bytes are still in this process (a get costs no I/O)."""
@@ -133,6 +152,9 @@ class Tier:
             if error is not None and not cancelled:
                 self._errors[key] = error
             self._cond.notify_all()
+            started, observer = self._put_started.pop(key, None), self._observer
+        if started is not None and observer is not None and error is None:
+            observer("write", payload.nbytes, started, time.perf_counter_ns())
         del payload
         if cancelled and error is None:
             self._remove(key)

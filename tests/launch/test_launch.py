@@ -227,7 +227,13 @@ def test_each_stage_offloads_its_activations_and_trains_the_same(launcher, tiny_
     config = tmp_path / "offloaded.toml"
     config.write_text(tiny_config.read_text() + '[offload]\nkind = "disk"\n'
                       f'directory = "{tmp_path}"\n[offload.policy]\nmin_bytes = 0\n')
-    launch = launcher(config)
+    launch = launcher(config, "--trace", "trace.json")
     assert launch.wait() == 0, launch.output
     assert launch.losses() == reference(tiny_config)  # bit for bit, offloaded or not
     assert not list(tmp_path.glob("distgrad-offload-*"))  # each stage removed its directory
+    # the trace shows each stage's offloaded activations written and read back
+    trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    io = [e for e in trace if e["ph"] == "X" and e["name"].startswith("offload ")]
+    for kind in ("write", "read"):  # pids 1 and 2: the two stages
+        assert {e["pid"] for e in io if e["name"] == f"offload {kind}"} == {1, 2}, kind
+    assert all(e["args"]["bytes"] > 0 for e in io)

@@ -176,3 +176,22 @@ def test_experiment_config_errors_name_the_key_and_file(tmp_path):
         with pytest.raises(ValueError, match=message) as info:
             runner.load_config(str(cfg))
         assert str(cfg) in str(info.value)
+
+
+def test_an_observer_sees_each_write_and_each_read_that_costs_io(tmp_path):
+    events = []
+    tier = MemoryTier(1000, DiskTier(str(tmp_path)))  # observing reaches the disk tier
+    tier.observe(lambda kind, n, start, end: events.append((kind, n, start <= end)))
+    try:
+        tier.put(1, np.zeros(800, dtype=np.uint8))    # kept in memory: no I/O
+        tier.put(2, np.zeros(4000, dtype=np.uint8))   # over the budget: written to disk
+        tier.flush()
+        assert events == [("write", 4000, True)]
+        tier.get(1)                                   # from memory: no read
+        assert tier.get(2).nbytes == 4000             # from disk: a read
+        assert events == [("write", 4000, True), ("read", 4000, True)]
+        tier.observe(None)
+        tier.get(2)
+        assert len(events) == 2
+    finally:
+        tier.close()
