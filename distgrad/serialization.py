@@ -20,7 +20,8 @@ Anything else raises ``pickle.UnpicklingError`` (PyTorch's class for a refused
 global) saying what to allow.
 """
 import importlib
-import pickle
+# PyTorch's exception class for a refused load; nothing in this module unpickles.
+from pickle import UnpicklingError
 
 from .references import canonical_module, loaded_module, lookup, split_reference
 
@@ -61,12 +62,12 @@ class _Trust:
         try:
             module_name, _ = split_reference(ref)
         except ValueError as e:
-            raise pickle.UnpicklingError(f"Weights only load failed: {e}") from None
+            raise UnpicklingError(f"Weights only load failed: {e}") from None
         module = self._module(ref, module_name)
         try:
             return lookup(ref, module)
         except LookupError as e:
-            raise pickle.UnpicklingError(f"Weights only load failed: {e}") from None
+            raise UnpicklingError(f"Weights only load failed: {e}") from None
 
     def _module(self, ref, name):
         named = any(name == a or name.startswith(a + ".") for a in self.allowed)
@@ -77,16 +78,16 @@ class _Trust:
             try:
                 return importlib.import_module(name)
             except ImportError as e:
-                raise pickle.UnpicklingError(f"cannot load {ref!r}: {e}") from None
+                raise UnpicklingError(f"cannot load {ref!r}: {e}") from None
         if self.trust_imported:
             module = loaded_module(name)
             if module is None:
-                raise pickle.UnpicklingError(
+                raise UnpicklingError(
                     f"cannot load {ref!r}: module {name!r} is not imported in this process "
                     "(distgrad.load never imports one on its own); import it first or pass "
                     f"allowed_modules=[{name!r}]")
             return module
-        raise pickle.UnpicklingError(
+        raise UnpicklingError(
             f"Weights only load failed: the checkpoint holds {ref!r}, and module {name!r} is "
             "not allowed by default. If you trust the file, load it with weights_only=False "
             "(classes of modules already imported), or allow the module: "

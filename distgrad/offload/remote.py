@@ -6,19 +6,11 @@ backward. A store that dies, stops or refuses turns into a
 :class:`~distgrad.offload.errors.StoreError` naming it when the tensor is
 unpacked; never a wrong tensor, never a hang.
 """
-import itertools
-import os
-
 from .errors import StoreError
+from .store.blobs import new_namespace
 from .tier import Tier, frame_payload
 
 __all__ = ["RemoteTier", "remote_tier"]
-
-_namespaces = itertools.count(1)
-
-
-def _new_namespace():
-    return f"{os.getpid()}-{next(_namespaces)}"
 
 
 class RemoteTier(Tier):
@@ -28,7 +20,7 @@ class RemoteTier(Tier):
                  max_inflight_bytes=64 << 20):
         super().__init__(max_inflight_bytes)
         self.client = client
-        self.namespace = _new_namespace() if namespace is None else namespace
+        self.namespace = new_namespace() if namespace is None else namespace
         self.where = f"{client.endpoint} (namespace {self.namespace!r})"
         self._owns_client = owns_client
         self._timeout = timeout

@@ -27,7 +27,7 @@ dies) frees its blobs only at ``stop_serving`` or when the store worker exits.
 import threading
 
 from .errors import StoreError
-from .store.blobs import BlobStore
+from .store.blobs import BlobStore, new_namespace
 from .tier import Tier, frame_payload
 
 __all__ = ["serve_as_store", "stop_serving", "store_put", "store_get", "store_delete",
@@ -126,10 +126,9 @@ class RpcTier(Tier):
     """Records as blobs in the store role of RPC worker ``worker``."""
 
     def __init__(self, worker, namespace=None, *, timeout=None, max_inflight_bytes=64 << 20):
-        from .remote import _new_namespace
         super().__init__(max_inflight_bytes)
         self.worker = worker
-        self.namespace = _new_namespace() if namespace is None else namespace
+        self.namespace = new_namespace() if namespace is None else namespace
         self.client = _my_name()
         self.where = f"RPC worker {worker} (namespace {self.namespace!r})"
         self._timeout = -1 if timeout is None else timeout

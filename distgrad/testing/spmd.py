@@ -37,6 +37,8 @@ __all__ = ["run_everywhere", "run_here", "install_test_modules", "RankFailures",
 #: Environment variable naming the test modules a world's worker may load: JSON {name: file}
 #: (set by the harness when it starts the worker, never taken from a message).
 TEST_MODULES_ENV = "DISTGRAD_TEST_MODULES"
+#: The module of functions the harness calls on a world's workers; allowed there only.
+HARNESS_MODULE = "distgrad.testing.remote"
 #: How long the other ranks may go on after one failed, before they are interrupted.
 GRACE = 1.0
 #: Interrupts rank 0's test function (a Python handler, only while that function runs).
@@ -295,7 +297,6 @@ def run_everywhere(item, world, timeout, grace=GRACE, dump=None):
     pending calls of ranks still running then."""
     import pytest
     from distgrad.rpc import api
-    from .world import HARNESS_MODULE
     argnames = item._fixtureinfo.argnames
     kwargs = {name: item.funcargs[name] for name in argnames}
     spec = remote_kwargs(item, argnames, world.world_size)

@@ -36,14 +36,12 @@ from distgrad.rpc.agent import IPC_DIR_PREFIX
 from distgrad.utils.tempdirs import owned_tempdir, sweep_stale
 
 from . import forkserver
-from .spmd import TEST_MODULES_ENV
+from .spmd import HARNESS_MODULE, TEST_MODULES_ENV
 
 __all__ = ["World", "HARNESS_MODULE"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 
-#: The module of functions the harness calls on a world's workers; allowed there only.
-HARNESS_MODULE = "distgrad.testing.remote"
 #: The signal that makes a world's worker print its stacks and pending calls.
 DUMP_SIGNAL = signal.SIGUSR1
 #: RpcBackendOptions fields a World passes on to its workers, and their worker flags.

@@ -14,6 +14,13 @@ from ...utils.tempdirs import owned_tempdir
 from ..errors import StoreError
 from ..records import read_record, write_record
 
+_namespaces = itertools.count(1)
+
+
+def new_namespace():
+    """A namespace name no other client of a store uses: this process's pid and a count."""
+    return f"{os.getpid()}-{next(_namespaces)}"
+
 __all__ = ["BlobStore", "SPILL_DIR_PREFIX"]
 
 SPILL_DIR_PREFIX = "distgrad-store-"
