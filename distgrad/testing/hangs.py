@@ -74,7 +74,8 @@ def dump_workers(world, names=None, timeout=2.0):
     for n, start in offsets.items():
         out[n] = (world.log_text(n, start).rstrip()
                   + f"\n(the dump did not complete within {timeout:g} s)")
-    return {n: _name_threads(text) for n, text in out.items()}
+    # In rank order, not the order the dumps completed in (an idle worker finishes first).
+    return {n: _name_threads(out[n]) for n in names}
 
 
 def _name_threads(dump):
