@@ -8,6 +8,7 @@ import pytest
 import distgrad
 from distgrad.distributed import autograd as dist_autograd
 from distgrad.distributed import rpc
+from support import contexts
 from support import dist_funcs as f
 from support import rpc_funcs as rf
 
@@ -93,4 +94,4 @@ def test_sixteen_threads_mix_every_kind_of_call(rpc_world):
         t.join(60)
     assert not errors, errors[:3]
     assert sorted(done) == list(range(16))
-    assert dist_autograd.debug_live_contexts() == {"worker0": [], "worker1": [], "worker2": []}
+    assert contexts.live_everywhere() == {"worker0": [], "worker1": [], "worker2": []}

@@ -8,6 +8,7 @@ from distgrad.distributed import rpc
 from distgrad.distributed.autograd import hooks as dh
 from distgrad.distributed.nn import RemoteModule
 from distgrad.distributed.optim import DistributedOptimizer
+from support import contexts
 from support import dist_funcs as f
 
 pytestmark = pytest.mark.timeout(60)
@@ -190,4 +191,4 @@ def test_saved_tensor_hooks_by_reference_per_context_and_hook_errors(rpc_world):
         with dist_autograd.context() as cid:
             with pytest.raises(ValueError, match=r"(?s)worker1.*callback refused"):
                 dist_autograd.backward(cid, [rref.to_here().sum()])
-    assert all(v == [] for v in dist_autograd.debug_live_contexts().values())
+    assert all(v == [] for v in contexts.live_everywhere().values())

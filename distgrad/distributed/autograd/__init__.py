@@ -28,8 +28,8 @@ def is_available():
 class context:
     """``with context() as context_id:``: a distributed autograd context on this thread.
 
-    Leaving the block releases the context on every worker that took part and waits
-    for their acknowledgements (unreachable workers are only logged).
+    Leaving the block releases the context here and sends its release to every worker
+    that took part, without waiting for them (as PyTorch; a failed release is logged).
     """
 
     def __enter__(self):
@@ -40,7 +40,7 @@ class context:
 
     def __exit__(self, exc_type, exc, tb):
         self._scope.__exit__(exc_type, exc, tb)
-        _engine.release_everywhere(self.context_id, raise_errors=exc_type is None)
+        _engine.release_everywhere(self.context_id)
         return False
 
 

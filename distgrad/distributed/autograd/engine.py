@@ -35,7 +35,7 @@ from collections import defaultdict
 
 from distgrad.autograd.engine import GraphTask, execute, make_root_grads
 from distgrad.autograd.tensor import Tensor
-from distgrad.rpc import Future, WorkerUnreachableError, entry_point
+from distgrad.rpc import Future, entry_point
 from distgrad.rpc.functions import async_execution
 
 from . import container as _c
@@ -426,47 +426,36 @@ def _wait_all(agent, context_id, pass_id, parts, local):
 # ---------------------------------------------------------------------- context release
 @entry_point
 def _release_remote(context_id, caller):
-    """Runs on a worker: release here, then on the peers it exchanged with (acknowledged)."""
+    """Runs on a worker: release here, then on the peers it exchanged with."""
     release_everywhere(context_id, exclude={caller})
     return True
 
 
-def release_everywhere(context_id, exclude=(), raise_errors=True):
+def release_everywhere(context_id, exclude=()):
+    """Forget ``context_id`` here and tell every peer that took part, without waiting for
+    them (as PyTorch's context release: a failed release is only logged). A peer releases
+    in turn on the peers it exchanged with. Returns the futures of the releases sent."""
     ctx = _c.release_local(context_id)
     if ctx is None:
-        return
+        return []
     agent = _c._agent()
     if agent is None or not agent.running:
-        return
+        return []
     me = agent.name
-    peers = sorted(ctx.workers - set(exclude) - {me})
-    futs, first = [], None
+    futs = []
     with _c.scope(None):  # release messages belong to no context
-        if len(peers) == 1:  # the common case: a blocking call is the cheapest round trip
-            futs.append((peers[0], _Sync(agent, peers[0], (context_id, me))))
-        else:
-            for peer in peers:
-                futs.append((peer, agent.call(peer, _release_remote, (context_id, me))))
-        for peer, f in futs:
-            try:
-                f.wait()
-            except WorkerUnreachableError as e:
-                log.warning("releasing autograd context %s: %s", context_id, e)
-            except Exception as e:  # noqa: BLE001
-                if first is None:
-                    first = e
-    if first is not None and raise_errors:
-        raise first
+        for peer in sorted(ctx.workers - set(exclude) - {me}):
+            fut = agent.call(peer, _release_remote, (context_id, me))
+            fut.add_done_callback(lambda f, peer=peer: _log_failed_release(f, context_id, peer))
+            futs.append(fut)
+    return futs
 
 
-class _Sync:
-    """A release made with a blocking call, read like a finished Future."""
-
-    def __init__(self, agent, peer, args):
-        self.agent, self.peer, self.args = agent, peer, args
-
-    def wait(self):
-        return self.agent.call_sync(self.peer, _release_remote, self.args)
+def _log_failed_release(fut, context_id, peer):
+    """Nobody waits for a release: say what failed."""
+    if fut.exception() is not None:
+        log.warning("releasing autograd context %s on %s: %s", context_id, peer,
+                    fut.exception())
 
 
 @entry_point
