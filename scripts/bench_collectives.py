@@ -20,7 +20,6 @@ the JSON line). Prints a table and one JSON line; ``--quick`` runs fewer repetit
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -31,16 +30,10 @@ sys.path.insert(0, str(ROOT))
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = "1"  # before NumPy loads, here and (inherited) in the children
 
+from distgrad.utils.ports import free_port  # noqa: E402
+
 SIZES = (4 << 10, 1 << 20, 16 << 20, 64 << 20)
 WORLDS = (2, 3)
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _reps(nbytes, quick):
@@ -141,7 +134,7 @@ def _ddp_worker(rank, world, port, which, outdir, quick):
 
 def _run(fn, world, which, outdir, quick):
     import distgrad.multiprocessing as mp
-    mp.spawn(fn, args=(world, _free_port(), which, outdir, quick), nprocs=world)
+    mp.spawn(fn, args=(world, free_port(), which, outdir, quick), nprocs=world)
 
 
 def _load(outdir, name):

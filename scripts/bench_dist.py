@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 # The same floor, torch worker and interleaved timing as the RPC benchmark.
-from bench_rpc import RawClient, _free_port, _interleaved, _torch_worker  # noqa: E402
+from bench_rpc import RawClient, _interleaved, _torch_worker  # noqa: E402
+from distgrad.utils.ports import free_port  # noqa: E402
 
 CONFIGS = ((32, 64), (256, 512))
 LAYERS = 4
@@ -122,7 +123,7 @@ def bench_torch(reps, batches):
     except ImportError:
         return None
     torch.set_num_threads(1)
-    port = _free_port()
+    port = free_port()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     p = mp.get_context("spawn").Process(target=_torch_worker, args=(port,), daemon=True)
     p.start()

@@ -14,11 +14,8 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +23,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from distgrad.utils.ports import free_port  # noqa: E402
 
 SIZES_MB = (1, 16, 64)
 
@@ -118,12 +117,6 @@ def bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold
         raw.close()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torch_worker(port):
     import torch.distributed.rpc as trpc
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -137,7 +130,7 @@ def bench_torch(reps, batches):
         import torch.distributed.rpc as trpc
     except ImportError:
         return None
-    port = _free_port()
+    port = free_port()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     p = mp.get_context("spawn").Process(target=_torch_worker, args=(port,), daemon=True)
     p.start()

@@ -6,11 +6,12 @@ import importlib
 import os
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from distgrad.utils.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,14 +49,8 @@ def test_docstring_examples_run(name):
     assert failed == 0, f"{failed} of {tried} docstring examples in {name} failed"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(path, cwd, timeout=90):
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                           if p))
     env.pop("RANK", None), env.pop("WORLD_SIZE", None)

@@ -24,6 +24,8 @@ import os
 import re
 import socket
 
+from distgrad.utils.ports import free_port
+
 __all__ = ["Layout", "detect", "first_host", "slurm_port", "cpu_count", "torchrun_rendezvous"]
 
 
@@ -135,10 +137,7 @@ def torchrun_rendezvous(rank, env=None, timeout=60.0):
     key = f"distgrad/launch/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/rendezvous"
     if rank == 0:
         host = _address(env["MASTER_ADDR"])
-        with socket.socket() as s:  # a free port: closed again just before rank 0 binds it
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        address = f"tcp://{host}:{port}"
+        address = f"tcp://{host}:{free_port(host)}"  # closed again just before rank 0 binds it
         store.set(key, address)
         return address
     return store.get(key).decode()  # waits (up to the store's timeout) for rank 0

@@ -5,12 +5,13 @@ averages the dense gradients inside distributed autograd contexts, so the two tr
 replicas stay identical while the loss falls."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from distgrad.utils.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -18,19 +19,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_ddp_rpc_example_runs_unchanged_with_torch_aliased(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "distgrad.compat.as_torch",
                              str(HERE / "ddp_rpc_program.py"), str(tmp_path),
-                             str(_free_port()), str(_free_port()), "3"], env=env,
+                             str(free_port()), str(free_port()), "3"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=90)

@@ -24,14 +24,14 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from torch_zygote import Zygote
+
+from distgrad.utils.ports import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,18 +41,12 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 RUN_TIMEOUT = 180  # seconds for one run of one program (real torch starts slowly)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _environment():
     env = dict(os.environ)
     env.pop("DISTGRAD_AS_TORCH", None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
                                                        .split(os.pathsep) if p])
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1",
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
                MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return env
 
