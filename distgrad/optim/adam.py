@@ -11,17 +11,20 @@ def _init_moments(p, state):
     _init_step_and_buffers(p, state, "exp_avg", "exp_avg_sq")
 
 
-def _update_moments(p, grad, state, group):
+def _update_moments(p, grad, state, group, scratch=None):
     """Weight decay (L2, or decoupled when the group says so), then one more step of the
-    first and second moment estimates. Returns the step number and the decayed gradient."""
+    first and second moment estimates (intermediates in ``scratch``, shaped like ``p``,
+    when given). Returns the step number and the decayed gradient."""
     grad = _apply_weight_decay(p._data, grad, group["weight_decay"], group["lr"],
                                group.get("decoupled_weight_decay", False))
     beta1, beta2 = group["betas"]
     step = _advance_step(state)
     exp_avg, exp_avg_sq = state["exp_avg"]._data, state["exp_avg_sq"]._data
-    _lerp_(exp_avg, grad, 1 - beta1)
+    _lerp_(exp_avg, grad, 1 - beta1, scratch)
     exp_avg_sq *= beta2
-    exp_avg_sq += (1 - beta2) * grad * grad
+    term = np.multiply(grad, 1 - beta2, out=scratch)  # addcmul's value * grad * grad
+    term *= grad
+    exp_avg_sq += term
     return step, grad
 
 
@@ -46,7 +49,8 @@ class Adam(Optimizer):
             state["max_exp_avg_sq"] = _zeros_state(p)
 
     def _update(self, p, grad, state, group):
-        step, _ = _update_moments(p, grad, state, group)
+        scratch = self._scratch(p._data)
+        step, _ = _update_moments(p, grad, state, group, scratch)
         beta1, beta2 = group["betas"]
         bias_correction1 = 1 - beta1 ** step
         bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
@@ -54,5 +58,10 @@ class Adam(Optimizer):
         if group["amsgrad"]:
             second = np.maximum(state["max_exp_avg_sq"]._data, second,
                                 out=state["max_exp_avg_sq"]._data)
-        denom = np.sqrt(second) / bias_correction2_sqrt + group["eps"]
-        p._data -= group["lr"] / bias_correction1 * (state["exp_avg"]._data / denom)
+        # param.addcdiv_(exp_avg, sqrt(second) / bias_correction2_sqrt + eps, -step_size)
+        update = np.sqrt(second, out=scratch)
+        update /= bias_correction2_sqrt
+        update += group["eps"]
+        np.divide(state["exp_avg"]._data, update, out=update)
+        update *= group["lr"] / bias_correction1
+        p._data -= update

@@ -193,6 +193,17 @@ class Optimizer:
     def _check_group(self, group):
         """Reject a group whose options do not make sense together."""
 
+    def _scratch(self, like):
+        """A buffer shaped like ``like`` for an update's intermediates, shared by every
+        parameter (not state: never saved). A fresh array per operation costs more than
+        the arithmetic on a large parameter: NumPy maps new memory for it and the kernel
+        faults in every page."""
+        buffers = self.__dict__.setdefault("_scratch_buffers", {})
+        flat = buffers.get(like.dtype)
+        if flat is None or flat.size < like.size:
+            flat = buffers[like.dtype] = np.empty(like.size, like.dtype)
+        return flat[:like.size].reshape(like.shape)
+
     def step(self, closure=None):
         """Update every parameter with a gradient; returns the closure's loss."""
         for hook in chain(_global_step_pre_hooks.values(),
@@ -271,12 +282,16 @@ def _apply_weight_decay(param, grad, weight_decay, lr=None, decoupled=False):
     return grad + weight_decay * param
 
 
-def _lerp_(start, end, weight):
-    """``start.lerp_(end, weight)`` with PyTorch's two formulas (exact at both ends)."""
+def _lerp_(start, end, weight, scratch=None):
+    """``start.lerp_(end, weight)`` with PyTorch's two formulas (exact at both ends),
+    computed in ``scratch`` (a buffer shaped like ``start``) when given."""
+    diff = np.subtract(end, start, out=scratch)
     if abs(weight) < 0.5:
-        start += weight * (end - start)
+        diff *= weight
+        start += diff
     else:
-        start[...] = end - (end - start) * (1 - weight)
+        diff *= 1 - weight
+        np.subtract(end, diff, out=start)
 
 
 def _init_step_and_buffers(p, state, *names):

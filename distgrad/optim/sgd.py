@@ -1,4 +1,6 @@
 """``SGD`` with momentum, dampening, Nesterov and weight decay, as ``torch.optim.SGD``."""
+import numpy as np
+
 from .optimizer import Optimizer, required
 from ..autograd.tensor import _make
 
@@ -36,6 +38,7 @@ class SGD(Optimizer):
     def _update(self, p, grad, state, group):
         weight_decay, momentum = group["weight_decay"], group["momentum"]
         param = p._data
+        scratch = self._scratch(param)
         if weight_decay != 0:
             grad = grad + weight_decay * param
         if momentum != 0:
@@ -45,9 +48,9 @@ class SGD(Optimizer):
             else:
                 b = buf._data
                 b *= momentum
-                b += (1 - group["dampening"]) * grad
+                b += np.multiply(grad, 1 - group["dampening"], out=scratch)
             if group["nesterov"]:
                 grad = grad + momentum * buf._data
             else:
                 grad = buf._data
-        param -= group["lr"] * grad
+        param -= np.multiply(grad, group["lr"], out=scratch)
