@@ -4,15 +4,21 @@ One :class:`Communicator` per process and world (``init_process_group``); every
 group of that world (``new_group``) shares it. It owns an RPC
 :class:`~distgrad.rpc.transport.Transport` of its own (a bound ROUTER, a DEALER
 per peer, ZMTP heartbeats and connection monitors for liveness) and is that
-transport's handler object, so everything it does runs on the transport's I/O
-thread, which owns the sockets. Other threads only hand it work (``submit``,
+transport's handler object, so all it does runs on the transport's I/O thread,
+which owns the sockets. Other threads only hand it work (``submit``,
 ``submit_p2p``, ``add_group``, ``remove_group``) through one queue, so work starts
-in the order it was handed over; the pieces it is made of run on the I/O thread
-alone and need no locks:
+in the order it was handed over, and the parts it is made of, which run on the I/O
+thread alone, need no locks:
 
 * collectives run as programs (``programs.py``: :class:`ProgramRunner`, with the
-  fingerprint checks and the MISMATCH protocol);
+  fingerprint checks and the MISMATCH protocol that catch ranks calling different
+  collectives);
+* point-to-point messages (``send``/``recv``) are matched in ``p2p.py``
+  (:class:`PointToPoint`);
 * what the ranks send each other, and how much of it may wait, is in ``messages.py``.
+
+The communicator routes each message to its part, and breaks groups:
+
 * a peer that dies (the transport reports a killed process within ~0.2 s, a
   stopped one after the heartbeat timeout) or leaves fails every running
   collective of every group it belongs to, naming it; so does a program error,
@@ -20,8 +26,6 @@ alone and need no locks:
   from then on (:meth:`Communicator.break_group`): its members are told (ABORT)
   and later calls fail at once, since half-finished collectives leave ranks out
   of step.
-* point-to-point messages (``send``/``recv``) carry ``[P2P, group, tag]`` and
-  are matched in order per (source, tag), or from any source.
 * large arrays to a peer on the same host go through shared memory
   (``rpc/shm.py``: warm segments, released when the receiver's last view of
   them is gone), after the probe that proves the peer can map them
@@ -37,7 +41,6 @@ import socket
 import threading
 import time
 
-import numpy as np
 import zmq
 
 from distgrad.rpc import wire
@@ -49,6 +52,7 @@ from distgrad.utils.tempdirs import owned_tempdir
 
 from .errors import DistBackendError
 from .messages import ABORT, COLL, MISMATCH, P2P, Backlog
+from .p2p import P2PRequest, PointToPoint
 from .programs import Program, ProgramRunner
 
 __all__ = ["Communicator"]
@@ -64,7 +68,12 @@ _SHM_THRESHOLD = 256 << 10  # arrays this large take shared memory to same-host 
 
 
 class Group:
-    """A group's state in the communicator (the Python-facing object is the ProcessGroup)."""
+    """A group's state in the communicator (the Python-facing object is the ProcessGroup).
+
+    Its collectives' fields (``seq``, ``started``, ``mismatch``, ``last_fp``,
+    ``running``) are the program runner's (``programs.py``); ``broken`` and ``gone``
+    are everyone's.
+    """
 
     __slots__ = ("gid", "ranks", "rank", "timeout", "name", "seq", "started", "broken",
                  "mismatch", "last_fp", "running", "gone")
@@ -129,7 +138,8 @@ class Deadlines:
 
 class Communicator:
     """Sockets, liveness and groups of one process in a process-group world; it hands
-    collectives to its :class:`ProgramRunner` (``programs``)."""
+    collectives to its :class:`ProgramRunner` (``programs``) and sends and recvs to its
+    :class:`PointToPoint` (``p2p``), and routes their messages to them."""
 
     def __init__(self, rank, world_size, heartbeat_interval=0.5, heartbeat_timeout=3.0,
                  bind_addr="127.0.0.1"):
@@ -140,14 +150,15 @@ class Communicator:
         self.transport = Transport(f"pg-rank{rank}", rank, world_size, self.options, self)
         self.lock = threading.Lock()        # seq numbers and the submission queue
         self.groups = {}                    # gid -> Group
-        # (what, item) handed over by other threads, started in this order by the I/O thread
+        # what other threads hand the I/O thread, started in this order: ("run", Program),
+        # ("p2p", P2PRequest), ("group", Group), ("drop", gid). One queue for all, so that a
+        # group is made before its first collective, and work starts in the caller's order
         self._submitted = collections.deque()
         self._early = collections.defaultdict(list)  # gid -> messages of a group not made here yet
-        self._p2p_msgs = collections.defaultdict(collections.deque)  # (gid, tag) -> (src, payload)
-        self._p2p_recvs = collections.defaultdict(collections.deque)  # (gid, tag) -> recvs
         self.backlog = Backlog()            # messages from each peer that wait for a taker
         self.deadlines = Deadlines()
         self.programs = ProgramRunner(self)
+        self.p2p = PointToPoint(self)
         self.shm = None  # the same-host path (made at connect)
         self.callbacks = None  # runs the user's callbacks of finished work (made at connect)
         self._ipc_dir = None
@@ -218,8 +229,8 @@ class Communicator:
         outside the order of collectives."""
         with self.lock:
             self._check_usable(group, kind)
-            self._submitted.append((kind, (group, peer, tag, array, work, on_done,
-                                           time.monotonic() + group.timeout)))
+            self._submitted.append(("p2p", P2PRequest(kind, group, peer, tag, array, work,
+                                                      on_done, time.monotonic() + group.timeout)))
         self.transport.wake()
         return work
 
@@ -265,13 +276,14 @@ class Communicator:
         if kind == COLL:
             self.programs.on_message(group, src, a, b, meta, payload)
         elif kind == P2P:
-            self._on_p2p(group, src, a, payload)
+            self.p2p.on_message(group, src, a, payload)
         elif kind == MISMATCH:
             self.programs.on_mismatch(group, a, {src: meta})
         elif kind == ABORT:
             why = meta if isinstance(meta, str) else "no reason given"
             self.break_group(group, DistBackendError(f"rank {src} aborted collective #{a} of "
-                                                f"{group.describe()}: {why[:2000]}"), tell=False)
+                                                     f"{group.describe()}: {why[:2000]}"),
+                             tell=False)
 
     def on_reply(self, rank, kind, mid, extra, segments, frames):
         self.on_late(rank, segments)  # nothing here makes calls
@@ -299,7 +311,7 @@ class Communicator:
             group.gone[rank] = err
             if self.programs.waits_for(group, rank):
                 self.break_group(group, err, tell=False, keep_received=True)
-            self._fail_recvs_from(group, rank, err)
+            self.p2p.fail_recvs_from(group, rank, err)
 
     def on_peer_up(self, rank):
         log.warning("process group: rank %d answers again, but its groups stay broken", rank)
@@ -329,6 +341,8 @@ class Communicator:
                 what, item = self._submitted.popleft()
             if what == "run":
                 self.programs.start(item)
+            elif what == "p2p":
+                self.p2p.start(item)
             elif what == "group":
                 self.groups[item.gid] = item
                 for msg in self._early.pop(item.gid, ()):
@@ -336,8 +350,6 @@ class Communicator:
                     self._deliver(*msg)
             elif what == "drop":
                 self._drop_group(item)
-            else:
-                self._start_p2p(what, *item)
 
     # ------------------------------------------------------------------ failures
     def break_group(self, group, err, tell, seq=0, keep_received=False):
@@ -351,108 +363,20 @@ class Communicator:
         if tell:
             self.tell_members(group, [ABORT, group.gid, seq, 0, str(err)[:4000]])
         self.programs.fail_group(group, err)
-        for key in [k for k in self._p2p_recvs if k[0] == group.gid]:
-            for entry in self._p2p_recvs.pop(key):
-                work, entry[3] = entry[3], None
-                work._finish(err, self.callbacks)
-        if keep_received:
-            return
-        for key in [k for k in self._p2p_msgs if k[0] == group.gid]:
-            for src, _ in self._p2p_msgs.pop(key):
-                self.backlog.taken(src)
+        self.p2p.fail_group(group, err, keep_received)
 
     def _fail_submitted(self, err):
         with self.lock:
             items, self._submitted = list(self._submitted), collections.deque()
         for what, item in items:
-            if what == "run":
+            if what in ("run", "p2p"):  # a Program or a P2PRequest
                 item.work._finish(err, self.callbacks)
-            elif what in ("send", "recv"):
-                item[4]._finish(err, self.callbacks)
 
     def _drop_group(self, gid):
         group = self.groups.pop(gid, None)
         if group is not None:
             self.break_group(group, DistBackendError(f"{group.describe()} was destroyed"),
                              tell=False)
-
-    # ------------------------------------------------------------------ point to point
-    def _start_p2p(self, kind, group, peer, tag, array, work, on_done, deadline):
-        if kind == "send":
-            if group.broken is not None or peer in group.gone:
-                work._finish(group.broken or group.gone[peer], self.callbacks)
-                return
-            self.send_message(peer, [P2P, group.gid, tag, 0, None], array)
-            work._finish(None, self.callbacks)
-            return
-        entry = [peer, array, on_done, work]
-        msgs = self._p2p_msgs.get((group.gid, tag))
-        if msgs:  # received before (also from a peer that has left since)
-            for i, (src, payload) in enumerate(msgs):
-                if peer is None or src == peer:
-                    del msgs[i]
-                    self.backlog.taken(src)
-                    self._complete_recv(entry, src, payload)
-                    return
-        if group.broken is not None or self._unreachable(group, peer) is not None:
-            work._finish(group.broken or self._unreachable(group, peer), self.callbacks)
-            return
-        self._p2p_recvs[(group.gid, tag)].append(entry)
-        self.deadlines.add(deadline, _PostedRecv(self, group, entry))
-
-    @staticmethod
-    def _unreachable(group, peer):
-        """Why a recv from ``peer`` (None: any member) can get nothing more, or None."""
-        if peer is not None:
-            return group.gone.get(peer)
-        others = [r for r in group.ranks if r != group.ranks[group.rank]]
-        if others and all(r in group.gone for r in others):
-            return group.gone[others[0]]
-        return None
-
-    def _fail_recvs_from(self, group, rank, err):
-        """Posted recvs that only ``rank`` (gone) could have satisfied fail."""
-        for key in [k for k in self._p2p_recvs if k[0] == group.gid]:
-            queue = self._p2p_recvs[key]
-            for entry in list(queue):
-                if self._unreachable(group, entry[0]) is not None:
-                    queue.remove(entry)
-                    work, entry[3] = entry[3], None
-                    work._finish(err, self.callbacks)
-
-    def _on_p2p(self, group, src, tag, payload):
-        recvs = self._p2p_recvs.get((group.gid, tag))
-        if recvs:
-            for i, entry in enumerate(recvs):
-                if entry[0] is None or entry[0] == src:
-                    del recvs[i]
-                    self._complete_recv(entry, src, payload)
-                    return
-        if not self.backlog.keep(src):
-            self.break_group(group, DistBackendError(
-                f"rank {src} sent more than {self.backlog.limit} messages nobody received"),
-                tell=True)
-            return
-        self._p2p_msgs[(group.gid, tag)].append((src, payload))
-
-    def _complete_recv(self, entry, src, payload):
-        _, out, on_done, work = entry
-        entry[3] = None  # done: its deadline entry is stale now
-        exc = None
-        work._source = src
-        if out is None:
-            work._result = [payload]
-        elif type(payload) is not np.ndarray or payload.size != out.size \
-                or payload.dtype != out.dtype:
-            got = (f"{payload.size} elements of {payload.dtype}" if type(payload) is np.ndarray
-                   else f"a {type(payload).__name__}")
-            exc = DistBackendError(f"recv: rank {src} sent {got}, but the tensor passed to "
-                                   f"recv here holds {out.size} elements of {out.dtype}")
-        else:
-            out[...] = payload.reshape(-1)
-            if on_done is not None:
-                on_done()
-        work._finish(exc, self.callbacks)
 
     # ------------------------------------------------------------------ sending (I/O thread)
     def send_message(self, dst, extra, payload):
@@ -514,22 +438,3 @@ def _boot_id():
             return fh.read().strip() or "unknown"
     except OSError:
         return f"host-{socket.gethostname()}"
-
-
-class _PostedRecv:
-    """A posted recv in the deadline heap (beside the programs)."""
-
-    __slots__ = ("comm", "group", "entry")
-
-    def __init__(self, comm, group, entry):
-        self.comm, self.group, self.entry = comm, group, entry
-
-    def done(self):
-        return self.entry[3] is None
-
-    def expire(self):
-        self.comm.break_group(self.group, DistBackendError(
-            f"recv from {'any rank' if self.entry[0] is None else f'rank {self.entry[0]}'} "
-            f"timed out after {self.group.timeout:g} s in {self.group.describe()}"), tell=True)
-
-
