@@ -80,7 +80,12 @@ class Recv:
 
 class PointToPoint:
     """The sends and recvs of every group of one communicator, and the messages and
-    recvs that wait for each other."""
+    recvs that wait for each other.
+
+    It is handed its communicator (``comm.py`` imports this module, not the other way
+    round) and uses it as the program runner does: to send, for the backlog, the
+    deadlines and breaking groups.
+    """
 
     def __init__(self, comm):
         self.comm = comm

@@ -64,7 +64,7 @@ class Program:
     """One collective on this rank: its generator and what it waits for.
 
     Algorithms see it as their context: ``rank``/``size`` in the group,
-    ``send(peer, step, payload)``, and ``yield op.recv(peer, step)`` (peers are group
+    ``send(peer, step, payload)``, and ``yield prog.recv(peer, step)`` (peers are group
     ranks). ``heard`` holds the group ranks a message of this collective came from.
     """
 
@@ -111,7 +111,12 @@ class _Mismatch:
 
 class ProgramRunner:
     """The running collectives of every group of one communicator: starts them, feeds
-    them the messages they wait for, ends them, and runs the MISMATCH protocol."""
+    them the messages they wait for, ends them, and runs the MISMATCH protocol.
+
+    It is handed its communicator (``comm.py`` imports this module, not the other way
+    round) and uses it to send, to count kept messages against their sender's
+    backlog, to register deadlines and to break groups.
+    """
 
     def __init__(self, comm):
         self.comm = comm
@@ -256,8 +261,8 @@ class ProgramRunner:
         if group.mismatch is None:
             if group.broken is not None:
                 return
-            group.mismatch = _Mismatch(seq, time.monotonic() + min(group.timeout,
-                                                                   _MISMATCH_GRACE))
+            grace = min(group.timeout, _MISMATCH_GRACE)
+            group.mismatch = _Mismatch(seq, time.monotonic() + grace)
             if seq <= group.started:
                 self._answer_mismatch(group, group.last_fp.get(seq))
         elif seq != group.mismatch.seq:
