@@ -1,4 +1,4 @@
-"""The collective algorithms, as programs the communicator runs (see ``comm.py``).
+"""The collective algorithms, as programs the communicator runs (see ``programs.py``).
 
 A program is a generator function of ``prog`` (its context: ``prog.rank`` and
 ``prog.size`` in the group, ``prog.send(peer, step, payload)``, and
@@ -18,8 +18,8 @@ alone, so every rank gets the same bits and a rerun gets them again.
 
 ``NATURAL`` algorithms send to their right neighbour before they wait for
 anything and cannot end without a message from their left neighbour; for the
-others the communicator adds that exchange (it is how mismatched collectives
-are noticed, see ``comm.py``).
+others the program runner adds that exchange (it is how mismatched collectives
+are noticed, see ``programs.py``).
 """
 import numpy as np
 

@@ -4,7 +4,7 @@ Each function checks its arguments (PyTorch's exception classes, messages that
 name the argument), builds the collective's fingerprint (what must agree on
 every rank: op, shapes, dtypes, root, reduction) and its program
 (``algorithms.py``), and hands both to the world's communicator. With
-``async_op=True`` it returns the :class:`~distgrad.distributed.comm.Work`;
+``async_op=True`` it returns the :class:`~distgrad.distributed.work.Work`;
 otherwise it waits. Results are written into the given tensors in place (also
 non-contiguous ones and views), and their version counters move, as for any
 in-place op.

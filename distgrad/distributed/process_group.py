@@ -32,6 +32,7 @@ from distgrad.rpc.rendezvous import resolve_address
 
 from . import comm as _comm
 from .errors import DistError, DistStoreError
+from .programs import shm_handshake
 from .store import PrefixStore, Store, TCPStore, seconds
 from .work import Work
 
@@ -306,7 +307,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         _world.default_pg = pg
         if comm is not None:
             fp = ["init_process_group", [], [], []]
-            comm.submit(pg._state, fp, _comm.shm_handshake(comm), Work(), needs_left=False).wait()
+            comm.submit(pg._state, fp, shm_handshake(comm), Work(), needs_left=False).wait()
     except BaseException:
         if comm is not None:
             comm.close(timeout=0)
