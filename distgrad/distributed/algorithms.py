@@ -244,8 +244,7 @@ def broadcast(flat, root, n):
 def reduce(flat, op, root, n):
     """Reduce ``flat`` of every rank into ``flat`` of ``root`` (others keep theirs)."""
     def direct(prog):
-        r, n = prog.rank, prog.size
-        if r != root:
+        if prog.rank != root:
             prog.send(root, 0, flat)
             return
         yield from reduce_in_place(prog, flat, 0, op)

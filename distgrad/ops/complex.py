@@ -5,7 +5,7 @@ real part of a complex gradient that flows into a real input.
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
 from .registry import defop, record, record_view
 
 __all__ = ["conj", "conj_physical", "real", "imag", "angle", "complex", "polar", "view_as_real",

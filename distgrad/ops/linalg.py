@@ -1,7 +1,6 @@
 """Matrix products: matmul (batched, with NumPy's 1-D rules), mm, bmm, dot, mv, outer, linear."""
 import numpy as np
 
-from ..autograd.tensor import Tensor
 from .promotion import operands
 from .registry import defop, record
 

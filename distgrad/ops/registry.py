@@ -13,8 +13,6 @@ gradients of the *output's* shape where broadcasting happened; the engine reduce
 and casts them (see ``autograd/broadcast.py``). A VJP is only called for inputs
 that need a gradient.
 """
-import numpy as np
-
 from ..autograd.grad_mode import _state
 from ..autograd.node import Node, init_node, next_sequence_nr
 from ..autograd.saved import SavedTensor, RELEASED_MESSAGE

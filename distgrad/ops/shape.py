@@ -5,7 +5,7 @@ View ops share the input's storage and version counter, as in PyTorch.
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor, _make, _wrap_dim
+from ..autograd.tensor import Tensor, _wrap_dim
 from .registry import defop, record, record_multi, record_view
 
 __all__ = ["reshape", "view", "view_as", "transpose", "swapaxes", "swapdims", "permute", "t",

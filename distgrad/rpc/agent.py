@@ -24,7 +24,6 @@ import collections
 import itertools
 import logging
 import shutil
-import threading
 import time
 import uuid
 import weakref

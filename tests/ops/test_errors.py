@@ -1,5 +1,4 @@
 """Bad input raises the exception class PyTorch raises, with a message naming what is wrong."""
-import numpy as np
 import pytest
 
 import distgrad

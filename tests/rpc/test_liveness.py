@@ -4,7 +4,6 @@ import logging
 import os
 import signal
 import subprocess
-import threading
 import time
 
 import pytest
