@@ -22,11 +22,17 @@ class Adamax(Optimizer):
 
     def _update(self, p, grad, state, group):
         param = p._data
+        scratch = self._scratch(param)
         beta1, beta2 = group["betas"]
         step = _advance_step(state)
         grad = _apply_weight_decay(param, grad, group["weight_decay"])
         exp_avg, exp_inf = state["exp_avg"]._data, state["exp_inf"]._data
-        _lerp_(exp_avg, grad, 1 - beta1)
+        _lerp_(exp_avg, grad, 1 - beta1, scratch)
         exp_inf *= beta2
-        np.maximum(exp_inf, np.abs(grad) + group["eps"], out=exp_inf)
-        param -= group["lr"] / (1 - beta1 ** step) * exp_avg / exp_inf
+        bound = np.abs(grad, out=scratch)
+        bound += group["eps"]
+        np.maximum(exp_inf, bound, out=exp_inf)
+        # param.addcdiv_(exp_avg, exp_inf, value=-lr / bias_correction)
+        update = np.divide(exp_avg, exp_inf, out=scratch)
+        update *= group["lr"] / (1 - beta1 ** step)
+        param -= update

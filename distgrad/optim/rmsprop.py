@@ -25,22 +25,29 @@ class RMSprop(Optimizer):
 
     def _update(self, p, grad, state, group):
         param, alpha = p._data, group["alpha"]
+        scratch = self._scratch(param)
         _advance_step(state)
         grad = _apply_weight_decay(param, grad, group["weight_decay"])
         square_avg = state["square_avg"]._data
         square_avg *= alpha
-        square_avg += (1 - alpha) * grad * grad
+        term = np.multiply(grad, 1 - alpha, out=scratch)  # addcmul's value * grad * grad
+        term *= grad
+        square_avg += term
         if group["centered"]:
             grad_avg = state["grad_avg"]._data
-            _lerp_(grad_avg, grad, 1 - alpha)
-            avg = np.sqrt(square_avg - grad_avg * grad_avg)
+            _lerp_(grad_avg, grad, 1 - alpha, scratch)
+            avg = np.multiply(grad_avg, grad_avg, out=scratch)
+            np.subtract(square_avg, avg, out=avg)
+            np.sqrt(avg, out=avg)
         else:
-            avg = np.sqrt(square_avg)
+            avg = np.sqrt(square_avg, out=scratch)
         avg += group["eps"]
+        step = np.divide(grad, avg, out=avg)  # grad / avg: avg is not needed after this
         if group["momentum"] > 0:
             buf = state["momentum_buffer"]._data
             buf *= group["momentum"]
-            buf += grad / avg
-            param -= group["lr"] * buf
+            buf += step
+            step = np.multiply(buf, group["lr"], out=scratch)
         else:
-            param -= group["lr"] * grad / avg
+            step *= group["lr"]
+        param -= step
