@@ -1,7 +1,7 @@
 """Distributed features with PyTorch's names (``torch.distributed`` equivalent).
 
 Process groups and collectives (``init_process_group``, ``all_reduce``, ...) live in
-``process_group.py`` and ``collectives.py``, the key-value stores in ``store.py``;
+``process_group.py`` and ``collectives.py``, the key-value stores in ``store.py`` and ``file_store.py``;
 ``rpc`` is ``torch.distributed.rpc``. ``autograd``, ``optim`` and ``nn`` load on
 first use.
 """
@@ -22,6 +22,7 @@ from .process_group import (Backend, GroupMember, ProcessGroup, default_pg_timeo
                             is_nccl_available, is_torchelastic_launched, is_ucc_available,
                             new_group)
 from .reduce_op import ReduceOp, reduce_op
+from .file_store import FileStore
 from .store import HashStore, PrefixStore, Store, TCPStore
 
 

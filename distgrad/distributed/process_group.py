@@ -32,6 +32,7 @@ from distgrad.rpc.rendezvous import resolve_address
 
 from . import comm as _comm
 from .errors import DistError, DistStoreError
+from .file_store import FileStore
 from .programs import shm_handshake
 from .store import PrefixStore, Store, TCPStore, seconds
 from .work import Work
@@ -198,9 +199,21 @@ def _from_env(name, given):
 
 
 def _store_from_init_method(init_method, rank, world_size, timeout):
-    """(store, rank, world_size, master host) of an ``env://`` or ``tcp://`` init method."""
+    """(store, rank, world_size, master host) of an ``env://``, ``tcp://`` or ``file://``
+    init method (a file store: ranks on one machine, or on one shared file system)."""
     url = urllib.parse.urlparse(init_method)
     query = dict(urllib.parse.parse_qsl(url.query))
+    if url.scheme == "file":
+        rank = int(query.get("rank", rank))
+        world_size = int(query.get("world_size", world_size))
+        path = url.netloc + url.path
+        if not path:
+            raise ValueError(f"init_method {init_method!r} names no file: use file:///path")
+        if rank < 0 or world_size < 1:
+            raise ValueError("file:// init_method needs rank and world_size (arguments, or "
+                             "?rank=..&world_size=.. in the URL)")
+        _check_rank(rank, world_size)
+        return FileStore(path, world_size), rank, world_size, None
     if url.scheme == "env":
         rank = _from_env("RANK", rank if rank >= 0 else None)
         world_size = _from_env("WORLD_SIZE", world_size if world_size >= 0 else None)
@@ -215,8 +228,8 @@ def _store_from_init_method(init_method, rank, world_size, timeout):
             raise ValueError("tcp:// init_method needs rank and world_size (arguments, or "
                              "?rank=..&world_size=.. in the URL)")
     else:
-        raise ValueError(f"init_method {init_method!r} is not supported: use env:// or "
-                         "tcp://host:port (or pass store=)")
+        raise ValueError(f"init_method {init_method!r} is not supported: use env://, "
+                         "tcp://host:port or file:///path (or pass store=)")
     host, port = address[len("tcp://"):].rsplit(":", 1)
     _check_rank(rank, world_size)
     store = TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout,

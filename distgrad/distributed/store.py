@@ -41,7 +41,11 @@ _MAX_VALUE = 64 << 20
 _MAX_KEYS = 1_000_000
 _MAX_WAITERS = 100_000
 _REPLY_SLACK = 5.0          # how much longer than its own timeout a client waits for an answer
-_MEMBERS_KEY = "\x00members"  # the count of connected clients (hidden from num_keys/list_keys)
+# Bookkeeping keys, hidden from num_keys/list_keys: the count of connected clients (or of
+# a file store's users), and of a file store's users that closed it.
+_MEMBERS_KEY = "\x00members"
+_FINISHED_KEY = "\x00finished"
+_HIDDEN_KEYS = frozenset({_MEMBERS_KEY, _FINISHED_KEY})
 
 
 def seconds(timeout, default=None):
@@ -114,7 +118,7 @@ class _Table:
         return self.data.pop(key, None) is not None
 
     def user_keys(self):
-        return [k for k in self.data if k != _MEMBERS_KEY]
+        return [k for k in self.data if k not in _HIDDEN_KEYS]
 
 
 class Store:
