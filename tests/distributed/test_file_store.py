@@ -95,3 +95,28 @@ def test_file_init_method_needs_rank_and_world_size(tmp_path):
         dist.init_process_group("gloo", init_method=f"file://{tmp_path}/x")
     with pytest.raises(ValueError, match="names no file"):
         dist.init_process_group("gloo", init_method="file://", rank=0, world_size=1)
+
+
+ADDER = textwrap.dedent("""
+    import sys
+    import distgrad.distributed as dist
+    store = dist.FileStore(sys.argv[1], 3)
+    for _ in range(100):
+        store.add("count", 1)
+    store.wait(["count"])
+    store.close()
+""")
+
+
+def test_concurrent_adds_from_processes_are_not_lost(tmp_path):
+    path = str(tmp_path / "counter")
+    watcher = dist.FileStore(path)  # world_size -1: keeps the file for the check
+    procs = [subprocess.Popen([sys.executable, "-c", ADDER, path]) for _ in range(3)]
+    try:
+        assert [p.wait(timeout=90) for p in procs] == [0, 0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert watcher.get("count") == b"300"
+    watcher.close()
