@@ -41,7 +41,8 @@ from ..futures import Future
 from .options import RpcBackendOptions
 from .owner import OwnerOps, OwnerTable
 from .pool import HandlerPool
-from .rendezvous import RendezvousServer, join, resolve_address
+from .rendezvous import (RendezvousServer, file_path, join, publish, read_published,
+                         resolve_address, unpublish)
 from .rref import RRef
 from .shm import LendingContext, SameHost
 from .transport import Transport
@@ -111,6 +112,7 @@ class Agent:
         self._quiet = False                       # peers leaving is expected (after the barrier)
         self._ipc_dir = None
         self._rendezvous = None
+        self._published = None                    # (file, address) rank 0 wrote for file://
         self._peer_listeners = []
         owner_ops = OwnerOps(self.owner, self.allowlist, self.dispatcher.run_later,
                              options.rpc_timeout or None)
@@ -132,13 +134,24 @@ class Agent:
             endpoint = t.bind(address)
             curve = None if opts.curve_public_key is None else (opts.curve_public_key,
                                                                 opts.curve_secret_key)
+            rendezvous_file = file_path(opts.init_method)
             server = rendezvous_server
             if server is None and self.rank == 0:
-                server = RendezvousServer(t.ctx, resolve_address(opts.init_method), curve)
+                bind = (f"tcp://{opts.bind_addr}:0" if rendezvous_file
+                        else resolve_address(opts.init_method))
+                server = RendezvousServer(t.ctx, bind, curve)
             self._rendezvous = server  # answers late joiners until this agent shuts down
             if server is not None and not server.started:
                 server.start(self.world_size, opts.rendezvous_timeout)
-            address = server.address if server is not None else resolve_address(opts.init_method)
+                if rendezvous_file:
+                    publish(rendezvous_file, server.address)
+                    self._published = (rendezvous_file, server.address)
+            if server is not None:
+                address = server.address
+            elif rendezvous_file:
+                address = read_published(rendezvous_file, opts.rendezvous_timeout)
+            else:
+                address = resolve_address(opts.init_method)
             # the server's own timeout (with the missing ranks) should be what rank 0 reports
             wait = opts.rendezvous_timeout + (2.0 if server is not None else 0.0)
             table = join(t.ctx, address, self.name, self.rank, self.world_size, endpoint, wait,
@@ -542,6 +555,9 @@ class Agent:
         self.running = False
         if self._rendezvous is not None:
             self._rendezvous.stop()
+        if self._published is not None:
+            unpublish(*self._published)
+            self._published = None
         err = RpcError(f"RPC agent {self.name!r} shut down")
         failed = self.calls.close(err)
         if self.transport is not None:

@@ -10,7 +10,8 @@ class RpcBackendOptions:
     """Settings of one process's RPC agent.
 
     ``init_method``: ``"env://"`` (MASTER_ADDR/MASTER_PORT or DISTGRAD_COORDINATOR),
-    ``"tcp://host:port"`` or ``"ipc:///path"``: where the rendezvous runs.
+    ``"tcp://host:port"``, ``"ipc:///path"``: where the rendezvous runs, or
+    ``"file:///path"``: a file through which rank 0 tells the others where it runs.
     ``transport``: ``"tcp"`` or ``"ipc"`` for this process's own endpoint.
     ``rpc_timeout``: default per-call timeout in seconds (0 = no timeout).
     ``num_worker_threads``: handler threads kept ready; more start whenever every

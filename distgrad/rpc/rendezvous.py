@@ -2,7 +2,10 @@
 
 The rendezvous address comes from ``init_method`` (``tcp://host:port`` or
 ``ipc:///path``) or, for ``env://``, from ``DISTGRAD_COORDINATOR`` or
-``MASTER_ADDR``/``MASTER_PORT``. Rank 0 binds it (port 0 is allowed when the
+``MASTER_ADDR``/``MASTER_PORT``. With ``file:///path`` (PyTorch's file init, for
+processes that share a file system) rank 0 binds a free port and writes its
+address into the file; the others wait for it there; rank 0 removes the file when
+it shuts down. As with PyTorch's, each run needs a file no earlier run left behind. Rank 0 binds it (port 0 is allowed when the
 server is created up front, see :class:`RendezvousServer`), collects
 ``world_size`` registrations and answers each with the full table. It keeps
 answering until the world shuts down, so a process that comes late (or twice)
@@ -16,13 +19,15 @@ import logging
 import os
 import threading
 import time
+import urllib.parse
 
 import msgpack
 import zmq
 
 from .errors import RpcError, RpcTimeoutError
 
-__all__ = ["RendezvousServer", "join", "resolve_address", "RendezvousError"]
+__all__ = ["RendezvousServer", "join", "resolve_address", "RendezvousError", "file_path",
+           "publish", "read_published", "unpublish"]
 
 log = logging.getLogger("distgrad.rpc")
 
@@ -34,8 +39,8 @@ class RendezvousError(RpcError):
 def resolve_address(init_method):
     if init_method and init_method != "env://":
         if not init_method.startswith(("tcp://", "ipc://")):
-            raise ValueError(f"init_method must be env://, tcp://host:port or ipc://path, "
-                             f"not {init_method!r}")
+            raise ValueError(f"init_method must be env://, tcp://host:port, ipc://path or "
+                             f"file:///path, not {init_method!r}")
         return init_method
     coord = os.environ.get("DISTGRAD_COORDINATOR")
     if coord:
@@ -51,6 +56,58 @@ def resolve_address(init_method):
     if not 0 < port < 65536:
         raise ValueError(f"MASTER_PORT {port} is out of range 1-65535")
     return f"tcp://{addr}:{port}"
+
+
+def file_path(init_method):
+    """The file of a ``file://`` init method; None for the other kinds."""
+    if not (init_method or "").startswith("file://"):
+        return None
+    url = urllib.parse.urlparse(init_method)
+    path = url.netloc + url.path
+    if not path:
+        raise ValueError(f"init_method {init_method!r} names no file: use file:///path")
+    return path
+
+
+def publish(path, address):
+    """Rank 0: write ``address`` into ``path``, whole or not at all (a reader polls it)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(address)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise RendezvousError(f"cannot write the rendezvous address into {path!r}: {e}") from None
+
+
+def read_published(path, timeout):
+    """The address rank 0 wrote into ``path``, waiting up to ``timeout`` s for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                address = f.read().strip()
+            if address:
+                return address
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise RendezvousError(f"cannot read the rendezvous file {path!r}: {e}") from None
+        if time.monotonic() >= deadline:
+            raise RpcTimeoutError(f"no rendezvous address appeared in {path!r} within "
+                                  f"{timeout:g} s: is rank 0 running with the same "
+                                  "init_method? (rendezvous_timeout, --rendezvous-timeout)")
+        time.sleep(0.02)
+
+
+def unpublish(path, address):
+    """Rank 0 at shutdown: remove ``path`` if it still holds ``address``."""
+    try:
+        with open(path) as f:
+            if f.read().strip() == address:
+                os.unlink(path)
+    except OSError:
+        pass
 
 
 def _secure(sock, curve, server):

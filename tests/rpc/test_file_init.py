@@ -1,0 +1,60 @@
+"""``init_method="file:///path"`` (PyTorch's file init): rank 0 writes where its rendezvous
+runs into the file, the others wait for it there, and rank 0 removes it at shutdown."""
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from distgrad.distributed import rpc
+
+pytestmark = pytest.mark.timeout(120)
+
+RANK = textwrap.dedent("""
+    import sys
+    import distgrad
+    from distgrad.distributed import rpc
+    rank, path = int(sys.argv[1]), sys.argv[2]
+    options = rpc.TensorPipeRpcBackendOptions(init_method="file://" + path)
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=2, rpc_backend_options=options)
+    if rank == 0:
+        total = rpc.rpc_sync("worker1", distgrad.add, (distgrad.ones(2), distgrad.ones(2)))
+        print("sum", total.tolist(), flush=True)
+    rpc.shutdown()
+""")
+
+
+def test_ranks_meet_through_a_file_whichever_starts_first(tmp_path):
+    path = tmp_path / "rendezvous"
+    late = subprocess.Popen([sys.executable, "-c", RANK, "1", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [late]
+    try:
+        time.sleep(0.5)  # rank 1 waits for a file that does not exist yet
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK, "0", str(path)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    assert "sum [2.0, 2.0]" in outs[1][0]
+    assert not path.exists()  # rank 0 removed it at shutdown
+
+
+def test_a_rank_whose_rank_0_never_writes_the_file_is_told_which_file(tmp_path):
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{tmp_path}/never",
+                                              rendezvous_timeout=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(rpc.RpcTimeoutError, match=r"never'? within 0.5 s.*same init_method"):
+        rpc.init_rpc("worker1", rank=1, world_size=2, rpc_backend_options=options)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_file_init_method_without_a_file_is_refused():
+    with pytest.raises(ValueError, match="names no file"):
+        rpc.init_rpc("worker0", rank=0, world_size=1,
+                     rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method="file://"))
