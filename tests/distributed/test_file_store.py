@@ -1,8 +1,6 @@
 """FileStore: processes share a store by its file name; init_process_group meets through
 one (``file://``); the file goes when the last of ``world_size`` users closes it."""
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -11,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 import distgrad.distributed as dist
+from local.programs import run_programs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,17 +74,8 @@ RANK = textwrap.dedent("""
 
 def test_init_process_group_meets_through_a_file(tmp_path):
     path = str(tmp_path / "rendezvous")
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), path],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=90) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err
+    for code, out, err in run_programs([(RANK, r, path) for r in range(2)]):
+        assert code == 0, err
         assert "sum 3.0" in out
     assert not os.path.exists(path)  # both ranks closed it
 
@@ -111,12 +101,7 @@ ADDER = textwrap.dedent("""
 def test_concurrent_adds_from_processes_are_not_lost(tmp_path):
     path = str(tmp_path / "counter")
     watcher = dist.FileStore(path)  # world_size -1: keeps the file for the check
-    procs = [subprocess.Popen([sys.executable, "-c", ADDER, path]) for _ in range(3)]
-    try:
-        assert [p.wait(timeout=90) for p in procs] == [0, 0, 0]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    results = run_programs([(ADDER, path)] * 3)
+    assert [code for code, _, _ in results] == [0, 0, 0], results
     assert watcher.get("count") == b"300"
     watcher.close()

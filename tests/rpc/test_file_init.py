@@ -1,13 +1,12 @@
 """``init_method="file:///path"`` (PyTorch's file init): rank 0 writes where its rendezvous
 runs into the file, the others wait for it there, and rank 0 removes it at shutdown."""
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
 from distgrad.distributed import rpc
+from local.programs import run_programs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,21 +26,11 @@ RANK = textwrap.dedent("""
 
 def test_ranks_meet_through_a_file_whichever_starts_first(tmp_path):
     path = tmp_path / "rendezvous"
-    late = subprocess.Popen([sys.executable, "-c", RANK, "1", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs = [late]
-    try:
-        time.sleep(0.5)  # rank 1 waits for a file that does not exist yet
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK, "0", str(path)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        outs = [p.communicate(timeout=90) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err
-    assert "sum [2.0, 2.0]" in outs[1][0]
+    # rank 1 starts first and waits for a file that does not exist yet
+    results = run_programs([(RANK, 1, path), (RANK, 0, path)], stagger=0.5)
+    for code, _, err in results:
+        assert code == 0, err
+    assert "sum [2.0, 2.0]" in results[1][1]
     assert not path.exists()  # rank 0 removed it at shutdown
 
 
