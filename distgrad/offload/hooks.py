@@ -146,6 +146,8 @@ class OffloadHooks(saved_tensors_hooks):
         self._order = []            # (seq, weakref to _Saved) in pack order
         self._order_pruned_at = 0
         self._deferred = deque()    # records whose last saved tensor died, to free
+        self._drainer = None        # the thread freeing them once the lock is free
+        self._drainer_lock = threading.RLock()  # reentrant: a collection may start inside
         self._tls = threading.local()
         self._closed = False
         self._prefetcher = _Prefetcher(self.tier, self.stats, self._cond, prefetch_bytes)
@@ -275,29 +277,60 @@ class OffloadHooks(saved_tensors_hooks):
 
     # ------------------------------------------------------------ releasing
     def _release(self, record):
-        """The saved tensor of ``record`` died (any thread, maybe inside GC): free later
-        if the lock is busy, so a collection inside a locked section cannot deadlock."""
+        """The saved tensor of ``record`` died (any thread, maybe inside GC). Free it now if
+        the lock is free; otherwise a drainer thread frees it as soon as the holder lets go.
+        Never wait here: a collection inside a locked section would wait for itself, and
+        the holder may be the read-ahead thread, which can keep the lock for seconds."""
         self._deferred.append(record)
         self._drain()
+        if self._deferred:
+            self._start_drainer()
 
     def _drain(self):
+        """Free the deferred records if the lock is free now (never waits for it)."""
         while self._deferred and self._cond.acquire(blocking=False):
-            freed = []
             try:
-                while self._deferred:
-                    record = self._deferred.popleft()
-                    record.refs -= 1
-                    if record.refs == 0:
-                        self._dedup.discard(record)
-                        self._prefetcher.forget(record)
-                        freed.append(record.key)
+                freed = self._free_deferred()
             finally:
                 self._cond.release()
-            for key in freed:
-                try:
-                    self.tier.delete(key)
-                except Exception:  # noqa: BLE001 - a dead store has freed it already
-                    pass
+            self._delete(freed)
+
+    def _free_deferred(self):
+        """With the lock held: forget the deferred records no saved tensor uses any more;
+        return their keys (deleted from the tier after the lock is let go)."""
+        freed = []
+        while self._deferred:
+            record = self._deferred.popleft()
+            record.refs -= 1
+            if record.refs == 0:
+                self._dedup.discard(record)
+                self._prefetcher.forget(record)
+                freed.append(record.key)
+        return freed
+
+    def _delete(self, keys):
+        for key in keys:
+            try:
+                self.tier.delete(key)
+            except Exception:  # noqa: BLE001 - a dead store has freed it already
+                pass
+
+    def _start_drainer(self):
+        with self._drainer_lock:
+            if self._drainer is None:
+                self._drainer = threading.Thread(target=self._drain_when_free, daemon=True,
+                                                 name="distgrad-offload-release")
+                self._drainer.start()
+
+    def _drain_when_free(self):
+        while True:
+            with self._cond:  # waits for the holder: at its next wait or when it is done
+                freed = self._free_deferred()
+            self._delete(freed)
+            with self._drainer_lock:
+                if not self._deferred:
+                    self._drainer = None
+                    return
 
     # ------------------------------------------------------------ public
     def on_backward_start(self):
