@@ -231,9 +231,11 @@ def test_each_stage_offloads_its_activations_and_trains_the_same(launcher, tiny_
     assert launch.wait() == 0, launch.output
     assert launch.losses() == reference(tiny_config)  # bit for bit, offloaded or not
     assert not list(tmp_path.glob("distgrad-offload-*"))  # each stage removed its directory
-    # the trace shows each stage's offloaded activations written and read back
+    # the trace shows the stages' offloaded activations written and read back. Which stage
+    # does which I/O depends on timing: a read served while its write is still queued, or
+    # a record freed before it was written, costs no I/O and draws nothing
     trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     io = [e for e in trace if e["ph"] == "X" and e["name"].startswith("offload ")]
-    for kind in ("write", "read"):  # pids 1 and 2: the two stages
-        assert {e["pid"] for e in io if e["name"] == f"offload {kind}"} == {1, 2}, kind
+    assert {e["name"] for e in io} == {"offload write", "offload read"}
+    assert {e["pid"] for e in io} == {1, 2}  # pids 1 and 2: the two stages
     assert all(e["args"]["bytes"] > 0 for e in io)
