@@ -16,11 +16,12 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_layers import _single_threaded_reexec  # noqa: E402 - the same one-thread re-exec
+
 SHAPES = [(1024, 1024)] * 4 + [(1024,)] * 4
 LR, MOMENTUM, BETAS, EPS, DECAY = 1e-3, 0.9, (0.9, 0.999), 1e-8, 1e-2
 CASES = {  # name: (optimizer class name, its options)
@@ -29,14 +30,6 @@ CASES = {  # name: (optimizer class name, its options)
     "Adam": ("Adam", {"lr": LR, "betas": BETAS, "eps": EPS}),
     "AdamW": ("AdamW", {"lr": LR, "betas": BETAS, "eps": EPS, "weight_decay": DECAY}),
 }
-
-
-def _single_threaded_reexec():
-    """Run again in a fresh process with one BLAS thread (set before NumPy loads)."""
-    if all(os.environ.get(v) == "1" for v in _THREAD_VARS):
-        return
-    env = dict(os.environ, **{v: "1" for v in _THREAD_VARS})
-    sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
 
 
 class NumpyFloor:

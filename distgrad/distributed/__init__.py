@@ -1,9 +1,9 @@
 """Distributed features with PyTorch's names (``torch.distributed`` equivalent).
 
 Process groups and collectives (``init_process_group``, ``all_reduce``, ...) live in
-``process_group.py`` and ``collectives.py``, the key-value stores in ``store.py`` and ``file_store.py``;
-``rpc`` is ``torch.distributed.rpc``. ``autograd``, ``optim`` and ``nn`` load on
-first use.
+``process_group.py`` and ``collectives.py``, the key-value stores in ``store.py`` and
+``file_store.py``; ``rpc`` is ``torch.distributed.rpc``. ``autograd``, ``optim`` and
+``nn`` load on first use.
 """
 from . import rpc  # noqa: F401
 from .collectives import (P2POp, all_gather, all_gather_into_tensor, all_gather_object,

@@ -50,7 +50,7 @@ class FileStore(Store):
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as e:
             raise DistStoreError(f"FileStore cannot open {self.path!r}: {e}") from None
-        self._update(lambda table: table.add(_MEMBERS_KEY, 1))
+        self._call("add", _MEMBERS_KEY, 1)  # one more user (a hidden key)
 
     # -- the file --
     @contextmanager
@@ -79,14 +79,6 @@ class FileStore(Store):
         raw = msgpack.packb(table.data, use_bin_type=True)
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, raw, 0)
-
-    def _update(self, change):
-        """Apply ``change(table)`` under the lock, write the table, return the result."""
-        with self._locked():
-            table = self._read()
-            result = change(table)
-            self._write(table)
-            return result
 
     # -- the store API --
     def _call(self, op, *args):

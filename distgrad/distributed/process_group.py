@@ -28,7 +28,7 @@ import time
 import urllib.parse
 import warnings
 
-from distgrad.rpc.rendezvous import resolve_address
+from distgrad.rpc.rendezvous import file_path, resolve_address
 
 from . import comm as _comm
 from .errors import DistError, DistStoreError
@@ -206,9 +206,7 @@ def _store_from_init_method(init_method, rank, world_size, timeout):
     if url.scheme == "file":
         rank = int(query.get("rank", rank))
         world_size = int(query.get("world_size", world_size))
-        path = url.netloc + url.path
-        if not path:
-            raise ValueError(f"init_method {init_method!r} names no file: use file:///path")
+        path = file_path(init_method)
         if rank < 0 or world_size < 1:
             raise ValueError("file:// init_method needs rank and world_size (arguments, or "
                              "?rank=..&world_size=.. in the URL)")

@@ -286,34 +286,26 @@ class OffloadHooks(saved_tensors_hooks):
         if self._deferred:
             self._start_drainer()
 
-    def _drain(self):
-        """Free the deferred records if the lock is free now (never waits for it)."""
-        while self._deferred and self._cond.acquire(blocking=False):
+    def _drain(self, blocking=False):
+        """Free the deferred records: if the lock is free now, or (``blocking``, only on
+        the drainer thread) once it is. Their files go after the lock is let go."""
+        while self._deferred and self._cond.acquire(blocking=blocking):
+            freed = []
             try:
-                freed = self._free_deferred()
+                while self._deferred:
+                    record = self._deferred.popleft()
+                    record.refs -= 1
+                    if record.refs == 0:
+                        self._dedup.discard(record)
+                        self._prefetcher.forget(record)
+                        freed.append(record.key)
             finally:
                 self._cond.release()
-            self._delete(freed)
-
-    def _free_deferred(self):
-        """With the lock held: forget the deferred records no saved tensor uses any more;
-        return their keys (deleted from the tier after the lock is let go)."""
-        freed = []
-        while self._deferred:
-            record = self._deferred.popleft()
-            record.refs -= 1
-            if record.refs == 0:
-                self._dedup.discard(record)
-                self._prefetcher.forget(record)
-                freed.append(record.key)
-        return freed
-
-    def _delete(self, keys):
-        for key in keys:
-            try:
-                self.tier.delete(key)
-            except Exception:  # noqa: BLE001 - a dead store has freed it already
-                pass
+            for key in freed:
+                try:
+                    self.tier.delete(key)
+                except Exception:  # noqa: BLE001 - a dead store has freed it already
+                    pass
 
     def _start_drainer(self):
         with self._drainer_lock:
@@ -324,9 +316,7 @@ class OffloadHooks(saved_tensors_hooks):
 
     def _drain_when_free(self):
         while True:
-            with self._cond:  # waits for the holder: at its next wait or when it is done
-                freed = self._free_deferred()
-            self._delete(freed)
+            self._drain(blocking=True)  # the holder lets go at its next wait, or when done
             with self._drainer_lock:
                 if not self._deferred:
                     self._drainer = None

@@ -2,14 +2,17 @@
 
 The rendezvous address comes from ``init_method`` (``tcp://host:port`` or
 ``ipc:///path``) or, for ``env://``, from ``DISTGRAD_COORDINATOR`` or
-``MASTER_ADDR``/``MASTER_PORT``. With ``file:///path`` (PyTorch's file init, for
-processes that share a file system) rank 0 binds a free port and writes its
-address into the file; the others wait for it there; rank 0 removes the file when
-it shuts down. As with PyTorch's, each run needs a file no earlier run left behind. Rank 0 binds it (port 0 is allowed when the
+``MASTER_ADDR``/``MASTER_PORT``. Rank 0 binds it (port 0 is allowed when the
 server is created up front, see :class:`RendezvousServer`), collects
 ``world_size`` registrations and answers each with the full table. It keeps
 answering until the world shuts down, so a process that comes late (or twice)
 is told why it cannot join instead of waiting out its timeout.
+
+With ``file:///path`` (PyTorch's file init, for processes that share a file
+system) rank 0 binds a free port and writes its address into the file
+(:func:`publish`); the others wait for it there (:func:`read_published`); rank 0
+removes the file when it shuts down. As with PyTorch's, each run needs a file no
+earlier run left behind.
 
 Every registration gets an answer: a malformed one, another world size, a rank
 out of range, a name or rank already taken (both claimants are told, and the

@@ -434,21 +434,18 @@ def _release_remote(context_id, caller):
 def release_everywhere(context_id, exclude=()):
     """Forget ``context_id`` here and tell every peer that took part, without waiting for
     them (as PyTorch's context release: a failed release is only logged). A peer releases
-    in turn on the peers it exchanged with. Returns the futures of the releases sent."""
+    in turn on the peers it exchanged with."""
     ctx = _c.release_local(context_id)
     if ctx is None:
-        return []
+        return
     agent = _c._agent()
     if agent is None or not agent.running:
-        return []
+        return
     me = agent.name
-    futs = []
     with _c.scope(None):  # release messages belong to no context
         for peer in sorted(ctx.workers - set(exclude) - {me}):
             fut = agent.call(peer, _release_remote, (context_id, me))
             fut.add_done_callback(lambda f, peer=peer: _log_failed_release(f, context_id, peer))
-            futs.append(fut)
-    return futs
 
 
 def _log_failed_release(fut, context_id, peer):
