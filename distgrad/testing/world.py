@@ -213,11 +213,20 @@ class World:
         p.send_signal(sig)
         p.wait(10)
 
-    def pause(self, name):
+    def pause(self, name, timeout=5.0):
         """SIGSTOP worker ``name``: its process lives but neither computes nor answers
-        (its peers report it unreachable after the heartbeat timeout)."""
+        (its peers report it unreachable after the heartbeat timeout). Returns once every
+        thread of it has stopped: a signal is only queued when ``kill`` returns, and a
+        running worker could still answer a message sent right after."""
+        pid = self.procs[name].pid
         self.procs[name].send_signal(signal.SIGSTOP)
         self.paused.add(name)
+        deadline = time.monotonic() + timeout
+        while not _stopped(pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} (pid {pid}) did not stop within {timeout:g} s "
+                                   "of SIGSTOP")
+            time.sleep(0.001)
 
     def resume(self, name):
         """SIGCONT a paused worker."""
@@ -332,3 +341,22 @@ class World:
 
     def _all_alive(self):
         return all(p.poll() is None for p in self.procs.values())
+
+
+def _stopped(pid):
+    """Whether every thread of process ``pid`` is stopped by a signal (Linux /proc), or it
+    is gone; True where /proc cannot tell."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True  # gone, or no /proc to ask
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+

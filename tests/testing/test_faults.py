@@ -6,6 +6,7 @@ import time
 import pytest
 
 from distgrad.distributed import rpc
+from distgrad.testing.world import _stopped
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -141,6 +142,7 @@ def test_rules_are_checked_where_they_are_made(world):
 def test_kill_pause_and_resume_a_worker(rpc_world):
     world = rpc_world(2)
     world.pause("worker2")
+    assert _stopped(world.procs["worker2"].pid)  # every thread, by the time pause returns
     with pytest.raises(rpc.RpcTimeoutError):
         rpc.rpc_sync("worker2", record, ("paused",), timeout=0.5)
     world.resume("worker2")
