@@ -29,8 +29,9 @@ A rule is data, installed on every rank of the world (or the ranks named by
 Counting is per sending process: "the nth message" is the nth this rank sends.
 What each fault does to the program under test is what the real one would do:
 a dropped request or response leaves its caller waiting until its RPC timeout
-(``RpcTimeoutError``); a duplicated request runs twice on the callee (the second
-reply is discarded as late); a delayed message holds the thread that sends it
+(``RpcTimeoutError``); a duplicated request runs twice on the callee, the copies served
+concurrently like any two requests, so in no fixed order with later calls (the
+second reply is discarded as late); a delayed message holds the thread that sends it
 (the caller's for a request, the handler's for a response) for ``seconds``; a
 failed request raises ``error`` in its caller, a failed response reaches the
 caller as that remote error.

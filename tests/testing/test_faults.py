@@ -59,25 +59,27 @@ def test_drop_a_response_after_the_work_was_done(world):
     world.faults.drop(fn="*:record", kind="response")
     with pytest.raises(rpc.RpcTimeoutError):
         rpc.rpc_async("worker1", record, ("done",), timeout=0.5).wait()
-    assert rpc.rpc_sync("worker1", ran) == ["done"]
+    assert ran_on("worker1", 1) == ["done"]    # on a loaded machine it may run after 0.5 s
 
 
 def test_duplicate_runs_the_call_twice(world):
     world.faults.duplicate(fn=record, nth=1)
     assert rpc.rpc_sync("worker1", record, ("d",)) == "d"
     assert rpc.rpc_async("worker1", record, ("e",)).wait() == "e"
-    assert ran_on("worker1", 3) == ["d", "d", "e"]
+    # the copies are served like any two requests, by the handler pool: the second "d"
+    # may run after "e"
+    assert sorted(ran_on("worker1", 3)) == ["d", "d", "e"]
     world.faults.duplicate(fn=record, kind="response")   # the second reply is dropped as late
     assert [rpc.rpc_sync("worker2", record, (t,)) for t in "fg"] == ["f", "g"]
 
 
 def test_delay_holds_matching_messages_only(world):
-    world.faults.delay(0.3, fn=record, kind="response")
+    world.faults.delay(1.0, fn=record, kind="response")
     t0 = time.monotonic()
     assert rpc.rpc_sync("worker1", record, ("slow",)) == "slow"
     t1 = time.monotonic()
     rpc.rpc_sync("worker1", ran)
-    assert t1 - t0 >= 0.3 and time.monotonic() - t1 < 0.25
+    assert t1 - t0 >= 1.0 and time.monotonic() - t1 < 0.5
 
 
 def test_fail_a_request_or_a_response(world):
@@ -150,4 +152,5 @@ def test_kill_pause_and_resume_a_worker(rpc_world):
     world.kill("worker1")
     with pytest.raises(rpc.WorkerUnreachableError, match="worker1"):
         rpc.rpc_sync("worker1", record, ("dead",))
-    assert rpc.rpc_sync("worker2", ran) == ["paused", "resumed"]   # held, then served
+    # held, then served; two requests served by the pool at once finish in either order
+    assert sorted(rpc.rpc_sync("worker2", ran)) == ["paused", "resumed"]
