@@ -20,6 +20,9 @@ def test_an_rpc_worker_serves_as_store(rpc_world):
     hooks = save_on_remote(store, policy=OffloadPolicy(min_bytes=0))
     assert_bitwise_equal(gradients(make_mlp, hooks, retain_graph=True), want)
     assert hooks.stats.tensors_offloaded == 3
+    # backward may finish before the store has even received the puts (reads are served
+    # from the bytes still on their way): once they are stored, the deletes follow
+    hooks.flush()
     deadline = time.monotonic() + 5
     while store.stats()["client_blobs"] and time.monotonic() < deadline:
         time.sleep(0.01)
