@@ -1,17 +1,18 @@
 """Distributed features with PyTorch's names (``torch.distributed`` equivalent).
 
 Process groups and collectives (``init_process_group``, ``all_reduce``, ...) live in
-``process_group.py`` and ``collectives.py``, the key-value stores in ``store.py`` and
+``process_group.py``, ``collectives.py``, ``point_to_point.py`` and
+``object_collectives.py``, the key-value stores in ``store.py`` and
 ``file_store.py``; ``rpc`` is ``torch.distributed.rpc``. ``autograd``, ``optim`` and
 ``nn`` load on first use.
 """
 from . import rpc  # noqa: F401
-from .collectives import (P2POp, all_gather, all_gather_into_tensor, all_gather_object,
-                          all_reduce, all_to_all, all_to_all_single, barrier, batch_isend_irecv,
-                          broadcast, broadcast_object_list, gather, gather_object, irecv, isend,
-                          monitored_barrier, recv, recv_object_list, reduce, reduce_scatter,
-                          reduce_scatter_tensor, scatter, scatter_object_list, send,
-                          send_object_list)
+from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all,
+                          all_to_all_single, barrier, broadcast, gather, monitored_barrier, reduce,
+                          reduce_scatter, reduce_scatter_tensor, scatter)
+from .point_to_point import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .object_collectives import (all_gather_object, broadcast_object_list, gather_object,
+                                 recv_object_list, scatter_object_list, send_object_list)
 from .work import Work
 from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError
 from .process_group import (Backend, GroupMember, ProcessGroup, default_pg_timeout,
