@@ -193,7 +193,9 @@ def test_forged_internal_operations_are_validated_and_bounded(rpc_world):
         for i in range(300):
             s.send_multipart([wire.pack_header(wire.Kind.CALL, 10 + i, 0),
                               _call("@rref.fetch", [[0, 10_000 + i]])])
-        time.sleep(0.5)
+        deadline = time.monotonic() + 5  # parked, they would hold threads for the RPC timeout
+        while rpc.rpc_sync("worker1", f.busy_handlers) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert rpc.rpc_sync("worker1", f.busy_handlers) == 0
         # a LEAVE claiming to be rank 0 from a connection that is not rank 0's dealer
         s.send_multipart([wire.pack_header(wire.Kind.LEAVE, 0, 0, "forged"), b""])
