@@ -193,7 +193,9 @@ def test_forged_internal_operations_are_validated_and_bounded(rpc_world):
         for i in range(300):
             s.send_multipart([wire.pack_header(wire.Kind.CALL, 10 + i, 0),
                               _call("@rref.fetch", [[0, 10_000 + i]])])
-        deadline = time.monotonic() + 5  # parked, they would hold threads for the RPC timeout
+        # parked, they would hold threads for the RPC timeout (60 s); served, the pool goes
+        # idle as soon as it got through them, which takes seconds on a loaded machine
+        deadline = time.monotonic() + 20
         while rpc.rpc_sync("worker1", f.busy_handlers) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert rpc.rpc_sync("worker1", f.busy_handlers) == 0
