@@ -10,12 +10,17 @@ def write_rank(i, path):
         fh.write(str(os.getpid()))
 
 
-def fail_on(i, bad, path):
-    """Process ``bad`` raises; the others record their pid and sleep until reaped."""
-    with open(os.path.join(path, f"pid-{i}"), "w") as fh:
+def fail_on(i, bad, path, nprocs):
+    """Process ``bad`` raises once all ``nprocs`` have recorded their pid; the others
+    sleep until reaped."""
+    with open(os.path.join(path, f"pid-{i}.tmp"), "w") as fh:
         fh.write(str(os.getpid()))
+    os.rename(os.path.join(path, f"pid-{i}.tmp"), os.path.join(path, f"pid-{i}"))
     if i == bad:
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while (sum(n.startswith("pid-") and not n.endswith(".tmp") for n in os.listdir(path))
+               < nprocs and time.monotonic() < deadline):
+            time.sleep(0.01)
         raise ValueError(f"process {i} failed on purpose")
     time.sleep(60)
 

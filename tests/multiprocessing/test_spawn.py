@@ -34,7 +34,7 @@ def pids():
 def _read_pids(path, count, timeout=30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        names = [n for n in os.listdir(path) if n.startswith("pid-")]
+        names = [n for n in os.listdir(path) if n.startswith("pid-") and not n.endswith(".tmp")]
         if len(names) == count:
             time.sleep(0.05)  # let the last writer finish
             return {int(n[4:]): int(open(os.path.join(path, n)).read()) for n in names}
@@ -88,8 +88,8 @@ def test_spawn_runs_fn_with_index_and_args_and_context_joins(tmp_path, pids):
 
 def test_child_exception_raises_with_traceback_and_reaps_the_others(tmp_path, pids):
     with pytest.raises(mp.ProcessRaisedException) as info:
-        mp.spawn(spawn_targets.fail_on, args=(1, str(tmp_path)), nprocs=2)
-    children = _read_pids(str(tmp_path), 2, timeout=1)
+        mp.spawn(spawn_targets.fail_on, args=(1, str(tmp_path), 2), nprocs=2)
+    children = _read_pids(str(tmp_path), 2, timeout=1)  # process 1 waited for them
     pids.extend(children.values())
     e = info.value
     assert e.error_index == 1 and e.error_pid == children[1]

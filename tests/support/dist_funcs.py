@@ -227,13 +227,15 @@ def stage_via(other, key, x):
 
 
 def offload_stats(context_id):
-    """The offload counters of this worker's hook object for ``context_id`` (None if none)."""
+    """The offload counters of this worker's hook object for ``context_id`` (None if none),
+    once its writes so far are on disk (they run behind the forward pass)."""
     from distgrad.distributed.autograd.container import get_context
     ctx = get_context(context_id)
     if ctx is None:
         return None
     for ext in ctx.extensions:
         if hasattr(ext, "stats"):
+            ext.flush()
             s = ext.stats
             return {"offloaded": s.tensors_offloaded, "hits": s.prefetch_hits,
                     "misses": s.prefetch_misses, "records": ext.live_records()}
