@@ -5,6 +5,7 @@ thread could be blocked that way, the replies it waits for would starve. So a
 request never waits for a busy thread: when none is idle, a new one starts (up to
 a large cap). Idle threads beyond ``min_threads`` retire after a while.
 """
+import itertools
 import logging
 import queue
 import threading
@@ -16,19 +17,19 @@ class HandlerPool:
     def __init__(self, min_threads=4, max_threads=1024, name="rpc-handler", idle_exit=30.0):
         self._q = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._idle = 0
-        self._threads = 0
         self._min = max(1, min_threads)
+        self._threads = self._idle = self._min  # started just below
         self._max = max_threads
         self._name = name
         self._idle_exit = idle_exit
         self._stopped = False
         self._mine = threading.local()
+        self._names = itertools.count(1)
         for _ in range(self._min):
-            self._spawn(reserved=False)
+            self._start_thread()
 
     def busy(self):
-        """How many threads are running a job now."""
+        """How many jobs are running or waiting for a thread now."""
         with self._lock:
             return self._threads - self._idle
 
@@ -36,22 +37,33 @@ class HandlerPool:
         """Whether the calling thread is one of this pool's (serving peers, or callbacks)."""
         return getattr(self._mine, "yes", False)
 
-    def _spawn(self, reserved):
-        self._threads += 1
-        if not reserved:
-            self._idle += 1
-        t = threading.Thread(target=self._run, name=f"{self._name}-{self._threads}", daemon=True)
-        t.start()
+    def _start_thread(self):
+        """Start a thread already counted in ``_threads``. Never with the lock held:
+        ``Thread.start`` waits for the new thread to run, which on a loaded machine can
+        take long, and every thread finishing a job needs the lock to say it is idle."""
+        t = threading.Thread(target=self._run, name=f"{self._name}-{next(self._names)}",
+                             daemon=True)
+        try:
+            t.start()
+        except RuntimeError:  # no more threads: the job waits in the queue for a free one
+            log.exception("could not start an RPC handler thread")
+            with self._lock:
+                self._threads -= 1
+                self._idle -= 1  # keeps busy() = jobs not finished; < 0 until one frees
 
     def submit(self, fn, *args):
         with self._lock:
             if self._stopped:
                 raise RuntimeError("handler pool is shut down")
+            spawn = False
             if self._idle > 0:
-                self._idle -= 1
+                self._idle -= 1  # an idle thread will take it
             elif self._threads < self._max:
-                self._spawn(reserved=True)
-        self._q.put((fn, args))
+                self._threads += 1  # a new thread, counted busy until it finishes a job
+                spawn = True
+        self._q.put((fn, args))  # first: a thread freed meanwhile may take it at once
+        if spawn:
+            self._start_thread()
 
     def _run(self):
         self._mine.yes = True
