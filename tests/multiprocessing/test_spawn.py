@@ -42,11 +42,23 @@ def _read_pids(path, count, timeout=30.0):
     raise AssertionError(f"children did not start within {timeout} s: {os.listdir(path)}")
 
 
+def _running(pid):
+    """Alive and not a zombie: an orphan killed with its parent is reaped by init,
+    whenever init gets to it (slowly on a loaded machine), not by us."""
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:  # gone meanwhile, or no /proc
+        return pid_alive(pid)
+
+
 def _wait_gone(pid_list, timeout=10.0):
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pid_list):
+    while time.monotonic() < deadline and any(_running(p) for p in pid_list):
         time.sleep(0.05)
-    return [p for p in pid_list if pid_alive(p)]
+    return [p for p in pid_list if _running(p)]
 
 
 def _our_error_dirs():
