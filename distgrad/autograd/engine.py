@@ -323,7 +323,7 @@ class GraphTask:
                     remaining = deps[nxt] - 1
                     deps[nxt] = remaining
                     if remaining == 0:
-                        var = nxt._variable() if type(nxt) is AccumulateGrad else None
+                        var = nxt._variable if type(nxt) is AccumulateGrad else None
                         if var is not None and inline_leaves and nxt._pre_hooks is None and \
                                 nxt._post_hooks is None and not var._hooks and \
                                 not var._post_acc_hooks:
@@ -350,7 +350,7 @@ class GraphTask:
                     while ready_leaves:
                         leaf, g = ready_leaves.pop()
                         owned = _getrefcount(g) <= 2  # `g` itself and getrefcount's argument
-                        accumulate_into_grad(leaf._variable(), g, owned)
+                        accumulate_into_grad(leaf._variable, g, owned)
                     g = None
         finally:
             errstate.__exit__(None, None, None)

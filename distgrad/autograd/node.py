@@ -127,37 +127,35 @@ _accumulate_lock = threading.Lock()
 class AccumulateGrad(Node):
     """The node of a leaf: adds incoming gradients into ``variable.grad``.
 
-    The leaf keeps its accumulator alive and the accumulator refers to the leaf
-    weakly, so a parameter gets one accumulator for its whole life (not one per
-    forward pass) and no reference cycle forms. The price: a leaf nobody holds
-    any more receives no gradient, which nobody could observe anyway.
+    As in PyTorch, the accumulator holds its leaf and the leaf refers to its
+    accumulator weakly: the graph keeps the accumulator alive, a leaf outside any
+    graph keeps none, and no reference cycle forms. Whoever needs one accumulator
+    across forward passes (hooks on it, DDP) holds it.
     """
 
     __slots__ = ("_variable",)
 
     def __init__(self, variable):
         init_node(self, (), ACCUMULATE_SEQUENCE_NR, ((variable._data.shape, variable._data.dtype),))
-        self._variable = weakref.ref(variable)
-        variable._grad_accumulator = self
+        self._variable = variable
+        variable._grad_accumulator = weakref.ref(self)
 
     @property
     def variable(self):
-        return self._variable()
+        return self._variable
 
     def _tensor_hooks_for(self, output_nr):
         # Hooks on a leaf live on the tensor (so they survive the accumulator).
-        variable = self._variable()
-        hooks = variable._hooks if variable is not None else None
+        hooks = self._variable._hooks
         return tuple(hooks.values()) if hooks else ()
 
     def _has_any_pre_hooks(self):
-        variable = self._variable()
-        return bool((variable is not None and variable._hooks) or self._pre_hooks)
+        return bool(self._variable._hooks or self._pre_hooks)
 
     def apply(self, grads):
         g = grads[0]
-        variable = self._variable()
-        if g is not None and variable is not None:
+        variable = self._variable
+        if g is not None:
             accumulate_into_grad(variable, g)
             hooks = variable._post_acc_hooks
             if hooks:

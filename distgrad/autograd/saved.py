@@ -6,6 +6,7 @@ version counter only, because a reference to the output tensor would make a
 cycle (output -> grad_fn -> output) that keeps activations alive.
 """
 import threading
+import weakref
 
 from .node import AccumulateGrad
 
@@ -118,7 +119,7 @@ class SavedTensor:
                 fn, nr = self._edge
                 if isinstance(fn, AccumulateGrad):  # a leaf: share its accumulator
                     value = _make(value._data, requires_grad=True, vc=value._vc)
-                    value._grad_accumulator = fn
+                    value._grad_accumulator = weakref.ref(fn)
                 else:
                     value = _make(value._data, grad_fn=fn, output_nr=nr, requires_grad=True,
                                   vc=value._vc)

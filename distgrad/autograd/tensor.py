@@ -289,7 +289,8 @@ class Tensor:
         fn = self._grad_fn
         if fn is not None:
             return (fn, self._output_nr)
-        acc = self._grad_accumulator
+        ref = self._grad_accumulator
+        acc = ref() if ref is not None else None
         if acc is None or acc._out_meta[0][0] != self._data.shape:  # `.data` may have been replaced
             from .node import AccumulateGrad
             acc = AccumulateGrad(self)

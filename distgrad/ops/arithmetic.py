@@ -27,11 +27,11 @@ SubBackward0 = defop("SubBackward0", vjps=(
     lambda xp, g, m: -g if m is None else g * -m["alpha"]))
 SubScalarBackward = defop("SubBackward0", vjps=(lambda xp, g, m: g, _NO_GRAD))
 RsubBackward1 = defop("RsubBackward1", vjps=(lambda xp, g, m: g * -m["alpha"],))
-MulBackward0 = defop("MulBackward0", saved=("self", "other"), vjps=(
+MulBackward0 = defop("MulBackward0", saved=("self", "other"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, y: g * xp.conj(y),
     lambda xp, g, m, x, y: g * xp.conj(x)))
 MulScalarBackward = defop("MulBackward0", vjps=(lambda xp, g, m: g * np.conj(m["other"]), _NO_GRAD))
-DivBackward0 = defop("DivBackward0", saved=("self", "other"), vjps=(
+DivBackward0 = defop("DivBackward0", saved=("self", "other"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, y: g / xp.conj(y),
     lambda xp, g, m, x, y: -g * xp.conj(x / y / y)))
 DivScalarBackward = defop("DivBackward0", vjps=(lambda xp, g, m: g / np.conj(m["other"]), _NO_GRAD))
@@ -62,7 +62,7 @@ def _pow_base_vjp(xp, g, m, x, y, r):
 
 PowBackward0 = defop("PowBackward0", saved=("self",), vjps=(_pow_scalar_vjp,))
 PowBackward1 = defop("PowBackward1", saved=("self", "exponent", "result"),
-                     vjps=(_pow_base_vjp, _pow_exponent_vjp))
+                     pack_reversed=True, vjps=(_pow_base_vjp, _pow_exponent_vjp))
 
 
 def _rpow_vjp(xp, g, m, y, r):
@@ -129,15 +129,15 @@ multiply = mul
 
 def div(input, other, *, rounding_mode=None):
     if rounding_mode is not None:
-        if rounding_mode == "floor":
-            return floor_divide(input, other)
-        if rounding_mode == "trunc":
-            a, b, ad, bd, dt = operands(input, other)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                res = np.trunc(np.true_divide(ad, bd))
-            return _make(res.astype(dt, copy=False))
-        raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' "
-                           f"but found '{rounding_mode}'")
+        if rounding_mode not in ("floor", "trunc"):
+            raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or "
+                               f"'floor' but found '{rounding_mode}'")
+        a, b, ad, bd, dt = operands(input, other)
+        rounding = np.floor_divide if rounding_mode == "floor" else _trunc_divide
+        with np.errstate(divide="ignore", invalid="ignore"):
+            res = rounding(ad, bd).astype(dt, copy=False)
+        # Rounded quotients are piecewise constant: zero gradients, as PyTorch's DivBackward2.
+        return record(DivBackward2, res, (a, b) if a is not None else (b,))
     a, b, ad, bd, dt = operands(input, other)
     if dt.kind in "biu":
         dt = _dt.get_default_dtype().numpy
@@ -156,29 +156,52 @@ divide = div
 true_divide = div
 
 
-def floor_divide(input, other):
-    a, b, ad, bd, dt = operands(input, other)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _make(np.floor_divide(ad, bd).astype(dt, copy=False))
+def _trunc_divide(a, b):
+    return np.trunc(np.true_divide(a, b))
 
 
-def remainder(input, other):
-    a, b, ad, bd, dt = operands(input, other)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        res = np.remainder(ad, bd)
-    if b is None and a is not None:
-        return record(RemainderBackward0, res.astype(dt, copy=False), (a, None))
-    return _make(res.astype(dt, copy=False))
+def _not_implemented(op):
+    """The node PyTorch records for an op without a derivative: backward through it raises."""
+    def vjp(xp, g, m):
+        raise RuntimeError(f"derivative for aten::{op} is not implemented")
+    return defop("NotImplemented", vjps=(vjp, vjp))
 
 
-# d/dx remainder(x, y) = 1 almost everywhere.
-RemainderBackward0 = defop("RemainderBackward0", vjps=(lambda xp, g, m: g, _NO_GRAD))
+DivBackward2 = defop("DivBackward2", vjps=(lambda xp, g, m: g * 0, lambda xp, g, m: g * 0))
+FloorDivideNotImplemented = _not_implemented("floor_divide")
+RemainderNotImplemented = _not_implemented("remainder")
+# remainder and fmod: d/dx = 1 almost everywhere, d/dy = -(x / y rounded), as in PyTorch.
+RemainderBackward0 = defop("RemainderBackward0", vjps=(lambda xp, g, m: g,))
+RemainderBackward1 = defop("RemainderBackward1", saved=("self", "other"), pack_reversed=True, vjps=(
+    lambda xp, g, m, x, y: g,
+    lambda xp, g, m, x, y: -g * np.floor_divide(_raw(x), _raw(y))))
+FmodBackward0 = defop("FmodBackward0", vjps=(lambda xp, g, m: g,))
+FmodBackward1 = defop("FmodBackward1", saved=("self", "other"), pack_reversed=True, vjps=(
+    lambda xp, g, m, x, y: g,
+    lambda xp, g, m, x, y: -g * _trunc_divide(_raw(x), _raw(y))))
 
 
-def fmod(input, other):
-    a, b, ad, bd, dt = operands(input, other)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _make(np.fmod(ad, bd).astype(dt, copy=False))
+def _rounding_op(ufunc, scalar_node, tensor_node, number_first_node):
+    """floor_divide, remainder, fmod: one forward, the node chosen by which operands are
+    tensors (a Python number on the left has no derivative in PyTorch either)."""
+    def op(input, other):
+        a, b, ad, bd, dt = operands(input, other)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            res = ufunc(ad, bd).astype(dt, copy=False)
+        if a is None:
+            return record(number_first_node, res, (b,))
+        if b is None:
+            return record(scalar_node, res, (a,))
+        return record(tensor_node, res, (a, b), (a, b) if tensor_node._saved_names else ())
+    op.__name__ = op.__qualname__ = ufunc.__name__
+    return op
+
+
+floor_divide = _rounding_op(np.floor_divide, FloorDivideNotImplemented,
+                            FloorDivideNotImplemented, FloorDivideNotImplemented)
+remainder = _rounding_op(np.remainder, RemainderBackward0, RemainderBackward1,
+                         RemainderNotImplemented)
+fmod = _rounding_op(np.fmod, FmodBackward0, FmodBackward1, _not_implemented("fmod"))
 
 
 def pow(input, exponent):  # noqa: A001

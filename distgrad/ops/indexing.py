@@ -164,10 +164,11 @@ def _tie_vjp(xp, g, m, x, y, which):
     return g * weight
 
 
-MaximumBackward0 = defop("MaximumBackward0", saved=("self", "other"), vjps=(
+MaximumBackward0 = defop("MaximumBackward0", saved=("self", "other"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, y: _tie_vjp(xp, g, m, x, y, 0),
     lambda xp, g, m, x, y: _tie_vjp(xp, g, m, x, y, 1)))
-MinimumBackward0 = defop("MinimumBackward0", saved=("self", "other"), vjps=MaximumBackward0._vjps)
+MinimumBackward0 = defop("MinimumBackward0", saved=("self", "other"), pack_reversed=True,
+                         vjps=MaximumBackward0._vjps)
 
 
 def maximum(input, other):

@@ -32,11 +32,12 @@ def _matmul_vjp_other(xp, g, m, x, y):
 
 
 _MATMUL_VJPS = (_matmul_vjp_self, _matmul_vjp_other)
-MmBackward0 = defop("MmBackward0", saved=("self", "mat2"), vjps=_MATMUL_VJPS)
-BmmBackward0 = defop("BmmBackward0", saved=("self", "mat2"), vjps=_MATMUL_VJPS)
+MmBackward0 = defop("MmBackward0", saved=("self", "mat2"), pack_reversed=True, vjps=_MATMUL_VJPS)
+BmmBackward0 = defop("BmmBackward0", saved=("self", "mat2"), pack_reversed=True, vjps=_MATMUL_VJPS)
 DotBackward0 = defop("DotBackward0", saved=("self", "tensor"), vjps=_MATMUL_VJPS)
 MvBackward0 = defop("MvBackward0", saved=("self", "vec"), vjps=_MATMUL_VJPS)
-MatmulBackward0 = defop("MatmulBackward0", saved=("self", "other"), vjps=_MATMUL_VJPS)
+MatmulBackward0 = defop("MatmulBackward0", saved=("self", "other"), pack_reversed=True,
+                        vjps=_MATMUL_VJPS)
 
 
 def _node_for(xn, yn):

@@ -40,6 +40,7 @@ class OpNode(Node):
     _vjps = ()
     _vjp_all = None
     _result_saved = False
+    _pack_reversed = False
 
     def apply(self, grads):
         saved = self._saved
@@ -93,6 +94,16 @@ class OpNode(Node):
                 return tuple(value) if isinstance(value, list) else value
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
+    def __dir__(self):
+        # The introspection attributes that resolve, as PyTorch lists them on its nodes.
+        names = set(super().__dir__())
+        for key in type(self)._saved_names:
+            names.update((f"_saved_{key}", f"_raw_saved_{key}"))
+        meta = self._meta
+        if isinstance(meta, dict):
+            names.update(f"_saved_{key}" for key in meta)
+        return sorted(names)
+
 
 def _saved_index(cls, key):
     try:
@@ -101,10 +112,15 @@ def _saved_index(cls, key):
         return None
 
 
-def defop(name, saved=(), vjps=(), vjp_all=None):
-    """Make the Node class of an op. ``saved`` names may include ``"result"`` (the output)."""
+def defop(name, saved=(), vjps=(), vjp_all=None, pack_reversed=False):
+    """Make the Node class of an op. ``saved`` names may include ``"result"`` (the output).
+
+    ``pack_reversed``: PyTorch saves this op's inputs last to first, so saved-tensor
+    pack hooks see them in that order (``mul`` packs ``other`` before ``self``); the
+    result, when saved, always comes last.
+    """
     attrs = {"__slots__": (), "_saved_names": tuple(saved), "_vjps": tuple(vjps),
-             "_result_saved": "result" in saved}
+             "_result_saved": "result" in saved, "_pack_reversed": pack_reversed}
     if vjp_all is not None:
         attrs["_vjp_all"] = staticmethod(vjp_all)
     cls = type(name, (OpNode,), attrs)
@@ -126,7 +142,8 @@ def _edges(inputs):
             edges.append((x._grad_fn, x._output_nr))
             any_grad = True
         else:
-            acc = x._grad_accumulator
+            ref = x._grad_accumulator
+            acc = ref() if ref is not None else None
             edges.append((acc, 0) if acc is not None and acc._out_meta[0][0] == x._data.shape
                          else x._grad_edge())
             any_grad = True
@@ -157,9 +174,11 @@ def record(cls, out, inputs, saved=(), meta=None):
     t._grad_fn = node
     t._requires_grad = True
     if saved or cls._result_saved:
-        kept = []
-        for s in saved:
-            kept.append(SavedTensor(s, False))
+        if cls._pack_reversed:
+            kept = [SavedTensor(s, False) for s in reversed(saved)]
+            kept.reverse()
+        else:
+            kept = [SavedTensor(s, False) for s in saved]
         if cls._result_saved:
             kept.append(SavedTensor(t, True))
         node._saved = kept

@@ -184,7 +184,7 @@ def _clamp_self_vjp(xp, g, m, x, lo, hi):
 
 ClampBackward1 = defop("ClampBackward1", saved=("self",), vjps=(
     lambda xp, g, m, x: _clamp_self_vjp(xp, g, m, x, m["min"], m["max"]),))
-ClampBackward0 = defop("ClampBackward0", saved=("self", "min", "max"), vjps=(
+ClampBackward0 = defop("ClampBackward0", saved=("self", "min", "max"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, lo, hi: _clamp_self_vjp(xp, g, m, x, lo if m["has_min"] else None,
                                                 hi if m["has_max"] else None),
     lambda xp, g, m, x, lo, hi: xp.mask(g, _raw(x) < _raw(lo)),

@@ -116,16 +116,15 @@ def _leaf_gradient_sink():
 
 def _reachable_params(outputs, params):
     """The parameters (of ``params``) whose gradient the graph of ``outputs`` reaches."""
-    wanted = {id(p._grad_accumulator): i for i, p in enumerate(params)
-              if p._grad_accumulator is not None}
+    wanted = {id(p._grad_edge()[0]): i for i, p in enumerate(params)}
     found, seen, stack = set(), set(), []
 
     def collect(x):
         if isinstance(x, Tensor):
             if x._grad_fn is not None:
                 stack.append(x._grad_fn)
-            elif x._requires_grad and x._grad_accumulator is not None:
-                stack.append(x._grad_accumulator)
+            elif x._requires_grad:
+                stack.append(x._grad_edge()[0])
         elif isinstance(x, (list, tuple)):
             for y in x:
                 collect(y)
@@ -207,8 +206,10 @@ class DistributedDataParallel(Module):
             b.ids = [index[id(p)] for p in b.params]
         self._plan_units(_SEGMENT_BYTES)
         self._hooks = []
-        for i, p in enumerate(self._params):
-            acc = p._grad_edge()[0]  # the leaf keeps its AccumulateGrad alive
+        # Held here, as PyTorch's Reducer holds them: a leaf refers to its accumulator
+        # weakly, and the hooks must stay on the one its forward passes use.
+        self._grad_accumulators = [p._grad_edge()[0] for p in self._params]
+        for i, acc in enumerate(self._grad_accumulators):
             self._hooks.append(acc.register_hook(self._make_hook(i)))
         self._reset_iteration(active=False)
 
