@@ -19,7 +19,8 @@ from .node import AccumulateGrad, accumulate_into_grad, sum_grads
 _getrefcount = sys.getrefcount
 from .tensor import Tensor, _make
 
-__all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute"]
+__all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute",
+           "current_graph_task", "task_extension", "set_task_extension"]
 
 
 class _CurrentTasks(threading.local):
@@ -45,6 +46,20 @@ def execute(task):
         task.execute()
     finally:
         _current_tasks.stack.pop()
+
+
+def task_extension(task, name):
+    """The state an engine built on this one keeps on ``task`` under ``name`` (or None).
+
+    The extension slot of a backward pass: the distributed engine keeps its pass under
+    ``"distributed"``, and code that runs inside backward (hooks, DDP) finds it with
+    ``task_extension(current_graph_task(), "distributed")``.
+    """
+    return task.extensions.get(name) if task is not None else None
+
+
+def set_task_extension(task, name, state):
+    task.extensions[name] = state
 
 
 def will_engine_execute_node(node):
@@ -162,8 +177,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     result = run_backward(outputs, grads, retain_graph, create_graph, inputs,
                           allow_unused=allow_unused, accumulate_grad=False)
     if materialize_grads:
-        from .. import zeros_like
-        result = tuple(r if r is not None else zeros_like(i) for r, i in zip(result, inputs))
+        result = tuple(r if r is not None else _make(np.zeros_like(i._data))
+                       for r, i in zip(result, inputs))
     return result
 
 
@@ -185,8 +200,19 @@ class GraphTask:
         self.captured = None
         # How a leaf's gradient is stored; distributed contexts substitute their own.
         self.accumulate = accumulate
+        # State of engines built on this one, by name (the distributed engine's pass).
+        self.extensions = {}
         self._heap = []
         self._tiebreak = count()
+
+    @property
+    def dist_pass(self):
+        """The distributed engine's state for this pass (``extensions["distributed"]``)."""
+        return self.extensions.get("distributed")
+
+    @dist_pass.setter
+    def dist_pass(self, value):
+        self.extensions["distributed"] = value
 
     # -- graph discovery --
     def compute_dependencies(self, root_nodes):
@@ -519,3 +545,11 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
         else:
             results.append(_make(g))
     return tuple(results)
+
+
+def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+    """Accumulate the gradient of this tensor w.r.t. the graph leaves into their ``.grad``."""
+    backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+
+Tensor.backward = _tensor_backward

@@ -1,4 +1,5 @@
 """``distgrad.autograd.graph``: the Node type and saved-tensor hooks, as ``torch.autograd.graph``."""
+from .multi_grad_hook import register_multi_grad_hook
 from .node import Node
 from .saved import hooks_state
 
@@ -65,6 +66,3 @@ class disable_saved_tensors_hooks:
         return wrapper
 
 
-def register_multi_grad_hook(tensors, fn, *, mode="all"):
-    from .multi_grad_hook import register_multi_grad_hook as impl
-    return impl(tensors, fn, mode=mode)

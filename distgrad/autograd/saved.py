@@ -9,6 +9,7 @@ import threading
 import weakref
 
 from .node import AccumulateGrad
+from .tensor import Tensor, _describe, _make
 
 __all__ = ["SavedTensor", "SavedTensorHooksState", "hooks_state"]
 
@@ -69,7 +70,6 @@ class SavedTensor:
 
     def _check_version(self, node):
         if self._vc[0] != self._version:
-            from .tensor import _describe
             owner = f"output {self._output_nr} of {type(node).__name__}" if self._is_output else \
                 "an input of " + type(node).__name__
             raise RuntimeError(
@@ -97,12 +97,10 @@ class SavedTensor:
         self._check_version(node)
         if self._tensor is not None:
             return self._tensor
-        from .tensor import _make
         return _make(self._data, grad_fn=node if self._requires_grad else None,
                      output_nr=self._output_nr, requires_grad=self._requires_grad, vc=self._vc)
 
     def _unpacked(self, node):
-        from .tensor import Tensor, _make
         value = self._unpack_hook(self._packed)
         if not isinstance(value, Tensor):
             raise TypeError(
@@ -134,7 +132,6 @@ class SavedTensor:
                                "they can be set only once.")
         if not callable(pack_hook) or not callable(unpack_hook):
             raise TypeError("register_hooks expects two callables (pack_hook, unpack_hook)")
-        from .tensor import _make
         if self._tensor is not None:
             tensor = self._tensor
         else:

@@ -6,9 +6,9 @@ holomorphic f the rule is ``g * conj(f'(z))``.
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
 from .promotion import operands
-from .registry import defop, record
+from ..autograd._internal import array_of, wrap, defop, record
 
 __all__ = ["add", "sub", "subtract", "rsub", "mul", "multiply", "div", "divide", "true_divide",
            "floor_divide", "remainder", "fmod", "pow", "neg", "negative", "reciprocal", "square",
@@ -78,7 +78,7 @@ PowBackward2 = defop("PowBackward2", saved=("exponent", "result"), vjps=(_rpow_v
 
 
 def _raw(x):
-    return x._data if isinstance(x, Tensor) else x
+    return array_of(x) if isinstance(x, Tensor) else x
 
 
 def add(input, other, *, alpha=1, out=None):
@@ -224,18 +224,18 @@ def pow(input, exponent):  # noqa: A001
 
 
 def neg(input):
-    if input._data.dtype.kind == "b":
+    if array_of(input).dtype.kind == "b":
         raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If you "
                            "are trying to invert a mask, use the `~` or `logical_not()` operator "
                            "instead.")
-    return record(NegBackward0, np.negative(input._data), (input,))
+    return record(NegBackward0, np.negative(array_of(input)), (input,))
 
 
 negative = neg
 
 
 def reciprocal(input):
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind in "biu":
         d = d.astype(_dt.get_default_dtype().numpy)
     with np.errstate(divide="ignore"):
@@ -249,7 +249,7 @@ def square(input):
 def _compare(ufunc):
     def compare(input, other):
         a, b, ad, bd, dt = operands(input, other)
-        return _make(ufunc(ad, bd))
+        return wrap(ufunc(ad, bd))
     compare.__name__ = ufunc.__name__
     return compare
 
@@ -265,29 +265,29 @@ logical_or = _compare(np.logical_or)
 
 
 def logical_not(input):
-    return _make(np.logical_not(input._data))
+    return wrap(np.logical_not(array_of(input)))
 
 
 def isnan(input):
-    return _make(np.isnan(input._data))
+    return wrap(np.isnan(array_of(input)))
 
 
 def isinf(input):
-    return _make(np.isinf(input._data))
+    return wrap(np.isinf(array_of(input)))
 
 
 def isfinite(input):
-    return _make(np.isfinite(input._data))
+    return wrap(np.isfinite(array_of(input)))
 
 
 def equal(input, other):
     """True if both have the same shape and elements."""
-    return input._data.shape == other._data.shape and bool(np.array_equal(input._data, other._data))
+    return array_of(input).shape == array_of(other).shape and bool(np.array_equal(array_of(input), array_of(other)))
 
 
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
-    return bool(np.allclose(input._data, _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
+    return bool(np.allclose(array_of(input), _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
 
 
 def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
-    return _make(np.isclose(input._data, _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
+    return wrap(np.isclose(array_of(input), _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))

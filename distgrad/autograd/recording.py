@@ -1,4 +1,5 @@
-"""Op nodes as tables: one Node class per op, its saved tensors and one VJP per input.
+"""How a built-in op joins the graph: op nodes as tables, one Node class per op, its saved
+tensors and one VJP per input.
 
 In the spirit of HIPS/autograd's ``defvjp``: an op is declared with
 
@@ -8,28 +9,35 @@ In the spirit of HIPS/autograd's ``defvjp``: an op is declared with
 
 A VJP takes ``(xp, g, meta, *saved)``. ``xp`` is a namespace of array functions:
 NumPy's in an ordinary backward, and differentiable tensor ops under
-``create_graph=True``, so one rule serves first and higher order. Rules return
-gradients of the *output's* shape where broadcasting happened; the engine reduces
-and casts them (see ``autograd/broadcast.py``). A VJP is only called for inputs
-that need a gradient.
+``create_graph=True``, so one rule serves first and higher order. Both namespaces
+live in ``distgrad.ops``, a layer above this one, which installs them with
+:func:`install_backends` (the lower layer offers the slot; nothing here imports up).
+Rules return gradients of the *output's* shape where broadcasting happened; the
+engine reduces and casts them (see ``autograd/broadcast.py``). A VJP is only called
+for inputs that need a gradient.
 """
-from ..autograd.grad_mode import _state
-from ..autograd.node import Node, init_node, next_sequence_nr
-from ..autograd.saved import SavedTensor, RELEASED_MESSAGE
-from ..autograd.tensor import Tensor, _make
-from . import np_backend
+from .grad_mode import _state
+from .node import Node, init_node, next_sequence_nr
+from .saved import SavedTensor, RELEASED_MESSAGE
+from .tensor import Tensor, _make
 
-__all__ = ["OpNode", "defop", "record", "record_view", "record_multi"]
-
-_tensor_backend = None
+__all__ = ["OpNode", "defop", "record", "record_view", "record_multi", "new_node",
+           "install_backends"]
 
 
-def _xp():
-    global _tensor_backend
-    if _tensor_backend is None:
-        from . import tensor_backend
-        _tensor_backend = tensor_backend
-    return _tensor_backend
+class _Backends:
+    """The array namespaces VJP rules run on, installed by ``distgrad.ops``."""
+    array = None    # NumPy functions: an ordinary backward
+    tensor = None   # differentiable tensor ops: backward under create_graph=True
+
+
+_backends = _Backends()
+
+
+def install_backends(array_namespace, tensor_namespace):
+    """Give op nodes the namespaces their VJP rules use (``distgrad.ops`` calls this once)."""
+    _backends.array = array_namespace
+    _backends.tensor = tensor_namespace
 
 
 class OpNode(Node):
@@ -47,11 +55,11 @@ class OpNode(Node):
         if self._released and saved:
             raise RuntimeError(RELEASED_MESSAGE)
         if _state.grad_enabled:
-            xp = _xp()
+            xp = _backends.tensor
             vals = [s.unpack(self) for s in saved]
             grads = [g if (g is None or isinstance(g, Tensor)) else _make(g) for g in grads]
         else:
-            xp = np_backend
+            xp = _backends.array
             vals = []
             for s in saved:  # SavedTensor.data, inlined: this runs for every node
                 if s._has_hooks or s._vc[0] != s._version:
@@ -150,7 +158,7 @@ def _edges(inputs):
     return tuple(edges), any_grad
 
 
-def _new_node(cls, edges, meta, out_meta):
+def new_node(cls, edges, meta, out_meta):
     node = object.__new__(cls)
     init_node(node, edges, next_sequence_nr(), out_meta)
     node._meta = meta
@@ -170,7 +178,7 @@ def record(cls, out, inputs, saved=(), meta=None):
     edges, any_grad = _edges(inputs)
     if not any_grad:
         return t
-    node = _new_node(cls, edges, meta, ((out.shape, out.dtype),))
+    node = new_node(cls, edges, meta, ((out.shape, out.dtype),))
     t._grad_fn = node
     t._requires_grad = True
     if saved or cls._result_saved:
@@ -216,7 +224,7 @@ def record_multi(cls, outs, inputs, saved=(), meta=None, views_of=None):
     edges, any_grad = _edges(inputs)
     if not any_grad or not _state.grad_enabled:
         return tensors
-    node = _new_node(cls, edges, meta, tuple((o.shape, o.dtype) for o in outs))
+    node = new_node(cls, edges, meta, tuple((o.shape, o.dtype) for o in outs))
     node._saved = tuple(SavedTensor(s, False) for s in saved)
     for i, t in enumerate(tensors):
         t._grad_fn = node
