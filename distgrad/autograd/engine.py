@@ -13,7 +13,7 @@ from itertools import count
 import numpy as np
 
 from .broadcast import reduction_axes, sum_to_shape
-from .grad_mode import _state
+from .grad_mode import _state, pop_state, push_state
 from .node import AccumulateGrad, accumulate_into_grad, sum_grads
 
 _getrefcount = sys.getrefcount
@@ -284,8 +284,7 @@ class GraphTask:
     # -- execution --
     def execute(self):
         """Run every ready node until none is left (the hot loop: keep it flat)."""
-        prev = _state.grad_enabled
-        _state.grad_enabled = self.create_graph
+        push_state(_state, grad_enabled=self.create_graph)
         heap = self._heap
         buffers = self.buffers
         deps = self.dependencies
@@ -380,7 +379,7 @@ class GraphTask:
                     g = None
         finally:
             errstate.__exit__(None, None, None)
-            _state.grad_enabled = prev
+            pop_state(_state)
 
     def _instrument(self, node, grads):
         """With ``inputs=``: capture gradients at the inputs; say whether ``node`` must run."""

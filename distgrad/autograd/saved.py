@@ -5,9 +5,9 @@ Mirrors PyTorch's ``SavedVariable``: an input is kept by reference (so
 version counter only, because a reference to the output tensor would make a
 cycle (output -> grad_fn -> output) that keeps activations alive.
 """
-import threading
 import weakref
 
+from .grad_mode import ThreadState
 from .node import AccumulateGrad
 from .tensor import Tensor, _describe, _make
 
@@ -21,12 +21,12 @@ RELEASED_MESSAGE = (
     "calling backward.")
 
 
-class SavedTensorHooksState(threading.local):
+class SavedTensorHooksState(ThreadState):
     """Thread-local stack of default (pack, unpack) pairs; the innermost wins."""
 
     def __init__(self):
+        super().__init__(disabled_message=None)
         self.stack = []
-        self.disabled_message = None
 
 
 hooks_state = SavedTensorHooksState()
