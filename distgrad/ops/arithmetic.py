@@ -210,7 +210,7 @@ def pow(input, exponent):  # noqa: A001
         if dt.kind in "iu" and isinstance(e, int) and e < 0:
             raise RuntimeError("Integers to negative integer powers are not allowed.")
         with np.errstate(divide="ignore", invalid="ignore"):
-            res = np.power(ad, e) if e != 2 else np.multiply(ad, ad)
+            res = _power(ad, e)
         return record(PowBackward0, res, (a,), (a,), {"exponent": e})
     if not isinstance(input, (Tensor, np.ndarray)):
         _, b, base, bd, dt = operands(input, exponent)
@@ -221,6 +221,26 @@ def pow(input, exponent):  # noqa: A001
     with np.errstate(divide="ignore", invalid="ignore"):
         res = np.power(ad, bd)
     return record(PowBackward1, res, (a, b), (a, b))
+
+
+def _power(a, e):
+    """``a ** e`` for a Python number ``e``. NumPy's power with a float exponent is a
+    general pow per element (GELU's ``x ** 3`` took 3x as long as ``x * x * x``); the
+    exponents models use are products, square roots and reciprocals, as in PyTorch."""
+    if a.dtype.kind not in "fc":
+        return np.power(a, e)
+    if e == 2:
+        return np.multiply(a, a)
+    if e == 3:
+        out = np.multiply(a, a)
+        return np.multiply(out, a, out=out)
+    if e == 0.5:
+        return np.sqrt(a)
+    if e == -1:
+        return np.reciprocal(a)
+    if e == 1:
+        return a.copy()
+    return np.power(a, e)
 
 
 def neg(input):
