@@ -281,6 +281,12 @@ class GraphTask:
     def has_ready_nodes(self):
         return bool(self._heap)
 
+    def peek_ready(self):
+        """The node that runs next, when called from a node's ``apply`` (whose own outputs
+        are not pushed yet), or None: the distributed engine ships a wave of gradients for
+        one peer as one message while the next node is another recv node."""
+        return self._heap[0][2] if self._heap else None
+
     # -- execution --
     def execute(self):
         """Run every ready node until none is left (the hot loop: keep it flat)."""

@@ -10,6 +10,7 @@ Layers, bottom to top, one job each:
 ``dispatch``              request -> handler -> reply, on a handler pool
 ``owner``                 RRef values held here and the owner operations
 ``barrier``               the shutdown barrier (rank 0)
+``bookkeeping``           notices for peers that ride along on other messages
 ``shm``                   the same-host shared-memory path for large arrays
 ``allowlist``             what peers may call here
 ========================  ==================================================
@@ -33,6 +34,7 @@ from ..utils.tempdirs import owned_tempdir
 from . import current, interceptors, wire
 from .allowlist import Allowlist, ref_of
 from .barrier import ShutdownBarrier
+from .bookkeeping import EXTRA as BOOKKEEPING, Bookkeeping
 from .calls import Pending, PendingCalls
 from .dispatch import SYSTEM_OPS, Dispatcher, Request
 from .errors import (ProtocolError, RpcError, RpcTimeoutError, UnknownWorkerError,
@@ -103,11 +105,12 @@ class Agent:
         self.calls = PendingCalls(world_size, options.max_inflight_per_worker)
         self.owner = OwnerTable(world_size, ttl=max(2 * (options.rpc_timeout or 60.0), 60.0))
         self.barrier = ShutdownBarrier(world_size) if rank == 0 else None
+        self.bookkeeping = Bookkeeping(world_size)
+        self.bookkeeping.register("rref.del", self._on_forks_dropped)
         self.dispatcher = Dispatcher(self)
         self.pool = None
         self.transport = None
         self.shm = None                           # the same-host path (made at start)
-        self._fork_releases = collections.deque()  # (owner, rid, fid) of dropped RRefs
         self._closing = None                      # why new calls are refused, once shutting down
         self._quiet = False                       # peers leaving is expected (after the barrier)
         self._ipc_dir = None
@@ -117,7 +120,8 @@ class Agent:
         owner_ops = OwnerOps(self.owner, self.allowlist, self.dispatcher.run_later,
                              options.rpc_timeout or None)
         self.internal_ops = {**owner_ops.operations(), "@barrier": self._op_barrier,
-                             "@shm.probe": self._op_shm_probe}
+                             "@shm.probe": self._op_shm_probe,
+                             "@bk": lambda request: None}  # its header carried it all
 
     # ------------------------------------------------------------------ startup
     def start(self, rendezvous_server=None):
@@ -209,6 +213,12 @@ class Agent:
     def describe(self, rank):
         return f"worker {self.workers[rank].name!r} (rank {rank})"
 
+    def run_soon(self, fn, *args):
+        """Run ``fn(*args)`` on a handler thread (work that may block, handed off by code
+        running on the I/O thread)."""
+        self.stats["handoffs"] += 1
+        self.pool.submit(fn, *args)
+
     def add_peer_listener(self, fn):
         """Call ``fn(rank, why, left)`` (on a handler thread) when a peer dies or leaves."""
         self._peer_listeners.append(fn)
@@ -246,6 +256,7 @@ class Agent:
         elif target in SYSTEM_OPS:
             kind = Kind.SYSTEM
         args, kwargs, extras = interceptors.send_request(self.workers[dst], args, kwargs)
+        extras = self.with_bookkeeping(dst, extras)
         ctx = _MessageContext(self, dst)
         try:
             body, bufs = wire.encode([target, list(args), kwargs or {}, remote_ref], ctx)
@@ -309,12 +320,49 @@ class Agent:
             self.return_segments(dst, ctx)
         return min(n, 1) if ctx.segments else n
 
-    def _send_no_reply(self, dst, target, args):
-        """A fire-and-forget call (never blocks, reply dropped)."""
-        if self.transport.down(dst) is not None:
+    def notify(self, to, target, args=(), kwargs=None):
+        """A one-way call: ``target`` runs on ``to`` and nobody waits for it (it gets no
+        reply; an error there is only logged there). From any thread, never blocks. Returns
+        False when ``to`` is known to be gone."""
+        dst = self.worker_info(to).id
+        if self.transport.down(dst) is not None or not self.running:
+            return False
+        what, ctx, frames = self._prepare(dst, target, args, kwargs, None, _NO_REPLY)
+        for _ in range(self.copies(dst, "request", what, ctx)):
+            self.transport.send(dst, frames)
+        return True
+
+    # ------------------------------------------------------------------ bookkeeping
+    def post_notice(self, dst, kind, item, ack=None):
+        """Queue a notice for rank ``dst`` (see ``bookkeeping.py``): it rides along on the
+        next message there, or leaves on its own shortly."""
+        if self.bookkeeping.post(dst, kind, item, ack) and self.transport is not None:
+            self.transport.wake()  # a new deadline for the I/O thread
+
+    def with_bookkeeping(self, dst, extras):
+        """A message's header extras with the notices waiting for ``dst`` added."""
+        box = self.bookkeeping.take(dst)
+        if box is None:
+            return extras
+        extras = dict(extras) if extras else {}
+        extras[BOOKKEEPING] = box
+        return extras
+
+    def _receive_bookkeeping(self, src, extras):
+        box = extras.get(BOOKKEEPING) if type(extras) is dict else None
+        if box is None:
             return
-        _, _, frames = self._prepare(dst, target, args, None, None, _NO_REPLY)
-        self.transport.send(dst, frames)
+        try:
+            self.bookkeeping.receive(src, box)
+        except Exception as e:  # noqa: BLE001 - notices are lost, the message is not
+            self.stats["handler_errors"] += 1
+            log.warning("%s: bookkeeping from %s: %s: %s", self.name, self.describe(src),
+                        type(e).__name__, e)
+
+    def _on_forks_dropped(self, src, items):
+        for item in items:
+            if type(item) is list and len(item) == 2:
+                self.owner.add_fork(item[0], item[1], -1, src)
 
     # ------------------------------------------------------------------ codec contexts
     def decode_context(self, src, segments=()):
@@ -369,20 +417,22 @@ class Agent:
         if owner == self.rank:
             self.owner.add_fork(rid, fid, -1)
         else:
-            self._fork_releases.append((owner, rid, fid))
-            self.transport.wake()
+            self.post_notice(owner, "rref.del", [list(rid), list(fid)])
 
     # ------------------------------------------------------------------ transport events
     # (all on the I/O thread; none blocks)
     def on_request(self, ident, mid, src, extras, segments, frames):
+        self._receive_bookkeeping(src, extras)
         self.dispatcher.submit(Request(ident, mid, src, self.workers[src], extras, segments),
                                frames)
 
     def on_system_request(self, ident, mid, src, extras, segments, frames):
+        self._receive_bookkeeping(src, extras)
         self.dispatcher.serve_here(Request(ident, mid, src, self.workers[src], extras,
                                            segments), frames)
 
     def on_reply(self, rank, kind, mid, extras, segments, frames):
+        self._receive_bookkeeping(rank, extras)
         p = self.calls.pop(mid, rank) if mid != _NO_REPLY else None
         if p is None:
             if mid != _NO_REPLY:
@@ -401,6 +451,7 @@ class Agent:
     def on_peer_down(self, rank, why, left):
         failed = self.calls.fail_peer(rank)
         self.shm.peer_gone(rank)
+        self.bookkeeping.forget_peer(rank)
         self.owner.forget_peer(rank)
         level = logging.DEBUG if self._quiet else logging.WARNING
         pending = f"; {len(failed)} pending calls to it failed" if failed else ""
@@ -428,7 +479,7 @@ class Agent:
                 self._complete(p.fut, None, err)
 
     def next_deadline(self):
-        return min(self.calls.next_deadline, self.owner.next_expiry)
+        return min(self.calls.next_deadline, self.owner.next_expiry, self.bookkeeping.next_due)
 
     def on_tick(self, now):
         if now >= self.calls.next_deadline:  # read without the lock: a stale value only delays
@@ -440,13 +491,11 @@ class Agent:
         if now >= self.owner.next_expiry:
             self.owner.expire(now)
         self.shm.send_releases(self.transport, self.rank)
-        forks = self._fork_releases
-        while forks:
-            owner, rid, fid = forks.popleft()
-            try:
-                self._send_no_reply(owner, "@rref.del", (rid, fid))
-            except Exception:  # noqa: BLE001 - the owner is gone or shutting down
-                log.debug("%s: could not release RRef fork %s", self.name, fid, exc_info=True)
+        for dst, box in self.bookkeeping.due(now):  # nothing gave them a ride: on their own
+            if self.transport.down(dst) is None:
+                header = wire.pack_header(Kind.SYSTEM, _NO_REPLY, self.rank, {BOOKKEEPING: box})
+                body, _ = wire.encode(["@bk", [], {}, None])
+                self.transport.send(dst, [header, body])
 
     def _complete(self, fut, value, exc):
         if fut.has_blocking_callbacks():  # user callbacks may block: never on the I/O thread

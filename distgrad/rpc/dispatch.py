@@ -9,7 +9,7 @@ autograd context) is on the request, never in a thread-local.
 The reply leaves from the thread that produced it, on that thread's own socket
 (``Transport.send``): one hand-off per request (the I/O thread to a handler).
 Short internal operations that never block (:data:`SYSTEM_OPS`: RRef forks and
-fetches, the shutdown barrier, the shared-memory probe) arrive as SYSTEM messages
+fetches, the shutdown barrier, the shared-memory probe, notices that had no ride) arrive as SYSTEM messages
 and are served right on the I/O thread: no hand-off at all.
 
 Every CALL whose header could be read gets a REPLY or an ERROR, whatever its
@@ -28,7 +28,7 @@ __all__ = ["Request", "Dispatcher", "SYSTEM_OPS"]
 
 #: Internal operations that never block (a value not there yet is a Future, not a wait):
 #: callers send them as SYSTEM messages, served on the receiver's I/O thread.
-SYSTEM_OPS = frozenset(("@rref.add", "@rref.del", "@rref.fetch", "@shm.probe", "@barrier"))
+SYSTEM_OPS = frozenset(("@rref.add", "@rref.fetch", "@shm.probe", "@barrier", "@bk"))
 
 log = logging.getLogger("distgrad.rpc")
 Kind = wire.Kind
@@ -171,7 +171,10 @@ class Dispatcher:
                 agent.allowlist.check_value(value, f"{req.target!r}")
                 agent.owner.set_value(req.remote[0], value)
                 req.remote, value = None, None
+            if req.msg_id == 0:  # a one-way call: nobody waits for an answer
+                return
             value, extras = interceptors.send_response(req, value)
+            extras = agent.with_bookkeeping(req.src, extras)
             ctx = agent.encode_context(req.src)
             body, bufs = wire.encode(value, ctx)
             header = wire.pack_header(Kind.REPLY, req.msg_id, agent.rank, extras,
@@ -193,6 +196,11 @@ class Dispatcher:
                 req.remote = None
         except Exception:  # noqa: BLE001 - the error reply matters more
             log.debug("could not record the failure of an RRef value", exc_info=True)
+        if req.msg_id == 0:  # a one-way call: its error has nobody to go to
+            log.warning("%s: one-way call %s from %s failed: %s: %s", agent.name, req.target,
+                        req.worker.name, type(exc).__name__, exc)
+            agent.stats["one_way_errors"] += 1
+            return
         try:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             body, _ = wire.encode(describe_exception(exc, tb))

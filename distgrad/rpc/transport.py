@@ -59,7 +59,7 @@ from zmq.utils.monitor import parse_monitor_message
 from . import wire
 from .errors import ProtocolError
 
-__all__ = ["Transport", "send_frames"]
+__all__ = ["Transport", "send_frames", "frames_nbytes"]
 
 log = logging.getLogger("distgrad.rpc")
 Kind = wire.Kind
@@ -100,6 +100,14 @@ def send_frames(sock, frames, flags=0):
                 f = received
             copy = False
         sock.send(f, flags | _SNDMORE if i < last else flags, copy=copy)
+
+
+def frames_nbytes(frames):
+    """Bytes of a message's frames (bytes, arrays or zmq Frames)."""
+    n = 0
+    for f in frames:
+        n += len(f) if type(f) is bytes or type(f) is zmq.Frame else f.nbytes
+    return n
 
 
 def _recv_frames(sock):
@@ -297,7 +305,14 @@ class Transport:
             if e.errno != errno.EHOSTUNREACH:
                 log.debug("%s: send to rank %d failed: %s", self.name, dst, e)
             return False
+        self._count(frames)
         return True
+
+    def _count(self, frames):
+        # what crossed the wire (arrays in shared memory travel as a reference)
+        stats = self.stats
+        stats["messages_sent"] += 1
+        stats["bytes_sent"] += frames_nbytes(frames)
 
     def reply(self, ident, src, frames):
         """Send a reply to the request that came on connection ``ident`` from rank ``src``:
@@ -320,6 +335,8 @@ class Transport:
             self.stats["send_failed"] += 1
             if e.errno != errno.EHOSTUNREACH:
                 log.debug("%s: reply on a connection failed: %s", self.name, e)
+            return
+        self._count(frames)
 
     def _own_socket(self, dst):
         s = self.socket(zmq.DEALER)
