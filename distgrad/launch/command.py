@@ -15,10 +15,9 @@ import json
 import os
 import signal
 import sys
-import time
 
 from . import checkpoint as ckpt
-from . import environment
+from . import environment, resume
 from .config import ConfigError, describe_schema, error_for, load_config
 
 __all__ = ["HELP", "add_arguments", "run", "main"]
@@ -94,7 +93,11 @@ def _intermixed(args):
     """Options and overrides in any order after the config (see add_arguments)."""
     parser = add_arguments(argparse.ArgumentParser(prog="distgrad launch", description=HELP),
                            rest="*")
-    return parser.parse_intermixed_args([args.config, *args.overrides], namespace=args)
+    # the options given before the config stay; the positionals are parsed anew (a
+    # namespace that already holds them makes argparse warn "Do not expect overrides")
+    given = argparse.Namespace(**{k: v for k, v in vars(args).items()
+                                  if k not in ("config", "overrides")})
+    return parser.parse_intermixed_args([args.config, *args.overrides], namespace=given)
 
 
 def _fail(message):
@@ -110,62 +113,6 @@ def _prepare(args):
                                                            args.overrides))
     layout = environment.detect(config["world"]["workers"], force_local=args.local)
     return config, resolved, layout
-
-
-def _new_run_dir(parent, name):
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = os.path.join(parent, f"{name}-{stamp}")
-    n = 1
-    while True:
-        try:
-            os.makedirs(path)
-            return path
-        except FileExistsError:
-            n += 1
-            path = os.path.join(parent, f"{name}-{stamp}-{n}")
-
-
-def _latest_run(parent, name):
-    """The run directory of this name whose last complete checkpoint is newest."""
-    best = None
-    try:
-        entries = os.listdir(parent)
-    except OSError:
-        return None
-    for entry in entries:
-        path = os.path.join(parent, entry)
-        if not entry.startswith(name + "-") or not os.path.isdir(path):
-            continue
-        found = ckpt.latest(path)
-        if found:
-            when = os.path.getmtime(os.path.join(found[0], ckpt.MANIFEST))
-            if best is None or when > best[0]:
-                best = (when, path)
-    return best[1] if best else None
-
-
-def _run_dir(args, config, layout, console):
-    """(run directory, checkpoint directory to resume from or None)."""
-    run = config["run"]
-    resume = args.resume or run["resume"]
-    if args.run_dir:
-        path = args.run_dir
-    elif layout.run_id:
-        path = os.path.join(run["dir"], f"{run['name']}-{layout.run_id}")
-    elif resume:
-        path = _latest_run(run["dir"], run["name"])
-        if path is None:
-            console.note(f"nothing to resume: no complete checkpoint in "
-                         f"{run['dir']}/{run['name']}-*; starting a new run")
-    else:
-        path = None
-    if path is None:
-        return _new_run_dir(run["dir"], run["name"]), None
-    os.makedirs(path, exist_ok=True)
-    found = ckpt.latest(path) if resume else None
-    if resume and found is None and (args.run_dir or layout.run_id):
-        console.note(f"nothing to resume in {path}: starting from step 0")
-    return path, found[0] if found else None
 
 
 def _blas_threads(config, layout):
@@ -195,7 +142,17 @@ def run(args, parser=None):
               f"{layout.kind} launch of {layout.world_size} processes", file=sys.stderr)
         return 0
     console = Console(show=args.show, progress=not args.no_progress)
-    run_dir, resume_from = _run_dir(args, config, layout, console)
+    try:
+        where = resume.place(config, resolved, resume=args.resume or config["run"]["resume"],
+                             run_dir=args.run_dir, run_id=layout.run_id, note=console.note)
+    except resume.ResumeError as e:
+        return _fail(e)
+    run_dir, resume_from = where.run_dir, where.resume_from
+    if where.complete is not None:
+        console.note(f"{run_dir} is complete: it finished at step {where.complete}, all this "
+                     f"config asks for (give more run.steps to go on); nothing to do")
+        print(f"run directory: {run_dir}", flush=True)
+        return 0
     if layout.kind == "torchrun":
         layout.rendezvous = environment.torchrun_rendezvous(
             layout.ranks[0], timeout=config["world"]["rendezvous_timeout"])
