@@ -174,10 +174,23 @@ def test_unreadable_and_invalid_files(tmp_path):
 def test_scheduler_world_size_must_match_the_config(tmp_path, monkeypatch):
     from distgrad.launch.environment import detect
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7",
-           "SLURM_JOB_NODELIST": "localhost"}
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_ID": "0"}
     with pytest.raises(ValueError, match="SLURM_NTASKS=4 but the config's world.workers "
                                          "needs 3 processes"):
         detect(2, env)
+
+
+def test_a_launch_in_a_slurm_batch_script_outside_srun_says_so_instead_of_waiting():
+    """The batch script of ``sbatch --ntasks=3`` has SLURM_PROCID=0 and SLURM_NTASKS=3 but
+    no step: as rank 0 it would wait for two tasks nobody starts."""
+    from distgrad.launch.environment import detect
+    batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "7",
+             "SLURM_JOB_NODELIST": "localhost"}
+    with pytest.raises(ValueError, match=r"batch script of Slurm job 7, not a task of an srun "
+                                         r"step: .*`srun --overcommit distgrad launch"):
+        detect(2, batch)
+    assert detect(2, batch, force_local=True).kind == "local"
+    assert detect(2, dict(batch, SLURM_STEP_ID="0")).kind == "slurm"
 
 
 def test_a_misspelled_name_in_an_override_is_blamed_on_the_override_with_the_right_name(

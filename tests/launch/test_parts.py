@@ -56,7 +56,8 @@ def test_slurm_and_torchrun_environments():
     assert first_host("localhost") == "localhost"
     assert slurm_port("123456") == 18456
     slurm = detect(2, {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "42",
-                       "SLURM_JOB_NODELIST": "localhost", "SLURM_LOCALID": "2"})
+                       "SLURM_JOB_NODELIST": "localhost", "SLURM_LOCALID": "2",
+                       "SLURM_STEP_ID": "0"})
     assert (slurm.kind, slurm.world_size, slurm.ranks) == ("slurm", 3, [2])
     assert slurm.rendezvous == "tcp://127.0.0.1:15042" and slurm.run_id == "slurm42"
     env = detect(1, {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
