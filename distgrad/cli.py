@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "worker": "distgrad.worker",
     "launch": "distgrad.launch.command",
+    "offload": "distgrad.offload.experiment.command",
     "store": "distgrad.offload.store.command",
 }
 

@@ -187,6 +187,8 @@ SCHEMA = {
     "offload": {},  # per-worker offload policy, passed through to each stage
 }
 
+#: tables of other commands' configs: given one, a launch names the command to run
+OTHER_COMMANDS = {"experiment": "distgrad offload"}
 OPEN = {"optim", "hooks", "offload"}
 ARRAY_OF_TABLES = {"hooks"}
 OPEN_FIELDS = {("model", "kwargs"), ("data", "kwargs")}
@@ -362,6 +364,9 @@ def check(data, where):
     """Validate ``data`` (the parsed TOML) and return it with defaults filled in."""
     out = {}
     for table in data:
+        if table in OTHER_COMMANDS:
+            raise _error(where, table, f"not a launch config: run it with "
+                                       f"`{OTHER_COMMANDS[table]} {where.path}`")
         if table not in SCHEMA:
             raise _error(where, table, f"unknown table or key{_did_you_mean(table, SCHEMA)}; "
                                        f"known: {', '.join(SCHEMA)}")
