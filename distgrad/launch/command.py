@@ -2,13 +2,15 @@
 
     distgrad launch configs/quickstart.toml
     distgrad launch configs/quickstart.toml optim.lr=0.003 world.workers=3 --trace t.json
-    distgrad launch configs/quickstart.toml --resume          # the latest run, last checkpoint
+    distgrad launch configs/quickstart.toml --resume          # this config's run, on from
+                                                              # its last checkpoint
     distgrad launch configs/ddp_quickstart.toml               # data parallel: 2 replicas
 
-Exit status: 0 when training finished; 2 for a config or command-line error
-(nothing was started); 128+N when stopped by signal N (Ctrl-C: 130); otherwise the
-exit status of the first process that failed (128+N if a signal killed it), or 1
-when a worker raised or stopped answering.
+Exit status: 0 when training finished (or --resume found the run complete); 2 for a
+config or command-line error, or a --resume that fits no run (nothing was started);
+128+N when stopped by signal N (Ctrl-C: 130); otherwise the exit status of the first
+process that failed (128+N if a signal killed it), or 1 when a worker raised or
+stopped answering.
 """
 import argparse
 import json
@@ -60,10 +62,12 @@ def add_arguments(p, rest=argparse.REMAINDER):
                         "(values are TOML; a bare word is a string)")
     p.add_argument("--resume", action="store_true",
                    default=_env("DISTGRAD_RESUME", "0") not in ("0", "false", "no"),
-                   help="continue the run in --run-dir, or the latest run of this config's "
-                        "name, from its last complete checkpoint; losses are the same, bit "
-                        "for bit, as a run that never stopped (default: off, or run.resume; "
-                        "env: DISTGRAD_RESUME=1)")
+                   help="continue the run in --run-dir, or the newest run of this config's "
+                        "name that is this config's training (same model, layout, optimizer, "
+                        "data, seed), from its last complete checkpoint; losses are the same, "
+                        "bit for bit, as a run that never stopped; a run already complete is "
+                        "said so and nothing starts (default: off, or run.resume; env: "
+                        "DISTGRAD_RESUME=1)")
     p.add_argument("--run-dir", metavar="DIR", default=_env("DISTGRAD_RUN_DIR"),
                    help="the run directory (default: <run.dir>/<run.name>-<date>-<time>; "
                         "env: DISTGRAD_RUN_DIR)")
