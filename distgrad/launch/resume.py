@@ -202,7 +202,10 @@ def place(config, plan, *, resume, run_dir=None, run_id=None, note=print):
     parent, name = run_cfg["dir"], run_cfg["name"]
     path = run_dir or (os.path.join(parent, f"{name}-{run_id}") if run_id else None)
     if not resume:
-        return Place(path or _new_run_dir(parent, name))
+        if path is None:
+            return Place(_new_run_dir(parent, name))
+        os.makedirs(path, exist_ok=True)
+        return Place(path)
     if path is None:
         run = _pick(parent, name, config, plan, note)
         if run is None:
