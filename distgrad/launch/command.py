@@ -18,6 +18,8 @@ import os
 import signal
 import sys
 
+from distgrad.utils.cli import PrintAndExit
+
 from . import checkpoint as ckpt
 from . import environment, resume
 from .config import ConfigError, describe_schema, error_for, load_config
@@ -41,15 +43,6 @@ def _ranks(text):
     if not ranks or min(ranks) < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: ranks are integers >= 0")
     return ranks
-
-
-class _HelpConfig(argparse.Action):
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print("\n".join(describe_schema()))
-        parser.exit()
 
 
 def add_arguments(p, rest=argparse.REMAINDER):
@@ -88,7 +81,7 @@ def add_arguments(p, rest=argparse.REMAINDER):
                         "(SLURM_PROCID, RANK, ...) are set (default: follow them)")
     p.add_argument("--check", action="store_true",
                    help="check the config and print it resolved, with defaults; start nothing")
-    p.add_argument("--help-config", action=_HelpConfig,
+    p.add_argument("--help-config", action=PrintAndExit, lines=describe_schema,
                    help="list every config key with its meaning and default, and exit")
     return p
 

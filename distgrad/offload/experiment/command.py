@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from distgrad.utils.cli import PrintAndExit
+
 from .config import ExperimentConfigError, describe, load_config
 
 __all__ = ["HELP", "add_arguments", "run", "main"]
@@ -36,15 +38,6 @@ examples:
 """
 
 
-class _HelpConfig(argparse.Action):
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print("\n".join(describe()))
-        parser.exit()
-
-
 def add_arguments(p):
     p.epilog = EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -60,7 +53,7 @@ def add_arguments(p):
                         "is installed)")
     p.add_argument("--check", action="store_true",
                    help="check the config and print it with its defaults; start nothing")
-    p.add_argument("--help-config", action=_HelpConfig,
+    p.add_argument("--help-config", action=PrintAndExit, lines=describe,
                    help="list every config key with its meaning and default, and exit")
     return p
 
