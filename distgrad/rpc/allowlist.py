@@ -21,6 +21,7 @@ an RRef's value may not be a module, a class or a function.
 """
 import importlib
 import inspect
+import os
 import sys
 import threading
 import types
@@ -28,7 +29,15 @@ import types
 from .. import codec
 from .errors import RefusedCallError
 
-__all__ = ["Allowlist", "ref_of", "entry_point", "default_entry_points", "module_allowed"]
+__all__ = ["Allowlist", "ref_of", "entry_point", "default_entry_points", "module_allowed",
+           "ADVICE_ENV"]
+
+#: How a refusal tells to allow a module ("{module}": the refused one). A harness that
+#: starts worlds its own way (the pytest plugin) says what its users set instead: in
+#: this variable for the workers it starts, in ``Allowlist.advice`` for its own process.
+ADVICE_ENV = "DISTGRAD_ALLOW_ADVICE"
+_ADVICE = ("RpcBackendOptions(allowed_modules=['{module}']) in init_rpc, or "
+           "`distgrad worker --allow {module}` (env DISTGRAD_ALLOWED_MODULES)")
 
 #: Modules whose functions marked with :func:`entry_point` peers may call; importing
 #: them to resolve a reference is safe.
@@ -143,6 +152,7 @@ class Allowlist:
 
     def __init__(self, allowed_modules=()):
         self.modules = tuple(dict.fromkeys(_canonical(m) for m in allowed_modules))
+        self.advice = os.environ.get(ADVICE_ENV) or _ADVICE
         self._cache = {}
         self._lock = threading.Lock()
 
@@ -215,8 +225,7 @@ class Allowlist:
     def _refusal(self, ref, module):
         return (f"{ref!r} refused: module {module!r} is not on this worker's allowlist "
                 f"{sorted(self.modules)}. Allow it on every worker of the world: "
-                f"RpcBackendOptions(allowed_modules=[{module!r}]) in init_rpc, or "
-                f"`distgrad worker --allow {module}` (env DISTGRAD_ALLOWED_MODULES)")
+                + self.advice.replace("{module}", module))
 
     # -------------------------------------------------------------- RRef values
     def class_allowed(self, cls):
