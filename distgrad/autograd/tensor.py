@@ -16,7 +16,15 @@ from .grad_mode import _state, inference_threads as _inference_threads
 from ..utils.hooks import RemovableHandle
 from .. import codec as _codec
 
-__all__ = ["Tensor", "is_tensor"]
+__all__ = ["Tensor", "is_tensor", "ArrayStorage"]
+
+
+class ArrayStorage:
+    """Base of the arrays a Tensor may hold besides ``numpy.ndarray``: a sparse COO array
+    (``distgrad/sparse``). Such a storage speaks NumPy's array protocols for what it
+    supports and raises for the rest; a Tensor keeps it as it is (never ``np.asarray``)."""
+
+    __slots__ = ()
 
 
 class Tensor:
@@ -297,6 +305,9 @@ class Tensor:
 
     # ------------------------------------------------------------ conversion
     def numpy(self, *, force=False):
+        if type(self._data) is not np.ndarray and isinstance(self._data, ArrayStorage):
+            raise TypeError(f"can't convert {self.layout} layout tensor to numpy. Use "
+                            "Tensor.to_dense() first.")
         if self._requires_grad and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
                                "Use tensor.detach().numpy() instead.")
@@ -403,8 +414,8 @@ class Size(tuple):
 
 
 def _init(t, data, grad_fn, output_nr, requires_grad, vc):
-    if type(data) is not np.ndarray:  # NumPy gives scalars for 0-d results; keep arrays
-        data = np.asarray(data)
+    if type(data) is not np.ndarray and not isinstance(data, ArrayStorage):
+        data = np.asarray(data)  # NumPy gives scalars for 0-d results; keep arrays
     t._data = data
     t._grad_fn = grad_fn
     t._output_nr = output_nr
@@ -508,11 +519,21 @@ def is_tensor(obj):
 # ---------------------------------------------------------------- the value codec
 # Tensors travel (RPC, checkpoints, the activation store) as their array plus
 # requires_grad; a received tensor is a new leaf over a read-only view of the bytes.
+# A tensor whose storage is not an ndarray (sparse) travels as [storage, requires_grad]:
+# the storage is a codec type of its own.
 def _encode_tensor(t, enc):
-    return enc.array(np.asarray(t._data)) + [bool(t._requires_grad)]
+    data = t._data
+    if type(data) is not np.ndarray and isinstance(data, ArrayStorage):
+        return [data, bool(t._requires_grad)]
+    return enc.array(np.asarray(data)) + [bool(t._requires_grad)]
 
 
 def _decode_tensor(payload, dec):
+    if type(payload) is list and len(payload) == 2 and isinstance(payload[0], ArrayStorage):
+        t = _make(payload[0])
+        if payload[1] is True:
+            t.requires_grad_(True)
+        return t
     if type(payload) is not list or len(payload) != 4:
         raise _codec.CodecError("malformed tensor")
     return Tensor._wrap(dec.array(payload), requires_grad=payload[3] is True)
