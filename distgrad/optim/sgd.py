@@ -16,6 +16,8 @@ class SGD(Optimizer):
     [0.5, 0.5]
     """
 
+    _accepts_sparse_gradients = True
+
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
                  *, maximize=False, foreach=None, differentiable=False, fused=None):
         if lr is not required and lr < 0.0:

@@ -67,16 +67,26 @@ class COO(ArrayStorage):
     """``indices`` (int64 ``[sparse_dim, nnz]``), ``values`` (``[nnz, *dense_shape]``),
     ``shape``; ``coalesced``: indices known sorted and unique."""
 
-    __slots__ = ("indices", "values", "shape", "coalesced", "flags")
+    __slots__ = ("indices", "values", "_shape", "coalesced", "flags")
 
     def __init__(self, indices, values, shape, coalesced=False):
         self.indices = indices
         self.values = values
-        self.shape = tuple(int(s) for s in shape)
+        self._shape = tuple(int(s) for s in shape)
         self.coalesced = bool(coalesced)
         self.flags = _Flags()
 
     # ------------------------------------------------------------ array attributes
+    @property
+    def shape(self):
+        return self._shape
+
+    @shape.setter
+    def shape(self, value):
+        # ndarray's in-place reshape (how ops.view makes a view): no such view of a COO
+        raise NotImplementedError("Could not run 'view' with arguments from the 'SparseCPU' "
+                                  "backend: a sparse tensor has no strided views (distgrad)")
+
     @property
     def ndim(self):
         return len(self.shape)
@@ -128,6 +138,29 @@ class COO(ArrayStorage):
 
     def __setitem__(self, key, value):
         raise unsupported("in-place writes")
+
+    def __bool__(self):
+        raise unsupported("the truth value of a sparse tensor")
+
+    def __eq__(self, other):
+        return np.equal(self, other)
+
+    def __ne__(self, other):
+        return np.not_equal(self, other)
+
+    def __lt__(self, other):
+        return np.less(self, other)
+
+    def __le__(self, other):
+        return np.less_equal(self, other)
+
+    def __gt__(self, other):
+        return np.greater(self, other)
+
+    def __ge__(self, other):
+        return np.greater_equal(self, other)
+
+    __hash__ = None
 
     def __len__(self):
         if not self.shape:
@@ -222,6 +255,9 @@ class COO(ArrayStorage):
 
     def __neg__(self):
         return np.negative(self)
+
+    def __abs__(self):
+        return np.absolute(self)
 
     def __matmul__(self, other):
         return np.matmul(self, other)
