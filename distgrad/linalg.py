@@ -20,9 +20,8 @@ import numpy as np
 
 from .autograd.tensor import Tensor
 from .ops.linalg import mm
-from .ops.reduction import amax, amin, sum as _sum
+from .ops.reduction import amax, amin
 from .ops.registry import defop, record
-from .ops.unary import abs as _abs
 
 __all__ = ["multi_dot", "vector_norm", "matrix_norm", "norm"]
 
@@ -204,8 +203,8 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None, out=No
     if out is not None:
         raise RuntimeError("linalg.matrix_norm(): out= is not supported by distgrad")
     if A.dim() < 2:
-        raise RuntimeError(f"linalg.matrix_norm: The input tensor A must have at least 2 "
-                           f"dimensions.")
+        raise RuntimeError("linalg.matrix_norm: The input tensor A must have at least 2 "
+                           "dimensions.")
     dims = _dims(dim, A.dim())
     if len(dims) != 2:
         raise RuntimeError(f"linalg.matrix_norm: dim must be a 2-tuple. Got {tuple(dim)}")
@@ -216,14 +215,12 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None, out=No
                                   "which distgrad does not compute")
     if ord not in (1, -1, _INF, -_INF):
         raise RuntimeError(f"linalg.matrix_norm: Order {ord} not supported.")
-    if dtype is not None:
-        A = A.to(dtype)
-    # ord 1: the largest absolute column sum (sum over rows, dims[0]); inf: over columns
-    summed, other = (dims[0], dims[1]) if abs(ord) == 1 else (dims[1], dims[0])
-    sums = _sum(_abs(A), summed, True)
-    pick = amax if ord > 0 else amin
-    result = pick(sums, other, True)
-    return result if keepdim else result.squeeze(max(dims)).squeeze(min(dims))
+    # PyTorch's: the 1-norm of each column (inf: of each row), then their max (min)
+    first, second = dims if abs(ord) == 1 else dims[::-1]
+    if not keepdim and first < second:
+        second -= 1
+    sums = vector_norm(A, 1, first, keepdim, dtype=dtype)
+    return (amax if ord > 0 else amin)(sums, second, keepdim)
 
 
 def norm(A, ord=None, dim=None, keepdim=False, *, dtype=None, out=None):  # noqa: N803, A002

@@ -16,9 +16,9 @@ every tensor has that work on it (``add``, ``sub``, ``mul``, ``stack``, ``cat``,
 ``NotImplementedError``; nothing is made dense unless ``to_dense()`` is called.
 """
 from . import embedding  # noqa: F401 - the sparse gradients of nn.Embedding(sparse=True)
-from .coo import COO
-from .functions import install as _install, mm, sparse_coo_tensor, sum  # noqa: A004
-from .layout import layout, sparse_coo, strided
+from .coo import COO  # noqa: F401
+from .functions import install as _install, mm, sparse_coo_tensor, sum  # noqa: A004, F401
+from .layout import layout, sparse_coo, strided  # noqa: F401
 
 __all__ = ["sum", "mm"]
 
