@@ -36,12 +36,15 @@ from . import sparse  # noqa: F401 - torch.sparse; installs the sparse Tensor me
 from .sparse import layout, sparse_coo, sparse_coo_tensor, strided  # noqa: F401
 from .ops.linalg import mm as spmm  # noqa: F401 - torch.spmm is mm (MmBackward0)
 from .ops import memory as _memory
+from . import _tensor_str
+from ._tensor_str import set_printoptions  # noqa: F401
 from .compiler import compile  # noqa: A004
 from . import autograd
 from . import nn
 from . import utils
 
 _memory.install()
+_tensor_str.install()
 
 float = float32  # noqa: A001 - PyTorch's aliases
 double = float64

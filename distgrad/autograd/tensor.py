@@ -362,18 +362,7 @@ class Tensor:
             return self._data.item().__format__(format_spec)
         return object.__format__(self, format_spec)
 
-    def __repr__(self):
-        body = np.array2string(self._data, separator=", ", precision=4, prefix="tensor(",
-                               threshold=1000, edgeitems=3)
-        extras = []
-        # As PyTorch: the dtype is shown unless it is the default float, int64 or bool.
-        if self._data.dtype not in (_dt.get_default_dtype().numpy, np.int64, np.bool_):
-            extras.append(f"dtype={self.dtype!r}")
-        if self._grad_fn is not None:
-            extras.append(f"grad_fn=<{type(self._grad_fn).__name__}>")
-        elif self._requires_grad:
-            extras.append("requires_grad=True")
-        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+    # __repr__ is PyTorch's formatter, installed by distgrad/_tensor_str.py.
 
     def __reduce_ex__(self, protocol):
         # For copy.copy; the RPC wire and checkpoints have their own codec (distgrad/codec.py).
