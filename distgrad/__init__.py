@@ -36,6 +36,8 @@ from . import sparse  # noqa: F401 - torch.sparse; installs the sparse Tensor me
 from .sparse import layout, sparse_coo, sparse_coo_tensor, strided  # noqa: F401
 from .ops.linalg import mm as spmm  # noqa: F401 - torch.spmm is mm (MmBackward0)
 from .ops import memory as _memory
+from .ops import diag as _diag
+from .ops.diag import diag, diag_embed, diagflat  # noqa: F401
 from . import _tensor_str
 from ._tensor_str import set_printoptions  # noqa: F401
 from .compiler import compile  # noqa: A004
@@ -44,6 +46,7 @@ from . import nn
 from . import utils
 
 _memory.install()
+_diag.install()
 _tensor_str.install()
 
 float = float32  # noqa: A001 - PyTorch's aliases

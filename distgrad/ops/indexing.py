@@ -30,6 +30,8 @@ def convert_key(key):
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
         if isinstance(k, (bool, np.bool_)):
             k = np.asarray(k)
+        elif isinstance(k, range):  # a sequence of indices, as PyTorch takes it
+            k = np.arange(k.start, k.stop, k.step, dtype=np.int64)
         if isinstance(k, (np.ndarray, list)):
             basic = False
             arr = np.asarray(k)
