@@ -12,6 +12,7 @@ from ..ops.linalg import linear
 from ..ops.batchnorm import batch_norm
 from ..ops.channel_dropout import dropout1d, dropout2d
 from ..ops.conv import conv1d, conv2d
+from ..ops.conv_transpose import conv_transpose1d, conv_transpose2d
 from ..ops.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d,
                            max_pool1d, max_pool1d_with_indices, max_pool2d,
                            max_pool2d_with_indices)
@@ -33,6 +34,7 @@ __all__ += ["scaled_dot_product_attention", "multi_head_attention_forward", "smo
 __all__ += ["conv1d", "conv2d", "max_pool1d", "max_pool2d", "max_pool1d_with_indices",
             "max_pool2d_with_indices", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
             "adaptive_avg_pool2d", "batch_norm", "dropout1d", "dropout2d"]
+__all__ += ["conv_transpose1d", "conv_transpose2d"]
 
 tanh = unary.tanh
 sigmoid = unary.sigmoid

@@ -32,7 +32,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from .fused import call_fused, require_floating, scalar_type_name
 from .registry import defop, record
 
-__all__ = ["conv1d", "conv2d", "convolution", "expand_param", "pad_trailing", "window_view"]
+__all__ = ["conv1d", "conv2d", "convolution", "expand_param", "pad_trailing", "window_view",
+           "convolution_map", "input_grad_map", "weight_grad_map"]
 
 
 # ---------------------------------------------------------------- window geometry
@@ -185,6 +186,11 @@ def _weight_grad_vjp(xp, grads, m, needs, x, gy):
 
 ConvolutionBackward0 = defop("ConvolutionBackward0", saved=("input", "weight"),
                              vjp_all=_convolution_vjp)
+
+#: The three maps of the trilinear form, each ``(xp, a, b, meta)``, for the transposed
+#: convolution (``ops/conv_transpose.py``): its forward is the input-gradient map and
+#: its gradients are the other two.
+convolution_map, input_grad_map, weight_grad_map = _conv, _input_grad, _weight_grad
 # The same map without a bias, recorded when a gradient is itself differentiated.
 ConvolutionDoubleBackward = defop("ConvolutionBackwardBackward0", saved=("input", "weight"),
                                   vjp_all=_conv_no_bias_vjp)
