@@ -18,7 +18,7 @@ from ..ops.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d,
                            max_pool2d_with_indices)
 from ..ops.registry import defop, record
 from ..ops import embedding_bag as _embedding_bag
-from ..sparse import embedding as _sparse_embedding  # the gradients of sparse=True
+from ..sparse import gradients as _sparse_gradients  # the gradients of sparse=True
 from ..ops.attention import scaled_dot_product_attention
 from .multi_head_attention import multi_head_attention_forward
 # PyTorch's private names, which transformer code written against torch calls as F._...
@@ -397,7 +397,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     if max_norm is not None:
         _renorm_rows_(weight, idx, max_norm, norm_type)
     out = weight._data[idx]
-    return record(EmbeddingBackward0 if not sparse else _sparse_embedding.EmbeddingBackward0,
+    return record(EmbeddingBackward0 if not sparse else _sparse_gradients.EmbeddingBackward0,
                   out, (weight,), (),
                   {"shape": weight._data.shape, "key": (idx,), "padding_idx": padding_idx,
                    "freq_scale": _inverse_frequency(idx, out.dtype)[..., None]
@@ -487,7 +487,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         weight, idx, bag_of, num_bags, mode, per_sample_weights, padding_idx,
         _inverse_frequency(idx, weight._data.dtype) if scale_grad_by_freq else None,
         node=_embedding_bag.EmbeddingBagBackward0 if not sparse else
-        _sparse_embedding.EmbeddingBagBackward0)
+        _sparse_gradients.EmbeddingBagBackward0)
 
 
 def _bags_from_offsets(offsets, length, include_last_offset):

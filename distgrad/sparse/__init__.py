@@ -15,7 +15,7 @@ every tensor has that work on it (``add``, ``sub``, ``mul``, ``stack``, ``cat``,
 ``mm``, ...) and ``functions.py`` for the sparse-only ones. Unsupported ops raise
 ``NotImplementedError``; nothing is made dense unless ``to_dense()`` is called.
 """
-from . import embedding  # noqa: F401 - the sparse gradients of nn.Embedding(sparse=True)
+from . import gradients  # noqa: F401 - sparse gradients of embeddings and gather
 from .coo import COO  # noqa: F401
 from .functions import install as _install, mm, sparse_coo_tensor, sum  # noqa: A004, F401
 from .layout import layout, sparse_coo, strided  # noqa: F401

@@ -327,3 +327,16 @@ def test_adagrad_with_a_sparse_gradient():
             opt.step()
         return {"weight": emb.weight.detach()}
     both(case)
+
+
+def test_gather_with_a_sparse_gradient():
+    def case(m):
+        x = m.tensor(np.arange(12.0).reshape(3, 4), dtype=m.float32, requires_grad=True)
+        index = m.tensor([[0, 2], [1, 1], [3, 0]])
+        y = m.gather(x, 1, index, sparse_grad=True)
+        (y * m.tensor([1.0, 2.0])).sum().backward()
+        z = x.gather(0, m.tensor([[2, 0, 1, 1]]), sparse_grad=True)
+        z.sum().backward()
+        return {"y": y, "grad": x.grad}
+    out = both(case)
+    assert out["grad"].is_sparse
