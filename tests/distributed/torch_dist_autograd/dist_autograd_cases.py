@@ -1,11 +1,11 @@
 # PyTorch's distributed autograd tests, from torch 2.13.0:
 # torch/testing/_internal/distributed/rpc/dist_autograd_test.py
 #
-# Everything below the line "# Right now we test up to 3-layer nested rpc calls." is that
-# file verbatim (tests/distributed/test_torch_dist_autograd.py checks it against the
-# installed torch). Only the imports of torch.testing._internal are replaced: they come
-# from pytorch_fixture.py, which rebuilds what the tests use on public API, so the same bodies run
-# on PyTorch and, with `import torch` resolving to distgrad, on distgrad.
+# From the comment that starts "Right now we test up to 3-layer nested rpc" on, this is
+# that file verbatim (tests/distributed/test_torch_dist_autograd.py checks it against
+# the installed torch). Only its imports of torch.testing._internal are replaced: they
+# come from pytorch_fixture.py, which rebuilds what the tests use on public API, so the
+# same bodies run on PyTorch and, with `import torch` resolving to distgrad, on distgrad.
 #
 # Copyright (c) 2016- Facebook, Inc (Adam Paszke) and the PyTorch contributors.
 # Licensed under PyTorch's BSD-3-Clause license (see the LICENSE file of PyTorch).
