@@ -25,7 +25,8 @@ import math
 import numpy as np
 
 from .autograd import dtype as _dt
-from .autograd.tensor import Tensor
+from .autograd._internal import Tensor, array_of
+from .nn.parameter import Parameter
 
 __all__ = ["set_printoptions", "get_printoptions", "printoptions", "install"]
 
@@ -207,7 +208,6 @@ def _add_suffixes(text, suffixes, indent, force_newline):
 
 def tensor_repr(self):
     """``repr(tensor)``, as PyTorch's ``Tensor.__repr__``."""
-    from .nn.parameter import Parameter
     plain = type(self) is Tensor or type(self) is Parameter
     prefix = "tensor(" if plain else f"{type(self).__name__}("
     indent = len(prefix)
@@ -215,7 +215,7 @@ def tensor_repr(self):
     has_default_dtype = self.dtype in (default, default.to_complex(), _dt.int64, _dt.bool)
     suffixes = []
     if self.is_sparse:
-        data = self._data
+        data = array_of(self)
         suffixes.append(f"size={tuple(data.shape)}")
         suffixes.append(f"nnz={data.nnz}")
         if not has_default_dtype:
@@ -229,7 +229,7 @@ def tensor_repr(self):
         text = (",\n" + " " * indent).join(parts)
         suffixes.append(f"layout={self.layout!r}")
     else:
-        a = self._data
+        a = array_of(self)
         if a.size == 0:
             if a.ndim != 1:
                 suffixes.append(f"size={tuple(a.shape)}")
@@ -242,9 +242,9 @@ def tensor_repr(self):
             if not has_default_dtype:
                 suffixes.append(f"dtype={self.dtype!r}")
             text = _array_str(a, indent)
-    if self._grad_fn is not None:
-        suffixes.append(f"grad_fn=<{type(self._grad_fn).__name__}>")
-    elif self._requires_grad:
+    if self.grad_fn is not None:
+        suffixes.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+    elif self.requires_grad:
         suffixes.append("requires_grad=True")
     return _add_suffixes(prefix + text, suffixes, indent, force_newline=self.is_sparse)
 

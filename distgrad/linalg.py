@@ -18,10 +18,9 @@ import math
 
 import numpy as np
 
-from .autograd.tensor import Tensor
+from .autograd._internal import Tensor, defop, record
 from .ops.linalg import mm
 from .ops.reduction import amax, amin
-from .ops.registry import defop, record
 
 __all__ = ["multi_dot", "vector_norm", "matrix_norm", "norm"]
 

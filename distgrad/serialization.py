@@ -211,10 +211,10 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
 
 def _writable(obj):
     """Decoded arrays are read-only views of the file's bytes; give each its own copy."""
-    from .autograd.tensor import Tensor
+    from .autograd._internal import Tensor, array_of, set_array
     import numpy as np
     if isinstance(obj, Tensor):
-        obj._data = obj._data.copy()
+        set_array(obj, array_of(obj).copy())
         return obj
     if isinstance(obj, np.ndarray):
         return obj.copy()

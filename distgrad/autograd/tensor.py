@@ -3,9 +3,11 @@
 Operators and math methods (``x + y``, ``x.exp()``, ...) are installed by
 ``distgrad.ops``, which sits above this layer; what lives here is what autograd
 itself needs: leaves and non-leaves, ``.grad``, hooks, version counters, views.
+The methods that need the graph are installed by the modules above this one, so
+nothing here imports up: ``node.py`` installs ``retain_grad`` and ``_grad_edge``,
+``engine.py`` installs ``backward``.
 """
 import warnings
-import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -211,33 +213,6 @@ class Tensor:
     def retains_grad(self):
         return self._retains_grad
 
-    def retain_grad(self):
-        """Populate ``.grad`` of this non-leaf during backward (a no-op on leaves)."""
-        if self._grad_fn is None:
-            if not self._requires_grad:
-                raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
-            return
-        if self._retains_grad:
-            return
-        ref = weakref.ref(self)
-
-        def retain_grad_hook(grad):
-            from .node import accumulate_into_grad
-            tensor = ref()
-            if tensor is not None and grad is not None:
-                if isinstance(grad, Tensor) and not _state.grad_enabled:
-                    grad = grad._data
-                if isinstance(grad, Tensor):
-                    tensor._grad = grad if tensor._grad is None else tensor._grad + grad
-                elif tensor._grad is None:
-                    tensor._grad = _make(np.array(grad, copy=True))
-                else:
-                    accumulate_into_grad(tensor, grad)
-            return grad
-
-        self._grad_fn._set_retains_grad_hook(self._output_nr, retain_grad_hook)
-        self._retains_grad = True
-
     # ------------------------------------------------------------ hooks
     def register_hook(self, hook):
         """``hook(grad) -> Tensor | None`` runs when this tensor's gradient is computed.
@@ -274,11 +249,6 @@ class Tensor:
         return handle
 
     # ------------------------------------------------------------ autograd
-    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-        """Accumulate the gradient of this tensor w.r.t. the graph leaves into their ``.grad``."""
-        from .engine import backward
-        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
-
     def detach(self):
         """A new tensor on the same storage (and version counter), cut from the graph."""
         t = _make(self._data, vc=self._vc)
@@ -291,17 +261,6 @@ class Tensor:
         self._output_nr = 0
         self._requires_grad = False
         return self
-
-    def _grad_edge(self):
-        """The (node, input_nr) edge a consumer of this tensor points to."""
-        fn = self._grad_fn
-        if fn is not None:
-            return (fn, self._output_nr)
-        acc = self._grad_accumulator
-        if acc is None or acc._out_meta[0][0] != self._data.shape:  # `.data` may have been replaced
-            from .node import AccumulateGrad
-            acc = AccumulateGrad(self)
-        return (acc, 0)
 
     # ------------------------------------------------------------ conversion
     def numpy(self, *, force=False):

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .fused import call_fused, require_floating, scalar_type_name
-from .registry import defop, record
+from ..autograd._internal import array_of, defop, record
 
 __all__ = ["conv1d", "conv2d", "convolution", "expand_param", "pad_trailing", "window_view",
            "convolution_map", "input_grad_map", "weight_grad_map"]
@@ -234,7 +234,7 @@ def _padding_pairs(padding, kernel, stride, dilation):
 def convolution(input, weight, bias, stride, padding, dilation, groups, d):
     """The d-dimensional convolution of batched or unbatched ``input``; see :func:`conv2d`."""
     name = f"conv{d}d"
-    x, w = input._data, weight._data
+    x, w = array_of(input), array_of(weight)
     if x.ndim not in (d + 1, d + 2):
         raise RuntimeError(f"Expected {d + 1}D (unbatched) or {d + 2}D (batched) input to {name}, "
                            f"but got input of size: {list(x.shape)}")
@@ -243,8 +243,8 @@ def convolution(input, weight, bias, stride, padding, dilation, groups, d):
                            f"in_channels/groups, kernel...), but got weight of size "
                            f"{list(w.shape)}")
     require_floating(name, input, weight, bias)
-    if x.dtype != w.dtype or (bias is not None and bias._data.dtype != x.dtype):
-        other = w.dtype if x.dtype != w.dtype else bias._data.dtype
+    if x.dtype != w.dtype or (bias is not None and array_of(bias).dtype != x.dtype):
+        other = w.dtype if x.dtype != w.dtype else array_of(bias).dtype
         raise RuntimeError(f"{name}: expected scalar type {scalar_type_name(x.dtype)} but found "
                            f"{scalar_type_name(other)} (input, weight and bias must share a dtype)")
     stride = expand_param(stride, d, "stride")
@@ -260,7 +260,7 @@ def convolution(input, weight, bias, stride, padding, dilation, groups, d):
     unbatched = x.ndim == d + 1
     if unbatched:
         input = input.unsqueeze(0)
-        x = input._data
+        x = array_of(input)
     if w.shape[0] % groups:
         raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at "
                            f"dimension 0, but got weight of size [{list(w.shape)}] instead")
@@ -268,10 +268,10 @@ def convolution(input, weight, bias, stride, padding, dilation, groups, d):
         raise RuntimeError(f"Given groups={groups}, weight of size {list(w.shape)}, expected "
                            f"input{list(x.shape)} to have {w.shape[1] * groups} channels, but got "
                            f"{x.shape[1]} channels instead")
-    if bias is not None and bias._data.shape != (w.shape[0],):
+    if bias is not None and array_of(bias).shape != (w.shape[0],):
         raise RuntimeError(f"Given weight of size {list(w.shape)}, expected bias to be "
                            f"1-dimensional with {w.shape[0]} elements, but got bias of size "
-                           f"{list(bias._data.shape)} instead")
+                           f"{list(array_of(bias).shape)} instead")
     padded = [s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads)]
     span = [dl * (k - 1) + 1 for k, dl in zip(kernel, dilation)]
     if any(p < k for p, k in zip(padded, span)):
@@ -283,7 +283,7 @@ def convolution(input, weight, bias, stride, padding, dilation, groups, d):
             "input_shape": x.shape, "weight_shape": w.shape}
     out = _conv_np(x, w, meta)
     if bias is not None:
-        out += bias._data.reshape((-1,) + (1,) * d)
+        out += array_of(bias).reshape((-1,) + (1,) * d)
     result = record(ConvolutionBackward0, out, (input, weight, bias), (input, weight), meta)
     return result.squeeze(0) if unbatched else result
 

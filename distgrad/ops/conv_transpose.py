@@ -19,7 +19,7 @@ import numpy as np
 from . import np_backend
 from .conv import convolution_map, expand_param, input_grad_map, weight_grad_map
 from .fused import require_floating, scalar_type_name
-from .registry import defop, record
+from ..autograd._internal import array_of, defop, record
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose"]
 
@@ -44,7 +44,7 @@ def _check_positive(name, values):
 def conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, d):
     """The d-dimensional transposed convolution of batched or unbatched ``input``."""
     name = f"conv_transpose{d}d"
-    x, w = input._data, weight._data
+    x, w = array_of(input), array_of(weight)
     if x.ndim not in (d + 1, d + 2):
         raise RuntimeError(f"Expected {d + 1}D (unbatched) or {d + 2}D (batched) input to {name}, "
                            f"but got input of size: {list(x.shape)}")
@@ -53,8 +53,8 @@ def conv_transpose(input, weight, bias, stride, padding, output_padding, groups,
                            f"out_channels/groups, kernel...), but got weight of size "
                            f"{list(w.shape)}")
     require_floating(name, input, weight, bias)
-    if x.dtype != w.dtype or (bias is not None and bias._data.dtype != x.dtype):
-        other = w.dtype if x.dtype != w.dtype else bias._data.dtype
+    if x.dtype != w.dtype or (bias is not None and array_of(bias).dtype != x.dtype):
+        other = w.dtype if x.dtype != w.dtype else array_of(bias).dtype
         raise RuntimeError(f"{name}: expected scalar type {scalar_type_name(x.dtype)} but found "
                            f"{scalar_type_name(other)} (input, weight and bias must share a dtype)")
     if isinstance(padding, str):
@@ -76,7 +76,7 @@ def conv_transpose(input, weight, bias, stride, padding, output_padding, groups,
     unbatched = x.ndim == d + 1
     if unbatched:
         input = input.unsqueeze(0)
-        x = input._data
+        x = array_of(input)
     if w.shape[0] % groups:
         raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at "
                            f"dimension 0, but got weight of size {list(w.shape)} instead")
@@ -85,10 +85,10 @@ def conv_transpose(input, weight, bias, stride, padding, output_padding, groups,
                            f"input{list(x.shape)} to have {w.shape[0]} channels, but got "
                            f"{x.shape[1]} channels instead")
     out_channels = w.shape[1] * groups
-    if bias is not None and bias._data.shape != (out_channels,):
+    if bias is not None and array_of(bias).shape != (out_channels,):
         raise RuntimeError(f"Given transposed=1, weight of size {list(w.shape)}, expected bias "
                            f"to be 1-dimensional with {out_channels} elements, but got bias of "
-                           f"size {list(bias._data.shape)} instead")
+                           f"size {list(array_of(bias).shape)} instead")
     kernel = w.shape[2:]
     out = tuple((n - 1) * s - 2 * p + dl * (k - 1) + op + 1 for n, s, p, dl, k, op in
                 zip(x.shape[2:], stride, padding, dilation, kernel, output_padding))
@@ -111,7 +111,7 @@ def conv_transpose(input, weight, bias, stride, padding, output_padding, groups,
     if any(extra):
         y = np.pad(y, ((0, 0), (0, 0)) + tuple((0, e) for e in extra))
     if bias is not None:
-        y = y + bias._data.reshape((-1,) + (1,) * d)
+        y = y + array_of(bias).reshape((-1,) + (1,) * d)
     result = record(ConvolutionBackward0, y, (input, weight, bias), (input, weight), meta)
     return result.squeeze(0) if unbatched else result
 

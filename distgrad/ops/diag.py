@@ -15,8 +15,7 @@ tensor([1, 5])
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor
-from .registry import defop, record
+from ..autograd._internal import Tensor, array_of, defop, record
 
 __all__ = ["diag", "diag_embed", "diagflat", "install"]
 
@@ -40,7 +39,7 @@ def diag_embed(input, offset=0, dim1=-2, dim2=-1):
     if (dim1 % (input.dim() + 1), dim2 % (input.dim() + 1)) != (input.dim() - 1, input.dim()):
         raise NotImplementedError("diag_embed: only dim1=-2, dim2=-1 (the last two dimensions "
                                   "of the result) are supported by distgrad")
-    d = input._data
+    d = array_of(input)
     n = d.shape[-1] + abs(offset)
     key = _positions(n, n, offset)
     out = np.zeros(d.shape[:-1] + (n, n), dtype=d.dtype)
@@ -50,7 +49,7 @@ def diag_embed(input, offset=0, dim1=-2, dim2=-1):
 
 def diag(input, diagonal=0):
     """A vector on a diagonal of a square matrix, or a matrix's diagonal as a vector."""
-    d = input._data
+    d = array_of(input)
     if d.ndim == 1:
         return diag_embed(input, diagonal)
     if d.ndim != 2:

@@ -7,8 +7,8 @@ for sum/mean (scaled by the per-sample weight or ``1 / bag size``), the winning
 row of each feature for max. Indices equal to ``padding_idx`` take no part.
 """
 import numpy as np
+from ..autograd._internal import array_of, defop, record
 
-from .registry import defop, record
 
 __all__ = ["embedding_bag"]
 
@@ -60,7 +60,7 @@ def embedding_bag(weight, indices, bag_of, num_bags, mode="mean", per_sample_wei
     one reads the same saved values: the sparse gradient of ``distgrad.sparse``). No
     argument checks here (``nn.functional.embedding_bag`` does them).
     """
-    w = weight._data
+    w = array_of(weight)
     taking_part = bag_of >= 0
     if padding_idx is not None:
         taking_part &= indices != padding_idx
@@ -68,7 +68,7 @@ def embedding_bag(weight, indices, bag_of, num_bags, mode="mean", per_sample_wei
     idx, bags = indices[kept], bag_of[kept]
     rows = w[idx]
     if per_sample_weights is not None:
-        rows = rows * per_sample_weights._data[kept][:, None]
+        rows = rows * array_of(per_sample_weights)[kept][:, None]
     counts = np.bincount(bags, minlength=num_bags)
     nonempty = np.flatnonzero(counts)
     starts = (np.cumsum(counts) - counts)[nonempty]
@@ -94,6 +94,6 @@ def embedding_bag(weight, indices, bag_of, num_bags, mode="mean", per_sample_wei
         meta["row_scale"] = scale[:, None]
     saved = ()
     if per_sample_weights is not None:  # each one's gradient needs the other
-        meta["psw_shape"] = per_sample_weights._data.shape
+        meta["psw_shape"] = array_of(per_sample_weights).shape
         saved = (weight, per_sample_weights)
     return record(node, out, (weight, per_sample_weights), saved, meta)

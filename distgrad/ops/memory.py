@@ -7,7 +7,7 @@ the array views. A sparse tensor has no single buffer; asking raises, as in PyTo
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor
+from ..autograd._internal import Tensor, array_of
 
 __all__ = ["data_ptr", "storage_offset", "install"]
 
@@ -15,7 +15,7 @@ _NO_STORAGE = "Cannot access data pointer of Tensor that doesn't have storage"
 
 
 def _array(t):
-    data = t._data
+    data = array_of(t)
     if type(data) is not np.ndarray:
         raise RuntimeError(_NO_STORAGE)
     return data

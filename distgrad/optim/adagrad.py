@@ -3,7 +3,7 @@ import numpy as np
 
 from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_nonnegative,
                         _step_tensor)
-from ..autograd.tensor import _make
+from ..autograd._internal import array_of, wrap
 
 __all__ = ["Adagrad"]
 
@@ -26,13 +26,13 @@ class Adagrad(Optimizer):
 
     def _init_state(self, p, state, group):
         state["step"] = _step_tensor()
-        state["sum"] = _make(np.full_like(p._data, self.defaults["initial_accumulator_value"]))
+        state["sum"] = wrap(np.full_like(array_of(p), self.defaults["initial_accumulator_value"]))
 
     def _update(self, p, grad, state, group):
-        param = p._data
+        param = array_of(p)
         step = _advance_step(state)
         grad = _apply_weight_decay(param, grad, group["weight_decay"])
         clr = group["lr"] / (1 + (step - 1) * group["lr_decay"])
-        state_sum = state["sum"]._data
+        state_sum = array_of(state["sum"])
         state_sum += grad * grad
         param -= clr * grad / (np.sqrt(state_sum) + group["eps"])

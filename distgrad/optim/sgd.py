@@ -2,7 +2,7 @@
 import numpy as np
 
 from .optimizer import Optimizer, required
-from ..autograd.tensor import _make
+from ..autograd._internal import array_of, wrap
 
 __all__ = ["SGD"]
 
@@ -39,20 +39,20 @@ class SGD(Optimizer):
 
     def _update(self, p, grad, state, group):
         weight_decay, momentum = group["weight_decay"], group["momentum"]
-        param = p._data
+        param = array_of(p)
         scratch = self._scratch(param)
         if weight_decay != 0:
             grad = grad + weight_decay * param
         if momentum != 0:
             buf = state.get("momentum_buffer")
             if buf is None:
-                buf = state["momentum_buffer"] = _make(grad.copy())
+                buf = state["momentum_buffer"] = wrap(grad.copy())
             else:
-                b = buf._data
+                b = array_of(buf)
                 b *= momentum
                 b += np.multiply(grad, 1 - group["dampening"], out=scratch)
             if group["nesterov"]:
-                grad = grad + momentum * buf._data
+                grad = grad + momentum * array_of(buf)
             else:
-                grad = buf._data
+                grad = array_of(buf)
         param -= np.multiply(grad, group["lr"], out=scratch)

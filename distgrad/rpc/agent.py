@@ -34,7 +34,7 @@ from . import current, interceptors, wire
 from .allowlist import Allowlist, ref_of
 from .barrier import ShutdownBarrier
 from .calls import Pending, PendingCalls
-from .dispatch import Dispatcher, Request
+from .dispatch import SYSTEM_OPS, Dispatcher, Request
 from .errors import (ProtocolError, RpcError, RpcTimeoutError, UnknownWorkerError,
                      WorkerUnreachableError, rebuild_exception)
 from ..futures import Future
@@ -180,7 +180,7 @@ class Agent:
             probe = self.shm.probe() if w.id != self.rank else None
             if probe is not None:
                 fut = self.call(w.id, "@shm.probe", probe, internal=True)
-                fut.add_done_callback(lambda f, r=w.id, p=probe: self.shm.probed(
+                fut._add_inline_callback(lambda f, r=w.id, p=probe: self.shm.probed(
                     r, p, f.exception() is None and f.value()))
 
     def _op_shm_probe(self, request, pid, name, token):
@@ -240,8 +240,11 @@ class Agent:
             raise WorkerUnreachableError(self._gone(dst, why))
 
     def _prepare(self, dst, target, args, kwargs, remote_ref, mid):
+        kind = Kind.CALL
         if not (isinstance(target, str) and target.startswith("@")):
             target = ref_of(target)
+        elif target in SYSTEM_OPS:
+            kind = Kind.SYSTEM
         args, kwargs, extras = interceptors.send_request(self.workers[dst], args, kwargs)
         ctx = _MessageContext(self, dst)
         try:
@@ -249,12 +252,13 @@ class Agent:
         except BaseException:
             self.return_segments(dst, ctx)
             raise
-        header = wire.pack_header(Kind.CALL, mid, self.rank, extras, ctx.segments or None)
+        header = wire.pack_header(kind, mid, self.rank, extras, ctx.segments or None)
         return target, ctx, [header, body, *bufs]
 
     def call(self, to, target, args=(), kwargs=None, timeout=-1, remote_ref=None, internal=False):
         """Send a request; return a Future of its reply. ``target`` is a callable,
-        a ``module:qualname`` string or an internal ``@op``."""
+        a ``module:qualname`` string or an internal ``@op``. The request leaves from this
+        thread's own socket (no hand-off); the reply completes the Future on the I/O thread."""
         dst = self.worker_info(to).id
         fut = Future()
         try:
@@ -273,49 +277,22 @@ class Agent:
             fut.set_exception(e)
             return fut
         try:
-            self.calls.add(mid, Pending(fut, dst, deadline, what, timeout),
-                           block=self.options.backpressure == "block")
+            earliest = self.calls.add(mid, Pending(fut, dst, deadline, what, timeout),
+                                      block=self.options.backpressure == "block")
         except BaseException:
             self.return_segments(dst, ctx)
             raise
+        if earliest and not self.transport.on_io_thread():
+            self.transport.wake()  # the I/O thread expires calls: it must look at this deadline
         for _ in range(copies):
             self.transport.send(dst, frames)
         return fut
 
     def call_sync(self, to, target, args=(), kwargs=None, timeout=-1, internal=False):
-        """Blocking call on the caller's own socket: no thread hop on the hot path."""
-        dst = self.worker_info(to).id
-        self._check_open(dst, internal)
-        timeout = self._timeout_of(timeout)
-        deadline = time.monotonic() + timeout if timeout else float("inf")
-        mid = next(self._ids)
-        what, ctx, frames = self._prepare(dst, target, args, kwargs, None, mid)
-        try:
-            copies = self.copies(dst, "request", what, ctx)
-            self.calls.add(mid, Pending(None, dst, deadline, what, timeout),
-                           block=self.options.backpressure == "block")
-        except BaseException:
-            self.return_segments(dst, ctx)
-            raise
-
-        def check():
-            why = self.transport.down(dst)
-            if why is not None:
-                raise WorkerUnreachableError(self._gone(dst, why, what))
-            if not self.transport.running():
-                raise RpcError(f"RPC agent {self.name!r} stopped during a call to {what}"
-                               + (f": {self.transport.failure}" if self.transport.failure else ""))
-        try:
-            reply = self.transport.sync_exchange(dst, frames, mid, deadline, check, copies)
-        finally:
-            self.calls.pop(mid)
-        if reply is None:
-            raise RpcTimeoutError(f"RPC ran for more than set timeout ({timeout} s) calling "
-                                  f"{what} on {self.describe(dst)}")
-        value, exc = self._decode_reply(dst, *reply)
-        if exc is not None:
-            raise exc
-        return value
+        """Blocking call: :meth:`call`, then wait for its Future (completed by the reply, a
+        timeout, the peer's death or this agent's shutdown)."""
+        fut = self.call(to, target, args, kwargs, timeout, internal=internal)
+        return fut.wait()
 
     def remote(self, to, target, args=(), kwargs=None, timeout=-1):
         dst = self.worker_info(to).id
@@ -333,7 +310,7 @@ class Agent:
         return min(n, 1) if ctx.segments else n
 
     def _send_no_reply(self, dst, target, args):
-        """A fire-and-forget call from the I/O thread (never blocks, reply dropped)."""
+        """A fire-and-forget call (never blocks, reply dropped)."""
         if self.transport.down(dst) is not None:
             return
         _, _, frames = self._prepare(dst, target, args, None, None, _NO_REPLY)
@@ -371,7 +348,7 @@ class Agent:
             self.owner.add_fork(rref._rid, fid, 1)
         else:  # registered before the receiver can use it; our RRef lives until acknowledged
             fut = self.call(rref._owner, "@rref.add", (rref._rid, fid), internal=True)
-            fut.add_done_callback(lambda f, _keep=rref: None)
+            fut._add_inline_callback(lambda f, _keep=rref: None)
         return [rref._owner, list(rref._rid), list(fid)]
 
     def decode_rref(self, meta):
@@ -401,9 +378,13 @@ class Agent:
         self.dispatcher.submit(Request(ident, mid, src, self.workers[src], extras, segments),
                                frames)
 
+    def on_system_request(self, ident, mid, src, extras, segments, frames):
+        self.dispatcher.serve_here(Request(ident, mid, src, self.workers[src], extras,
+                                           segments), frames)
+
     def on_reply(self, rank, kind, mid, extras, segments, frames):
-        p = self.calls.pop(mid) if mid != _NO_REPLY else None
-        if p is None or p.fut is None:
+        p = self.calls.pop(mid, rank) if mid != _NO_REPLY else None
+        if p is None:
             if mid != _NO_REPLY:
                 self.stats["late_replies"] += 1
             self.on_late(rank, segments)
@@ -468,9 +449,12 @@ class Agent:
                 log.debug("%s: could not release RRef fork %s", self.name, fid, exc_info=True)
 
     def _complete(self, fut, value, exc):
-        if fut.has_callbacks():  # user callbacks may block: never on the I/O thread
+        if fut.has_blocking_callbacks():  # user callbacks may block: never on the I/O thread
+            self.stats["handoffs"] += 1
             self.pool.submit(fut._complete, value, exc)
         else:
+            if fut.has_waiter():
+                self.stats["handoffs"] += 1  # the thread waiting for it runs on
             fut._complete(value, exc)
 
     def _decode_reply(self, rank, kind, extras, segments, frames):

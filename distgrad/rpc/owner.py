@@ -236,5 +236,5 @@ class OwnerOps:
                 out.set_exception(exc)
             else:
                 self.run_later(request, run, f.value())
-        value_fut.add_done_callback(ready)
+        value_fut._add_inline_callback(ready)  # ready() only queues the call
         return out

@@ -5,7 +5,7 @@ instead of an ``ndarray``: ``indices`` (int64, ``sparse_dim x nnz``), ``values``
 (``nnz x dense dims``), the full ``shape``, and whether it is known to be coalesced
 (indices sorted and unique), as PyTorch keeps them.
 
-The ops of ``distgrad.ops`` compute on ``tensor._data`` with NumPy functions. A
+The ops of ``distgrad.ops`` compute on a tensor's array with NumPy functions. A
 :class:`COO` answers those functions itself (NEP 13 ``__array_ufunc__`` and NEP 18
 ``__array_function__``, as pydata/sparse does) with PyTorch's sparse rules: sparse
 + sparse is sparse, dense + sparse is dense, sparse * dense is sparse, sparse @

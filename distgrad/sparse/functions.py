@@ -21,8 +21,7 @@ import numpy as np
 
 from ..autograd import dtype as _dt
 from ..autograd.device import as_cpu_device
-from ..autograd.tensor import Tensor, _as_array, _make
-from ..ops.registry import defop, record
+from ..autograd._internal import Tensor, array_of, as_array, defop, record, wrap
 from .coo import COO, _gather, _linear, from_dense, unsupported
 from .layout import sparse_coo, strided
 
@@ -30,11 +29,11 @@ __all__ = ["sparse_coo_tensor", "is_sparse", "sum", "mm", "install"]
 
 
 def is_sparse(t):
-    return isinstance(t._data, COO)
+    return isinstance(array_of(t), COO)
 
 
 def _storage(t, what):
-    data = t._data
+    data = array_of(t)
     if not isinstance(data, COO):
         raise RuntimeError(f"{what} expected sparse coordinate tensor layout but got Strided")
     return data
@@ -46,7 +45,7 @@ def _first_order(xp, what):
 
 
 def _array(x):
-    return x._data if isinstance(x, Tensor) else x
+    return array_of(x) if isinstance(x, Tensor) else x
 
 
 def _to_dense_array(g):
@@ -112,10 +111,11 @@ def sparse_coo_tensor(indices, values, size=None, *, dtype=None, device=None, pi
     idx = _index_array(indices)
     if isinstance(values, Tensor):
         source = values
-        vals = values._data if dtype is None else values._data.astype(_dt.to_numpy_dtype(dtype))
+        vals = array_of(values) if dtype is None else \
+            array_of(values).astype(_dt.to_numpy_dtype(dtype))
     else:
         source = None
-        vals = _as_array(values, dtype)
+        vals = as_array(values, dtype)
     if vals.ndim == 0:
         raise RuntimeError("values must be at least 1-dimensional (one value per entry)")
     if size is None:
@@ -133,10 +133,10 @@ def sparse_coo_tensor(indices, values, size=None, *, dtype=None, device=None, pi
                                "sorted and unique")
         coalesced = True
     data = COO(idx, vals, shape, coalesced)
-    if source is not None and source._requires_grad:
+    if source is not None and source.requires_grad:
         return record(SparseCooTensorWithDimsAndTensorsBackward0, data, (source,), (),
                       {"indices": idx})
-    t = _make(data)
+    t = wrap(data)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -156,7 +156,7 @@ def to_sparse(self, sparse_dim=None, *, layout=None, blocksize=None, dense_dim=N
         raise unsupported("to_sparse with blocksize or dense_dim")
     if is_sparse(self):
         return self
-    d = self._data
+    d = array_of(self)
     if sparse_dim is not None and not 0 < sparse_dim <= d.ndim:
         raise RuntimeError(f"sparse_dim must be in [1, {d.ndim}], got {sparse_dim}")
     return record(ToSparseBackward1, from_dense(d, sparse_dim), (self,))
@@ -175,7 +175,7 @@ ToDenseBackward0 = defop("ToDenseBackward0", saved=("self",), vjps=(_to_dense_vj
 def to_dense(self, dtype=None, *, masked_grad=None):
     if not is_sparse(self):
         return self if dtype is None else self.to(dtype)
-    out = self._data.to_dense()
+    out = array_of(self).to_dense()
     if dtype is not None:
         out = out.astype(_dt.to_numpy_dtype(dtype))
     return record(ToDenseBackward0, out, (self,), (self,))
@@ -197,11 +197,11 @@ def is_coalesced(self):
 
 def _values(self):
     """The stored values, sharing memory, outside the graph (PyTorch's ``_values``)."""
-    return _make(_storage(self, "_values").values)
+    return wrap(_storage(self, "_values").values)
 
 
 def _indices(self):
-    return _make(_storage(self, "_indices").indices)
+    return wrap(_storage(self, "_indices").indices)
 
 
 def _require_coalesced(self, what):
@@ -227,7 +227,7 @@ def values(self):
 
 
 def indices(self):
-    return _make(_require_coalesced(self, "indices").indices)
+    return wrap(_require_coalesced(self, "indices").indices)
 
 
 def _nnz(self):
@@ -235,11 +235,11 @@ def _nnz(self):
 
 
 def sparse_dim(self):
-    return self._data.sparse_dim if is_sparse(self) else 0
+    return array_of(self).sparse_dim if is_sparse(self) else 0
 
 
 def dense_dim(self):
-    return self._data.dense_dim if is_sparse(self) else self._data.ndim
+    return array_of(self).dense_dim if is_sparse(self) else array_of(self).ndim
 
 
 # ---------------------------------------------------------------------- torch.sparse.sum
@@ -280,7 +280,7 @@ def sum(input, dim=None, dtype=None):  # noqa: A001 - torch.sparse.sum
     data = _storage(input, "torch.sparse.sum")
     if dtype is not None:
         input = input.to(dtype)
-        data = input._data
+        data = array_of(input)
     if dim is None:
         return record(SumBackward0, np.asarray(data.values.sum()), (input,), (input,))
     dims = sorted({d % data.ndim for d in ((dim,) if isinstance(dim, int) else dim)})
@@ -325,7 +325,7 @@ def mm(mat1, mat2):
             from ..ops.linalg import mm as dense_mm
             return dense_mm(mat1, mat2)
         raise unsupported("torch.sparse.mm of these layouts (sparse @ dense is supported)")
-    a, b = mat1._data, mat2._data
+    a, b = array_of(mat1), array_of(mat2)
     if a.ndim != 2 or b.ndim != 2:
         raise RuntimeError(f"torch.sparse.mm: expected 2-D matrices, got {a.ndim}-D and "
                            f"{b.ndim}-D")

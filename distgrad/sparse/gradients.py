@@ -13,7 +13,7 @@ import numpy as np
 
 from ..ops import indexing
 from ..ops.embedding_bag import per_sample_weights_gradient, row_gradients
-from ..ops.registry import defop
+from ..autograd._internal import defop
 from .coo import COO, unsupported
 
 __all__ = ["EmbeddingBackward0", "EmbeddingBagBackward0", "GatherBackward0"]

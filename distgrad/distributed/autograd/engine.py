@@ -162,7 +162,7 @@ class _Pass:
                 self.parts[rank] = agent.call(rank, _run_pass, args, None, -1)
                 return
             fut = agent.call(rank, _deliver, (self.ctx.id, self.id, recv.msg_id, g), None, -1)
-        fut.add_done_callback(self._shipped)
+        fut._add_inline_callback(self._shipped)
 
     def _shipped(self, fut):
         exc = fut.exception()
@@ -232,7 +232,7 @@ def _run_pass(context_id, pass_id, send_ids, retain_graph, first=None):
             out.set_result(None)
         else:
             out.set_exception(_named(exc))
-    p.done.add_done_callback(relay)
+    p.done._add_inline_callback(relay)
     return out
 
 
@@ -445,7 +445,7 @@ def release_everywhere(context_id, exclude=()):
     with _c.scope(None):  # release messages belong to no context
         for peer in sorted(ctx.workers - set(exclude) - {me}):
             fut = agent.call(peer, _release_remote, (context_id, me))
-            fut.add_done_callback(lambda f, peer=peer: _log_failed_release(f, context_id, peer))
+            fut._add_inline_callback(lambda f, peer=peer: _log_failed_release(f, context_id, peer))
 
 
 def _log_failed_release(fut, context_id, peer):

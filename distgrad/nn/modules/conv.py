@@ -4,7 +4,7 @@ Weight (out_channels, in_channels / groups, *kernel_size) and bias start as
 PyTorch's (kaiming uniform with a=sqrt(5); bias uniform in +-1/sqrt(fan_in)).
 ``padding_mode`` other than ``'zeros'`` pads with ``F.pad`` first, as PyTorch does.
 """
-from ... import empty
+from ...ops.creation import empty
 from ...ops.conv import expand_param
 from .. import functional as F
 from ..parameter import Parameter
