@@ -211,13 +211,18 @@ class Optimizer:
     _accepts_sparse_gradients = False
 
     def _sparse_gradient(self, grad, group):
+        """The gradient ``_update`` gets for a sparse one: itself where
+        ``_updates_sparse(group)`` (the update touches only its entries), else its dense form."""
         name = type(self).__name__
         if not self._accepts_sparse_gradients:
             hint = ", please consider SparseAdam instead" if name.startswith("Adam") else ""
             raise RuntimeError(f"{name} does not support sparse gradients{hint}")
         if group.get("weight_decay", 0):
             raise RuntimeError("weight_decay option is not compatible with sparse gradients")
-        return grad.to_dense()
+        return grad if self._updates_sparse(group) else grad.to_dense()
+
+    def _updates_sparse(self, group):
+        return False
 
     def step(self, closure=None):
         """Update every parameter with a gradient; returns the closure's loss."""

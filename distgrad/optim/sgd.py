@@ -37,9 +37,15 @@ class SGD(Optimizer):
         if group["momentum"] != 0:
             state["momentum_buffer"] = None
 
+    def _updates_sparse(self, group):
+        return group["momentum"] == 0  # a momentum buffer is dense: it gets the dense form
+
     def _update(self, p, grad, state, group):
         weight_decay, momentum = group["weight_decay"], group["momentum"]
         param = array_of(p)
+        if type(grad) is not np.ndarray:  # sparse: only the rows it has move
+            np.subtract.at(param, tuple(grad.indices), group["lr"] * grad.values)
+            return
         scratch = self._scratch(param)
         if weight_decay != 0:
             grad = grad + weight_decay * param

@@ -218,12 +218,13 @@ def test_embedding_gradients_are_sparse():
     assert out["grad"].is_sparse and out["wb.grad"].is_sparse
 
 
-def test_optimizer_step_with_a_sparse_gradient():
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_optimizer_step_with_a_sparse_gradient(momentum):
     def case(m):
         emb = m.nn.Embedding(4, 3, sparse=True)
         with m.no_grad():
             emb.weight.copy_(m.arange(12.0).reshape(4, 3))
-        opt = m.optim.SGD(emb.parameters(), lr=0.5)
+        opt = m.optim.SGD(emb.parameters(), lr=0.5, momentum=momentum)
         for _ in range(2):
             opt.zero_grad()
             emb(m.tensor([0, 2, 2])).pow(2).sum().backward()
