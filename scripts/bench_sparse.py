@@ -23,14 +23,13 @@ JSON line.
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layers import _single_threaded_reexec  # noqa: E402 - the same one-thread re-exec
+from bench_optim import _time  # noqa: E402 - interleaved candidates, medians
 
 DIM, LOOKUPS, LR = 64, 2048, 0.1
 MM_N, MM_K, MM_DENSITY = 4096, 64, 0.01
@@ -167,17 +166,6 @@ def _check_same(case, setups, reference):
         for a, b in pairs:
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4,
                                        err_msg=f"{case}: {who} differs from the floor")
-
-
-def _time(setups, reps, batches):
-    times = {who: [] for who in setups}
-    for _ in range(batches):
-        for who, (step, _) in setups.items():
-            t = time.perf_counter()
-            for _ in range(reps):
-                step()
-            times[who].append((time.perf_counter() - t) / reps * 1e3)
-    return {who: statistics.median(v) for who, v in times.items()}
 
 
 def main():

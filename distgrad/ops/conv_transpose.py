@@ -17,8 +17,8 @@ distgrad.Size([1, 1, 4, 4])
 import numpy as np
 
 from . import np_backend
-from .conv import convolution_map, expand_param, input_grad_map, weight_grad_map
-from .fused import require_floating, scalar_type_name
+from .conv import (check_operands, convolution_map, expand_param, expand_positive,
+                   input_grad_map, weight_grad_map)
 from ..autograd._internal import array_of, defop, record
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose"]
@@ -36,35 +36,16 @@ ConvolutionBackward0 = defop("ConvolutionBackward0", saved=("input", "weight"),
                              vjp_all=_conv_transpose_vjp)
 
 
-def _check_positive(name, values):
-    if any(v <= 0 for v in values):
-        raise RuntimeError(f"non-positive {name} is not supported")
-
-
 def conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, d):
     """The d-dimensional transposed convolution of batched or unbatched ``input``."""
     name = f"conv_transpose{d}d"
-    x, w = array_of(input), array_of(weight)
-    if x.ndim not in (d + 1, d + 2):
-        raise RuntimeError(f"Expected {d + 1}D (unbatched) or {d + 2}D (batched) input to {name}, "
-                           f"but got input of size: {list(x.shape)}")
-    if w.ndim != d + 2:
-        raise RuntimeError(f"{name}: expected weight to be {d + 2}-dimensional (in_channels, "
-                           f"out_channels/groups, kernel...), but got weight of size "
-                           f"{list(w.shape)}")
-    require_floating(name, input, weight, bias)
-    if x.dtype != w.dtype or (bias is not None and array_of(bias).dtype != x.dtype):
-        other = w.dtype if x.dtype != w.dtype else array_of(bias).dtype
-        raise RuntimeError(f"{name}: expected scalar type {scalar_type_name(x.dtype)} but found "
-                           f"{scalar_type_name(other)} (input, weight and bias must share a dtype)")
+    x, w = check_operands(name, input, weight, bias, d, "in_channels, out_channels/groups")
     if isinstance(padding, str):
         raise TypeError(f"{name}(): argument 'padding' must be a tuple of ints, not str")
-    stride = expand_param(stride, d, "stride")
+    stride = expand_positive(stride, d, "stride")
     padding = expand_param(padding, d, "padding")
     output_padding = expand_param(output_padding, d, "output_padding")
-    dilation = expand_param(dilation, d, "dilation")
-    _check_positive("stride", stride)
-    _check_positive("dilation", dilation)
+    dilation = expand_positive(dilation, d, "dilation")
     if groups <= 0:
         raise RuntimeError("non-positive groups is not supported")
     if any(p < 0 for p in padding) or any(p < 0 for p in output_padding):
