@@ -25,7 +25,6 @@ PRIVATE_ACCESS_PENDING = {
     "distgrad/distributed/": "pending migration: distribution work in flight",
     "distgrad/rpc/": "pending migration: distribution work in flight",
     "distgrad/launch/": "pending migration: distribution work in flight",
-    "distgrad/serialization.py": "pending migration: owned by the tensor half of issue 21",
 }
 # Tensor (and graph node) attributes that only distgrad/autograd may touch.
 PRIVATE_TENSOR_ATTRIBUTES = {
@@ -142,6 +141,7 @@ LAYERS = [  # a module may import its own layer and the ones before it, never a 
      "distgrad.utils.hooks", "distgrad.utils.ports"),
     ("distgrad.autograd",),
     ("distgrad.ops",),
+    ("distgrad.sparse", "distgrad.linalg"),
     ("distgrad.nn", "distgrad.optim", "distgrad.distributions"),
     ("distgrad.rpc",),
     ("distgrad.distributed",),

@@ -17,7 +17,7 @@ from .grad_mode import _state, pop_state, push_state
 from .node import AccumulateGrad, accumulate_into_grad, sum_grads
 
 _getrefcount = sys.getrefcount
-from .tensor import Tensor, _make
+from .tensor import ArrayStorage, Tensor, _make
 
 __all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute",
            "current_graph_task", "task_extension", "set_task_extension"]
@@ -426,8 +426,8 @@ def _validate(node, nxt, input_nr, g, create_graph):
     elif create_graph:
         g = _make(np.asarray(g))
         return _validate(node, nxt, input_nr, g, create_graph)
-    elif type(g) is not np.ndarray:  # a NumPy scalar from a full reduction
-        g = np.asarray(g)
+    elif type(g) is not np.ndarray and not isinstance(g, ArrayStorage):
+        g = np.asarray(g)  # a NumPy scalar from a full reduction (a sparse gradient stays)
     if g.shape != shape:
         if reduction_axes(g.shape, shape) is None:
             _invalid_shape(node, g.shape, shape)

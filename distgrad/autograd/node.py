@@ -184,6 +184,9 @@ def accumulate_into_grad(variable, g, owned=False):
     """
     with _accumulate_lock:
         old = variable._grad
+        if _is_storage(g) or (old is not None and _is_storage(old._data)):
+            _accumulate_storage(variable, old, g, owned)
+            return
         if type(g) is not np.ndarray:  # a Tensor, under create_graph: keep the gradient's graph
             if old is None:
                 variable._grad = g if _state.grad_enabled else g.detach()
@@ -204,6 +207,34 @@ def accumulate_into_grad(variable, g, owned=False):
                 old._vc[0] += 1
             else:
                 old._data = data + g
+
+
+def _is_storage(a):
+    return type(a) is not np.ndarray and isinstance(a, _tensor.ArrayStorage)
+
+
+def _accumulate_storage(variable, old, g, owned):
+    """``.grad += g`` where either is sparse (an ArrayStorage), as PyTorch's AccumulateGrad:
+    a sparse gradient is added into a dense ``.grad`` in place; otherwise ``.grad``
+    becomes the sum (dense + sparse is dense, in either order)."""
+    if isinstance(g, _tensor.Tensor):  # under create_graph
+        new = g if old is not None or _state.grad_enabled else g.detach()
+    else:
+        new = _tensor._make(g if owned else g.copy())
+    if old is None:
+        variable._grad = new
+        return
+    data = old._data
+    if type(data) is np.ndarray and not old._requires_grad and data.flags.writeable and \
+            _is_storage(new._data) and new._data.dtype == data.dtype:
+        sparse = new._data
+        if sparse.nnz:
+            np.add.at(data, tuple(sparse.indices), sparse.values)
+        old._vc[0] += 1
+    elif _is_storage(data) and not _is_storage(new._data):
+        variable._grad = new + old
+    else:
+        variable._grad = old + new
 
 
 # ---------------------------------------------------------------- Tensor methods that need nodes

@@ -18,7 +18,15 @@ from .grad_mode import _state, inference_threads as _inference_threads
 from ..utils.hooks import RemovableHandle
 from .. import codec as _codec
 
-__all__ = ["Tensor", "is_tensor"]
+__all__ = ["Tensor", "is_tensor", "ArrayStorage"]
+
+
+class ArrayStorage:
+    """Base of the arrays a Tensor may hold besides ``numpy.ndarray``: a sparse COO array
+    (``distgrad/sparse``). Such a storage speaks NumPy's array protocols for what it
+    supports and raises for the rest; a Tensor keeps it as it is (never ``np.asarray``)."""
+
+    __slots__ = ()
 
 
 class Tensor:
@@ -256,6 +264,9 @@ class Tensor:
 
     # ------------------------------------------------------------ conversion
     def numpy(self, *, force=False):
+        if type(self._data) is not np.ndarray and isinstance(self._data, ArrayStorage):
+            raise TypeError(f"can't convert {self.layout} layout tensor to numpy. Use "
+                            "Tensor.to_dense() first.")
         if self._requires_grad and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
                                "Use tensor.detach().numpy() instead.")
@@ -310,18 +321,7 @@ class Tensor:
             return self._data.item().__format__(format_spec)
         return object.__format__(self, format_spec)
 
-    def __repr__(self):
-        body = np.array2string(self._data, separator=", ", precision=4, prefix="tensor(",
-                               threshold=1000, edgeitems=3)
-        extras = []
-        # As PyTorch: the dtype is shown unless it is the default float, int64 or bool.
-        if self._data.dtype not in (_dt.get_default_dtype().numpy, np.int64, np.bool_):
-            extras.append(f"dtype={self.dtype!r}")
-        if self._grad_fn is not None:
-            extras.append(f"grad_fn=<{type(self._grad_fn).__name__}>")
-        elif self._requires_grad:
-            extras.append("requires_grad=True")
-        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+    # __repr__ is PyTorch's formatter, installed by distgrad/_tensor_str.py.
 
     def __reduce_ex__(self, protocol):
         # For copy.copy; the RPC wire and checkpoints have their own codec (distgrad/codec.py).
@@ -362,8 +362,8 @@ class Size(tuple):
 
 
 def _init(t, data, grad_fn, output_nr, requires_grad, vc):
-    if type(data) is not np.ndarray:  # NumPy gives scalars for 0-d results; keep arrays
-        data = np.asarray(data)
+    if type(data) is not np.ndarray and not isinstance(data, ArrayStorage):
+        data = np.asarray(data)  # NumPy gives scalars for 0-d results; keep arrays
     t._data = data
     t._grad_fn = grad_fn
     t._output_nr = output_nr
@@ -467,11 +467,21 @@ def is_tensor(obj):
 # ---------------------------------------------------------------- the value codec
 # Tensors travel (RPC, checkpoints, the activation store) as their array plus
 # requires_grad; a received tensor is a new leaf over a read-only view of the bytes.
+# A tensor whose storage is not an ndarray (sparse) travels as [storage, requires_grad]:
+# the storage is a codec type of its own.
 def _encode_tensor(t, enc):
-    return enc.array(np.asarray(t._data)) + [bool(t._requires_grad)]
+    data = t._data
+    if type(data) is not np.ndarray and isinstance(data, ArrayStorage):
+        return [data, bool(t._requires_grad)]
+    return enc.array(np.asarray(data)) + [bool(t._requires_grad)]
 
 
 def _decode_tensor(payload, dec):
+    if type(payload) is list and len(payload) == 2 and isinstance(payload[0], ArrayStorage):
+        t = _make(payload[0])
+        if payload[1] is True:
+            t.requires_grad_(True)
+        return t
     if type(payload) is not list or len(payload) != 4:
         raise _codec.CodecError("malformed tensor")
     return Tensor._wrap(dec.array(payload), requires_grad=payload[3] is True)

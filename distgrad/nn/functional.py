@@ -12,10 +12,12 @@ from ..ops.linalg import linear
 from ..ops.batchnorm import batch_norm
 from ..ops.channel_dropout import dropout1d, dropout2d
 from ..ops.conv import conv1d, conv2d
+from ..ops.conv_transpose import conv_transpose1d, conv_transpose2d
 from ..ops.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d,
                            max_pool1d, max_pool1d_with_indices, max_pool2d,
                            max_pool2d_with_indices)
 from ..ops import embedding_bag as _embedding_bag
+from ..sparse import gradients as _sparse_gradients  # the gradients of sparse=True
 from ..ops.attention import scaled_dot_product_attention
 from .multi_head_attention import multi_head_attention_forward
 # PyTorch's private names, which transformer code written against torch calls as F._...
@@ -32,6 +34,7 @@ __all__ += ["scaled_dot_product_attention", "multi_head_attention_forward", "smo
 __all__ += ["conv1d", "conv2d", "max_pool1d", "max_pool2d", "max_pool1d_with_indices",
             "max_pool2d_with_indices", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
             "adaptive_avg_pool2d", "batch_norm", "dropout1d", "dropout2d"]
+__all__ += ["conv_transpose1d", "conv_transpose2d"]
 
 tanh = unary.tanh
 sigmoid = unary.sigmoid
@@ -394,7 +397,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     if max_norm is not None:
         _renorm_rows_(weight, idx, max_norm, norm_type)
     out = array_of(weight)[idx]
-    return record(EmbeddingBackward0, out, (weight,), (),
+    return record(EmbeddingBackward0 if not sparse else _sparse_gradients.EmbeddingBackward0,
+                  out, (weight,), (),
                   {"shape": array_of(weight).shape, "key": (idx,), "padding_idx": padding_idx,
                    "freq_scale": _inverse_frequency(idx, out.dtype)[..., None]
                    if scale_grad_by_freq else None})
@@ -481,7 +485,9 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         _renorm_rows_(weight, idx, max_norm, norm_type)
     return _embedding_bag.embedding_bag(
         weight, idx, bag_of, num_bags, mode, per_sample_weights, padding_idx,
-        _inverse_frequency(idx, array_of(weight).dtype) if scale_grad_by_freq else None)
+        _inverse_frequency(idx, array_of(weight).dtype) if scale_grad_by_freq else None,
+        node=_embedding_bag.EmbeddingBagBackward0 if not sparse else
+        _sparse_gradients.EmbeddingBagBackward0)
 
 
 def _bags_from_offsets(offsets, length, include_last_offset):

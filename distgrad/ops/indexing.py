@@ -30,6 +30,8 @@ def convert_key(key):
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
         if isinstance(k, (bool, np.bool_)):
             k = np.asarray(k)
+        elif isinstance(k, range):  # a sequence of indices, as PyTorch takes it
+            k = np.arange(k.start, k.stop, k.step, dtype=np.int64)
         if isinstance(k, (np.ndarray, list)):
             basic = False
             arr = np.asarray(k)
@@ -114,16 +116,21 @@ def _gather_vjp(xp, g, m):
 
 GatherBackward0 = defop("GatherBackward0", vjps=(_gather_vjp,))
 
+#: Nodes whose gradient is a sparse tensor, a layout of a higher layer: distgrad.sparse
+#: installs them here ({"gather": node of gather(..., sparse_grad=True)}).
+SPARSE_GRAD_NODES = {}
+
 
 def gather(input, dim, index, *, sparse_grad=False):
     d = array_of(input)
     dim = wrap_dim(dim, d.ndim)
+    node = SPARSE_GRAD_NODES["gather"] if sparse_grad else GatherBackward0
     idx = array_of(index) if isinstance(index, Tensor) else np.asarray(index)
     if idx.ndim != d.ndim:
         raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
     out = np.take_along_axis(d[tuple(slice(0, s) if i != dim else slice(None)
                                      for i, s in enumerate(idx.shape))], idx, axis=dim)
-    return record(GatherBackward0, out, (input,), (), {"shape": d.shape, "index": idx, "dim": dim})
+    return record(node, out, (input,), (), {"shape": d.shape, "index": idx, "dim": dim})
 
 
 def take_along_dim(input, indices, dim=None):

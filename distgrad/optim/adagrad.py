@@ -9,6 +9,8 @@ __all__ = ["Adagrad"]
 
 
 class Adagrad(Optimizer):
+    _accepts_sparse_gradients = True
+
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0,
                  eps=1e-10, foreach=None, *, maximize=False, differentiable=False, fused=None):
         _check_nonnegative(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,

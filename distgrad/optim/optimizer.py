@@ -205,6 +205,25 @@ class Optimizer:
             flat = buffers[like.dtype] = np.empty(like.size, like.dtype)
         return flat[:like.size].reshape(like.shape)
 
+    #: Whether ``_update`` given the dense form of a sparse gradient makes PyTorch's
+    #: sparse update: true where entries without a gradient are left as they are (SGD,
+    #: Adagrad); the others refuse sparse gradients, as PyTorch's do.
+    _accepts_sparse_gradients = False
+
+    def _sparse_gradient(self, grad, group):
+        """The gradient ``_update`` gets for a sparse one: itself where
+        ``_updates_sparse(group)`` (the update touches only its entries), else its dense form."""
+        name = type(self).__name__
+        if not self._accepts_sparse_gradients:
+            hint = ", please consider SparseAdam instead" if name.startswith("Adam") else ""
+            raise RuntimeError(f"{name} does not support sparse gradients{hint}")
+        if group.get("weight_decay", 0):
+            raise RuntimeError("weight_decay option is not compatible with sparse gradients")
+        return grad if self._updates_sparse(group) else grad.to_dense()
+
+    def _updates_sparse(self, group):
+        return False
+
     def step(self, closure=None):
         """Update every parameter with a gradient; returns the closure's loss."""
         for hook in chain(_global_step_pre_hooks.values(),
@@ -234,6 +253,8 @@ class Optimizer:
                     if p.grad is None:
                         continue
                     grad = array_of(p.grad)
+                    if type(grad) is not np.ndarray:  # a sparse gradient (distgrad.sparse)
+                        grad = self._sparse_gradient(grad, group)
                     if group.get("maximize", False):
                         grad = -grad
                     state = self.state[p]

@@ -16,6 +16,8 @@ class SGD(Optimizer):
     [0.5, 0.5]
     """
 
+    _accepts_sparse_gradients = True
+
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
                  *, maximize=False, foreach=None, differentiable=False, fused=None):
         if lr is not required and lr < 0.0:
@@ -35,9 +37,15 @@ class SGD(Optimizer):
         if group["momentum"] != 0:
             state["momentum_buffer"] = None
 
+    def _updates_sparse(self, group):
+        return group["momentum"] == 0  # a momentum buffer is dense: it gets the dense form
+
     def _update(self, p, grad, state, group):
         weight_decay, momentum = group["weight_decay"], group["momentum"]
         param = array_of(p)
+        if type(grad) is not np.ndarray:  # sparse: only the rows it has move
+            np.subtract.at(param, tuple(grad.indices), group["lr"] * grad.values)
+            return
         scratch = self._scratch(param)
         if weight_decay != 0:
             grad = grad + weight_decay * param

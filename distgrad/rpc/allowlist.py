@@ -51,7 +51,8 @@ ENTRY_POINT_MODULES = (
 
 #: Namespaces whose public functions and classes are the default entry points.
 _PUBLIC_NAMESPACES = ("distgrad", "distgrad.nn", "distgrad.nn.functional", "distgrad.nn.init",
-                      "distgrad.optim", "distgrad.optim.lr_scheduler", "distgrad.distributions")
+                      "distgrad.optim", "distgrad.optim.lr_scheduler", "distgrad.distributions",
+                      "distgrad.linalg", "distgrad.sparse")
 
 #: Never callable by default, even when re-exported by a public namespace: they write
 #: files, start processes, read the environment or drive tests.
