@@ -101,14 +101,6 @@ XFAIL_ON_DISTGRAD = {
         "by design: distgrad's distributed backward finishes once every gradient that can "
         "still arrive has (DESIGN.md, known pitfalls), where PyTorch's FAST mode waits for "
         "the gradient of an unused RPC result forever; the test asserts that hang",
-    _DIST + "test_backward_autograd_engine_error":
-        "distributed/autograd/engine.py: an exception raised in a backward function reaches "
-        "the caller as the user's own class, where PyTorch raises RuntimeError('Error on Node "
-        "N: ...')",
-    _DIST + "test_backward_invalid_args":
-        "distributed/autograd: dist_autograd.backward(context_id, None) raises a bare "
-        "TypeError \"'NoneType' object is not iterable\", where PyTorch's names the "
-        "incompatible arguments",
     _DIST + "test_no_grad_copy": _ACCUMULATE,
     _DIST + "test_no_grad_copy_sparse": _ACCUMULATE,
 }
