@@ -204,6 +204,7 @@ class GraphTask:
         # numbers) once all are in: the same sum, bit for bit, whatever the timing.
         self.accumulate = accumulate
         self.leaf_parts = {} if accumulate is not None else None
+        self._shared = set()  # ids of gradients seen shared by two leaves (copied by both)
         # State of engines built on this one, by name (the distributed engine's pass).
         self.extensions = {}
         self._heap = []
@@ -328,6 +329,7 @@ class GraphTask:
                     if node._pre_hooks:
                         grads = _call_node_pre_hooks(node, grads)
                 if is_leaf:
+                    outputs = g = buf = None  # the previous node's: not references to keep
                     outputs = self._accumulate(node, grads)
                 elif grads[0] is not None or any(g is not None for g in grads) or \
                         getattr(node, "_materialize_grads", False):
@@ -412,8 +414,16 @@ class GraphTask:
     def _accumulate(self, node, grads):
         if self.accumulate is not None:
             variable = node.variable
-            if grads[0] is not None and variable is not None:
-                self.accumulate(variable, grads[0])
+            g = grads[0]
+            if g is not None and variable is not None:
+                grads[0] = None
+                # PyTorch's rule: a gradient nothing else refers to is taken over; one that
+                # another leaf of this pass also receives is copied by both (their buffers
+                # hold it until accumulated, as PyTorch's engine holds its vector)
+                owned = _getrefcount(g) <= 2 and id(g) not in self._shared
+                if not owned:
+                    self._shared.add(id(g))
+                self.accumulate(variable, g, owned)
             return ()
         return node.apply(grads)
 
