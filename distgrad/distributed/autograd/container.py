@@ -507,7 +507,9 @@ def _ensure_installed(agent, dst):
         if dst in _installed_on:
             return
     with scope(None):  # the install call itself belongs to no context
-        agent.call_sync(dst, _installed, (), None)
+        # a peer's first use may import distributed autograd there: not the user's work,
+        # so not the user's (maybe very short) RPC timeout either
+        agent.call_sync(dst, _installed, (), None, max(agent.options.rpc_timeout or 0, 30.0))
     with _install_lock:
         _installed_on.add(dst)
 
