@@ -107,6 +107,7 @@ class Agent:
         self.owner = OwnerTable(world_size, ttl=max(2 * (options.rpc_timeout or 60.0), 60.0))
         self.barrier = ShutdownBarrier(world_size) if rank == 0 else None
         self.bookkeeping = Bookkeeping(world_size)
+        self.bookkeeping.register("rref.add", self._on_forks_made)
         self.bookkeeping.register("rref.del", self._on_forks_dropped)
         self.dispatcher = Dispatcher(self)
         self.pool = None
@@ -363,6 +364,11 @@ class Agent:
             log.warning("%s: bookkeeping from %s: %s: %s", self.name, self.describe(src),
                         type(e).__name__, e)
 
+    def _on_forks_made(self, src, items):
+        for item in items:
+            if type(item) is list and len(item) == 2:
+                self.owner.add_fork(item[0], item[1], 1, src)
+
     def _on_forks_dropped(self, src, items):
         for item in items:
             if type(item) is list and len(item) == 2:
@@ -398,9 +404,12 @@ class Agent:
         fid = self.new_id()
         if rref._owner == self.rank:
             self.owner.add_fork(rref._rid, fid, 1)
-        else:  # registered before the receiver can use it; our RRef lives until acknowledged
-            fut = self.call(rref._owner, "@rref.add", (rref._rid, fid), internal=True)
-            fut._add_inline_callback(lambda f, _keep=rref: None)
+        else:
+            # A notice, in order with this process's later ones: the owner counts the new
+            # fork before it hears that our own fork (which we hold now) was dropped, so the
+            # value outlives both; the receiver's own drop may come first (counts may go
+            # negative for a while). No message and no wait of its own.
+            self.post_notice(rref._owner, "rref.add", [list(rref._rid), list(fid)])
         return [rref._owner, list(rref._rid), list(fid)]
 
     def decode_rref(self, meta):

@@ -8,13 +8,18 @@ next message to that peer (a CALL or a REPLY, under the extra ``"@bk"``); what i
 here ``delay`` seconds after it was posted leaves as one SYSTEM message (``@bk``) that
 the I/O thread sends. A receiver hands each kind of notice to its registered handler.
 
+Notices from one sender are handled in the order they were posted (whatever their
+kinds): RRef forks rely on it (a fork's registration, posted before the sender drops
+its own fork, must be counted first).
+
 A notice posted with ``ack=(timeout, on_timeout)`` is acknowledged by its receiver
 (the acknowledgement rides back the same way); one not acknowledged within
 ``timeout`` seconds calls ``on_timeout(peer, kind, item)`` once (to log it: the peer
 is stalled or gone). Items must be msgpack values; acknowledged ones also hashable.
 
-A header's box is ``{kind: [item, ...]}``; peers can send anything, so a box is checked
-(kinds are strings, at most :data:`MAX_ITEMS` items) and unknown kinds are dropped.
+A header's box is ``[[kind, [item, ...]], ...]`` (runs of one kind, in posting order);
+peers can send anything, so a box is checked (kinds are strings, at most
+:data:`MAX_ITEMS` items) and unknown kinds are dropped.
 """
 import logging
 import threading
@@ -36,7 +41,7 @@ class Bookkeeping:
     def __init__(self, world_size, delay=0.02):
         self.delay = delay
         self._lock = threading.Lock()
-        self._boxes = [None] * world_size      # peer -> {kind: [items]} waiting
+        self._boxes = [None] * world_size      # peer -> [[kind, [items]], ...] waiting
         self._posted = {}                      # peer -> when its oldest waiting notice came
         self._unacked = {}                     # (peer, kind, item) -> (deadline, on_timeout)
         self._handlers = {}                    # kind -> (fn(src, items), acknowledge)
@@ -57,10 +62,13 @@ class Bookkeeping:
             box = self._boxes[peer]
             first = box is None
             if first:
-                box = self._boxes[peer] = {}
+                box = self._boxes[peer] = []
                 self._posted[peer] = now
                 self.next_due = min(self.next_due, now + self.delay)
-            box.setdefault(kind, []).append(item)
+            if box and box[-1][0] == kind:
+                box[-1][1].append(item)
+            else:
+                box.append([kind, [item]])
             if ack is not None:
                 timeout, on_timeout = ack
                 self._unacked[(peer, kind, item)] = (now + timeout, on_timeout)
@@ -113,13 +121,14 @@ class Bookkeeping:
     def receive(self, src, box):
         """Hand the notices of a box from ``src`` to their handlers; acknowledge those whose
         kind asks for it. A malformed box raises ValueError (nothing of it is handled)."""
-        if type(box) is not dict or not all(type(k) is str and type(v) is list
-                                            for k, v in box.items()):
+        if type(box) is not list or not all(
+                type(run) is list and len(run) == 2 and type(run[0]) is str
+                and type(run[1]) is list for run in box):
             raise ValueError(f"malformed bookkeeping from rank {src}")
-        if sum(len(v) for v in box.values()) > MAX_ITEMS:
+        if sum(len(run[1]) for run in box) > MAX_ITEMS:
             raise ValueError(f"rank {src} sent more than {MAX_ITEMS} bookkeeping notices in "
                              "one message")
-        for kind, items in box.items():
+        for kind, items in box:
             if kind == _ACK:
                 self._acknowledged(src, items)
                 continue

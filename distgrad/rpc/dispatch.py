@@ -28,7 +28,7 @@ __all__ = ["Request", "Dispatcher", "SYSTEM_OPS"]
 
 #: Internal operations that never block (a value not there yet is a Future, not a wait):
 #: callers send them as SYSTEM messages, served on the receiver's I/O thread.
-SYSTEM_OPS = frozenset(("@rref.add", "@rref.fetch", "@shm.probe", "@barrier", "@bk"))
+SYSTEM_OPS = frozenset(("@rref.fetch", "@shm.probe", "@barrier", "@bk"))
 
 log = logging.getLogger("distgrad.rpc")
 Kind = wire.Kind

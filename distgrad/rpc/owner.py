@@ -203,10 +203,7 @@ class OwnerOps:
         self.run_later, self.timeout = run_later, timeout
 
     def operations(self):
-        return {"@rref.fetch": self.fetch, "@rref.call": self.call, "@rref.add": self.add}
-
-    def add(self, request, rid, fid):
-        self.table.add_fork(rid, fid, 1, request.src)
+        return {"@rref.fetch": self.fetch, "@rref.call": self.call}
 
     def fetch(self, request, rid):
         return self.table.fetch(rid, request.src, self.timeout)

@@ -184,11 +184,17 @@ def test_forged_internal_operations_are_validated_and_bounded(rpc_world):
     rpc_world(1)
     ctx, s = _raw(current_agent().transport.endpoints[1])
     try:
-        # a fork id may only be registered by its creator (rank 0 claims rank 1's fork)
-        s.send_multipart([wire.pack_header(wire.Kind.CALL, 1, 0),
-                          _call("@rref.add", [[0, 5], [1, 5]])])
-        kind, _, frames = _reply(s)
-        assert kind == wire.Kind.ERROR and b"may not register" in frames[0]
+        # a fork id may only be registered by its creator: a notice in which rank 0 claims
+        # rank 1's fork is refused (counted; notices get no answer) and creates no entry
+        errors = rpc.rpc_sync("worker1", f.agent_stats).get("handler_errors", 0)
+        s.send_multipart([wire.pack_header(wire.Kind.SYSTEM, 0, 0,
+                                           {"@bk": [["rref.add", [[[0, 5], [1, 5]]]]]}),
+                          _call("@bk", [])])
+        deadline = time.monotonic() + 10
+        while rpc.rpc_sync("worker1", f.agent_stats).get("handler_errors", 0) == errors:
+            assert time.monotonic() < deadline, "the forged fork registration was not refused"
+            time.sleep(0.02)
+        assert rpc.rpc_sync("worker1", f.rref_count) == 0
         # 300 fetches of values that will never exist hold no handler thread
         for i in range(300):
             s.send_multipart([wire.pack_header(wire.Kind.CALL, 10 + i, 0),
