@@ -106,7 +106,7 @@ def _per_step(step, counts, rpc, steps=20):
     """Messages and bytes one step sends, both processes together."""
     import time
     step()
-    time.sleep(0.1)  # notices of the warm-up step leave (they ride along, or after 20 ms)
+    time.sleep(0.3)  # notices of the warm-up step leave (they ride along, or after 100 ms)
 
     def total():
         mine = counts()

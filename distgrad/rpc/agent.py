@@ -108,6 +108,7 @@ class Agent:
         self.barrier = ShutdownBarrier(world_size) if rank == 0 else None
         self.bookkeeping = Bookkeeping(world_size)
         self.bookkeeping.register("rref.add", self._on_forks_made)
+        self.bookkeeping.register("shm.release", self._on_segments_released)
         self.bookkeeping.register("rref.del", self._on_forks_dropped)
         self.dispatcher = Dispatcher(self)
         self.pool = None
@@ -364,6 +365,10 @@ class Agent:
             log.warning("%s: bookkeeping from %s: %s: %s", self.name, self.describe(src),
                         type(e).__name__, e)
 
+    def _on_segments_released(self, src, items):
+        self.shm.released(src, [name for names in items if type(names) is list
+                                for name in names if type(name) is str])
+
     def _on_forks_made(self, src, items):
         for item in items:
             if type(item) is list and len(item) == 2:
@@ -503,7 +508,9 @@ class Agent:
                         f"on {self.describe(p.dst)}"))
         if now >= self.owner.next_expiry:
             self.owner.expire(now)
-        self.shm.send_releases(self.transport, self.rank)
+        if self.shm.has_releases():  # segments this process no longer maps: to their lenders
+            for src, names in self.shm.take_releases().items():
+                self.bookkeeping.post(src, "shm.release", names)
         for dst, box in self.bookkeeping.due(now):  # nothing gave them a ride: on their own
             if self.transport.down(dst) is None:
                 header = wire.pack_header(Kind.SYSTEM, _NO_REPLY, self.rank, {BOOKKEEPING: box})

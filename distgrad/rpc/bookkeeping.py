@@ -5,8 +5,9 @@ was released, an RRef fork was dropped. Sending each as a message of its own cos
 message, a wake-up and a handler on the peer, on the critical path of whatever the
 peer does next. Instead notices wait here, per peer, and leave in the header of the
 next message to that peer (a CALL or a REPLY, under the extra ``"@bk"``); what is still
-here ``delay`` seconds after it was posted leaves as one SYSTEM message (``@bk``) that
-the I/O thread sends. A receiver hands each kind of notice to its registered handler.
+here ``delay`` seconds (100 ms: most steps of a training loop send something to every
+peer within that) after it was posted leaves as one SYSTEM message (``@bk``) that the
+I/O thread sends. A receiver hands each kind of notice to its registered handler.
 
 Notices from one sender are handled in the order they were posted (whatever their
 kinds): RRef forks rely on it (a fork's registration, posted before the sender drops
@@ -38,7 +39,7 @@ _FOREVER = float("inf")
 class Bookkeeping:
     """Notices waiting for a ride, per peer; the handlers of notices that arrive."""
 
-    def __init__(self, world_size, delay=0.02):
+    def __init__(self, world_size, delay=0.1):
         self.delay = delay
         self._lock = threading.Lock()
         self._boxes = [None] * world_size      # peer -> [[kind, [items]], ...] waiting

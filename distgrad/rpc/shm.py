@@ -348,16 +348,23 @@ class SameHost:
         self._releases.append((src, names))
         self._wake()
 
-    def send_releases(self, transport, rank):
-        """Send the queued releases, one RELEASE per peer (on the socket owner's thread)."""
+    def has_releases(self):
+        return bool(self._releases)
+
+    def take_releases(self):
+        """``{lender rank: [segment names]}`` released since the last call."""
         releases = self._releases
-        if not releases:
-            return
         by_src = {}
         while releases:
             src, names = releases.popleft()
             by_src.setdefault(src, []).extend(names)
-        for src, names in by_src.items():
+        return by_src
+
+    def send_releases(self, transport, rank):
+        """Send the queued releases, one RELEASE per peer (on the socket owner's thread)."""
+        if not self._releases:
+            return
+        for src, names in self.take_releases().items():
             if transport.down(src) is None:
                 transport.send(src, [pack_header(Kind.RELEASE, 0, rank, None, names), b""])
 
