@@ -16,6 +16,7 @@ from .autograd.grad_mode import (enable_grad, inference_mode, is_grad_enabled,
 from .autograd.tensor import Size, Tensor, is_tensor
 from .autograd.device import device
 from . import ops as _ops  # installs Tensor methods
+from .multiprocessing import sharing as _sharing  # installs share_memory_/is_shared, mp pickling
 from .ops.arithmetic import *  # noqa: F401,F403
 from .ops.complex import *  # noqa: F401,F403
 from .ops.conversion import *  # noqa: F401,F403
