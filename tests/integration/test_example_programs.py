@@ -165,6 +165,14 @@ def cnn_in_range(ours, theirs):
     assert ours["lr"] == pytest.approx(theirs["lr"], rel=1e-12)
 
 
+def hogwild_in_range(ours, theirs):
+    """Processes racing on shared parameters, torch's own randomness: the children's
+    training must reach the parent's model (it moved, and it classifies the test set)."""
+    for result in (ours, theirs):
+        assert result["parameters_moved"] is True, result
+        assert result["accuracy"] >= 0.9 and result["test_loss"] < 0.6, result
+
+
 CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 finishes together
     ("rpc_pipeline", [], same_numbers(rtol=1e-4)),
     ("rpc_batch_reinforce", [], same_numbers(rtol=1e-4, atol=1e-5)),
@@ -175,6 +183,7 @@ CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 f
     ("tutorial_pytorch_with_examples", [], same_numbers(rtol=1e-4, atol=1e-6)),
     ("time_sequence_prediction", [], same_numbers(rtol=1e-7, atol=1e-10)),
     ("mnist_cnn", [], cnn_in_range),
+    ("mnist_hogwild", [], hogwild_in_range),
     ("vae", [], vae_in_range),
     ("word_language_model", ["--tied"], same_numbers(rtol=1e-4)),
     ("word_language_model", ["--model", "Transformer"], same_numbers(rtol=1e-4)),
