@@ -34,6 +34,7 @@ from .ops.unary import *  # noqa: F401,F403
 from .ops.unary import gelu as _gelu
 from .serialization import load, save
 from .compiler import compile  # noqa: A004
+from .threads import get_num_threads, set_num_threads
 from . import autograd
 from . import nn
 from . import utils
