@@ -1,0 +1,179 @@
+"""One address, one server: a process group's store and the RPC rendezvous share
+MASTER_ADDR/MASTER_PORT in either order (as PyTorch's multi-tenant TCPStore lets them)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from distgrad.distributed import TCPStore
+from distgrad.distributed.errors import DistNetworkError
+from distgrad.rpc.rendezvous import RendezvousError, RendezvousServer, join
+from distgrad.utils.ports import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _register(address, name, rank, world_size=2):
+    ctx = zmq.Context()
+    try:
+        return join(ctx, address, name, rank, world_size, "tcp://127.0.0.1:1", 10)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _world_of_two(address):
+    results = []
+    t = threading.Thread(target=lambda: results.append(_register(address, "a", 0)))
+    t.start()
+    table = _register(address, "b", 1)
+    t.join(10)
+    assert results == [table] and [row[0] for row in table] == ["a", "b"]
+
+
+def _port_is_free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("store_first", [True, False])
+def test_a_store_and_a_rendezvous_share_one_address_in_either_order(store_first):
+    port = free_port()
+    address = f"tcp://localhost:{port}"              # as MASTER_ADDR=localhost spells it
+    if store_first:
+        store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                         multi_tenant=True)
+        server = RendezvousServer(None, address)
+    else:
+        server = RendezvousServer(None, address)
+        store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                         multi_tenant=True)
+    try:
+        server.start(2, 10)
+        client = TCPStore("127.0.0.1", port, is_master=False)
+        client.set("k", "v")
+        _world_of_two(server.address)
+        assert store.get("k") == b"v"
+        server.stop()
+        assert client.add("n", 2) == 2                # the store outlives the rendezvous
+        client.close()
+    finally:
+        server.stop()
+        store.close()
+    assert _port_is_free(port)                        # the last user closed the socket
+
+
+def test_what_cannot_share_an_address_is_refused_by_name():
+    server = RendezvousServer(None, "tcp://127.0.0.1:0")
+    try:
+        port = int(server.address.rsplit(":", 1)[1])
+        with pytest.raises(RendezvousError, match="already serves an RPC rendezvous"):
+            RendezvousServer(None, server.address)
+        store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+        try:
+            with pytest.raises(DistNetworkError, match="already serves a store"):
+                TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+        finally:
+            store.close()
+        public, secret = zmq.curve_keypair()
+        with pytest.raises(RendezvousError, match="CURVE"):
+            RendezvousServer(None, server.address, (public, secret))
+    finally:
+        server.stop()
+
+
+def test_store_requests_and_registrations_are_told_apart_and_garbage_is_answered():
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    server = RendezvousServer(None, f"tcp://127.0.0.1:{store.port}")
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    try:
+        raw.connect(server.address)
+        raw.send(msgpack.packb([7, "nope", []]))          # an array: the store answers
+        assert raw.poll(5000) and b"malformed store request" in raw.recv()
+        server.start(2, 10)
+        raw.send(msgpack.packb({"name": 3}))               # a map: the rendezvous answers
+        assert raw.poll(5000) and b"malformed registration" in raw.recv()
+    finally:
+        raw.close(linger=0)
+        ctx.destroy(linger=0)
+        server.stop()
+        store.close()
+
+
+_PROGRAM = textwrap.dedent("""
+    import os, sys
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.rpc as rpc
+    import torch.multiprocessing as mp
+
+    def double(x):
+        return x * 2
+
+    def run(rank, world_size, order):
+        os.environ["MASTER_ADDR"] = "localhost"
+        if order == "pg-first":
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            rpc.init_rpc(f"w{rank}", rank=rank, world_size=world_size)
+        else:
+            rpc.init_rpc(f"w{rank}", rank=rank, world_size=world_size)
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        y = rpc.rpc_sync(f"w{(rank + 1) % world_size}", double, args=(t,))
+        print("RESULT", rank, t.item(), y.item(), flush=True)
+        rpc.shutdown()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(run, args=(3, sys.argv[1]), nprocs=3)
+""")
+
+
+def _run_in_session(argv, env, cwd, timeout=100):
+    """Run a program; whatever it started is killed with its session at the end."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("order", ["pg-first", "rpc-first"])
+def test_init_process_group_and_init_rpc_on_one_master_port_as_pytorch(tmp_path, order):
+    program = tmp_path / "prog.py"
+    program.write_text(_PROGRAM)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_PORT=str(free_port()),
+               PYTHONWARNINGS="ignore")
+    env.pop("DISTGRAD_AS_TORCH", None)
+    runs = {"distgrad": [sys.executable, "-m", "distgrad.compat.as_torch", str(program), order]}
+    if order == "rpc-first" and __import__("importlib").util.find_spec("torch"):
+        runs["torch"] = [sys.executable, str(program), order]  # pg-first: an example program
+    results = {}
+    for name, argv in runs.items():
+        env["MASTER_PORT"] = str(free_port())
+        code, out, err = _run_in_session(argv, env, tmp_path)
+        assert code == 0, (name, err[-3000:])
+        results[name] = sorted(line for line in out.splitlines() if line.startswith("RESULT"))
+    assert results["distgrad"] == [f"RESULT {r} 6.0 12.0" for r in range(3)]
+    assert len(set(map(tuple, results.values()))) == 1
