@@ -51,16 +51,27 @@ def _environment():
     return env
 
 
+# Programs that a launcher starts (python -m LAUNCHER ... program.py args), on both sides.
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+LAUNCHED = {"ddp_torchrun": TORCHRUN}
+
+
 class Run:
     """One program running in a session of its own, its output going to files: on distgrad
-    a fresh ``python -m distgrad.compat.as_torch``, on torch a child of the zygote."""
+    a fresh ``python -m distgrad.compat.as_torch``, on torch a child of the zygote (or a
+    fresh Python, for a program that a launcher such as torchrun starts)."""
 
-    def __init__(self, program, args, workdir, zygote=None):
-        self.name = f"{program} {' '.join(args)} on {'torch' if zygote else 'distgrad'}"
+    def __init__(self, program, args, workdir, zygote=None, torch=False):
+        self.name = f"{program} {' '.join(args)} on {'torch' if torch else 'distgrad'}"
         workdir.mkdir(parents=True)
         self.out_path, self.err_path = workdir / "stdout", workdir / "stderr"
-        argv = [str(PROGRAMS / f"{program}.py")] + list(args)
+        argv = LAUNCHED.get(program, []) + [str(PROGRAMS / f"{program}.py")] + list(args)
         self.zygote, self.proc = zygote, None
+        if torch and program in LAUNCHED:
+            zygote = self.zygote = None
+            python = [sys.executable]
+        else:
+            python = [sys.executable, "-m", "distgrad.compat.as_torch"]
         if zygote is not None:
             self.pid = zygote.run(json.dumps({
                 "argv": argv, "cwd": str(workdir), "env": _environment(),
@@ -68,7 +79,7 @@ class Run:
             return
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "distgrad.compat.as_torch"] + argv, cwd=workdir,
+                python + argv, cwd=workdir,
                 stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=_environment(),
                 start_new_session=True)
         self.pid = self.proc.pid
@@ -184,6 +195,7 @@ CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 f
     ("time_sequence_prediction", [], same_numbers(rtol=1e-7, atol=1e-10)),
     ("mnist_cnn", [], cnn_in_range),
     ("mnist_hogwild", [], hogwild_in_range),
+    ("ddp_torchrun", ["3", "1"], same_numbers(rtol=1e-4, atol=1e-5)),
     ("vae", [], vae_in_range),
     ("word_language_model", ["--tied"], same_numbers(rtol=1e-4)),
     ("word_language_model", ["--model", "Transformer"], same_numbers(rtol=1e-4)),
@@ -195,7 +207,8 @@ CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 f
                          ids=[" ".join([c[0]] + c[1]) for c in CASES])
 def test_program_runs_unchanged_and_matches_torch(program, args, compare, tmp_path, torch_zygote):
     ours = Run(program, args, tmp_path / "distgrad")
-    theirs = Run(program, args, tmp_path / "torch", torch_zygote) if torch_zygote else None
+    theirs = Run(program, args, tmp_path / "torch", torch_zygote, torch=True) \
+        if torch_zygote else None
     try:
         ours_result = ours.wait()
         theirs_result = theirs.wait() if theirs is not None else None
