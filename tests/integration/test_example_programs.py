@@ -11,9 +11,12 @@ of each is compared:
 * most programs draw their weights and data from seeded NumPy generators, so
   every number must agree to float32 (float64 for the time-series program)
   tolerance;
-* ``vae`` and ``mnist_cnn`` keep torch's own randomness (default initialisation,
-  dropout, shuffling, reparameterisation noise), which distgrad's generator does
-  not reproduce: there both runs must learn, and land in the same range.
+* ``vae``, ``mnist_cnn`` and ``mnist_hogwild`` keep torch's own randomness (default
+  initialisation, dropout, shuffling, reparameterisation noise; Hogwild's processes
+  race by design), which distgrad's generator does not reproduce: there both runs
+  must learn, and land in the same range.
+
+Programs that a launcher starts (``ddp_torchrun``: torchrun) run under it on both sides.
 
 Without torch installed only the distgrad run happens (exit 0, finite numbers).
 Every process is started in a session of its own and the whole session is
@@ -196,6 +199,10 @@ CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 f
     ("mnist_cnn", [], cnn_in_range),
     ("mnist_hogwild", [], hogwild_in_range),
     ("ddp_torchrun", ["3", "1"], same_numbers(rtol=1e-4, atol=1e-5)),
+    ("saved_tensors_hooks_tutorial", [], same_numbers(rtol=1e-4, atol=1e-6)),
+    ("custom_function_double_backward", [], same_numbers(rtol=1e-9)),
+    ("data_loading_tutorial", [], same_numbers(rtol=1e-12)),
+    ("optimizer_step_in_backward", [], same_numbers(rtol=1e-4, atol=1e-6)),
     ("vae", [], vae_in_range),
     ("word_language_model", ["--tied"], same_numbers(rtol=1e-4)),
     ("word_language_model", ["--model", "Transformer"], same_numbers(rtol=1e-4)),
