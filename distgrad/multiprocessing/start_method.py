@@ -16,8 +16,11 @@ Then the child holds no lock that nobody will release and no ZeroMQ state; what 
 runs natively (a BLAS thread pool) is made fork-safe by its library
 (``pthread_atfork``). Otherwise, and where ``fork`` is not the default, the start
 method is ``spawn`` (and a script that starts workers then needs the guard, as on
-macOS and Windows with PyTorch). A method the program chose (``set_start_method``, or
-``multiprocessing_context=``) is used as given.
+macOS and Windows with PyTorch). A ``spawn`` or ``forkserver`` the program chose
+with ``set_start_method`` is used as it is; ``fork`` is the default on Linux, and
+:mod:`multiprocessing` cannot tell a program's ``set_start_method("fork")`` from the
+default it fixes on first use (an ``mp.Queue()`` does), so it is used only when safe
+as well. ``multiprocessing_context="fork"`` on the DataLoader forks regardless.
 
 >>> import multiprocessing
 >>> default_context().get_start_method() in ("fork", "spawn", "forkserver")
@@ -68,12 +71,11 @@ def fork_hazards():
 def default_context():
     """The context to start helper processes with when the program named none (see the
     module's doc): the chosen or default method, with ``spawn`` for an unsafe ``fork``."""
-    chosen = multiprocessing.get_start_method(allow_none=True)
-    if chosen is not None:
-        return multiprocessing.get_context(chosen)
-    # the first is the platform's default; asking the default context instead would fix
-    # the program's start method for good (set_start_method would then refuse)
-    default = multiprocessing.get_all_start_methods()[0]
-    if default == "fork" and fork_hazards():
-        return multiprocessing.get_context("spawn")
-    return multiprocessing.get_context(default)
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method is None:
+        # the first is the platform's default; asking the default context instead would
+        # fix the program's start method for good (set_start_method would then refuse)
+        method = multiprocessing.get_all_start_methods()[0]
+    if method == "fork" and fork_hazards():
+        method = "spawn"
+    return multiprocessing.get_context(method)

@@ -18,6 +18,7 @@ Every registration gets an answer: a malformed one, another world size, a rank
 out of range, a name or rank already taken (both claimants are told, and the
 rendezvous is abandoned: the world would be ambiguous), a complete world.
 """
+import collections
 import logging
 import os
 import socket
@@ -167,10 +168,26 @@ def _normalized(address):
     return f"tcp://{host}:{port}"
 
 
-def _is_map(frame):
-    """Whether a msgpack frame holds a map (a registration) rather than an array (a store
-    request): its first byte says so."""
-    return bool(frame) and (0x80 <= frame[0] <= 0x8F or frame[0] in (0xDE, 0xDF))
+_MAX_PARKED = 1024  # frames per kind kept for a handler not attached yet
+
+
+def _kind_of(frame):
+    """``"map"`` for what looks like a registration (a msgpack map with a name),
+    ``"array"`` for what looks like a store request (``[id, op, args]``), None for
+    anything else."""
+    if not frame or not (0x80 <= frame[0] <= 0x8F or frame[0] in (0xDE, 0xDF)
+                         or 0x90 <= frame[0] <= 0x9F or frame[0] in (0xDC, 0xDD)):
+        return None
+    try:
+        obj = msgpack.unpackb(frame, raw=False, max_str_len=1 << 16, max_bin_len=1 << 30,
+                              max_array_len=100_000, max_map_len=64)
+    except Exception:  # noqa: BLE001 - garbage
+        return None
+    if type(obj) is dict and "name" in obj:
+        return "map"
+    if type(obj) is list and len(obj) == 3 and type(obj[0]) is int and type(obj[1]) is str:
+        return "array"
+    return None
 
 
 class MeetingPoint:
@@ -182,8 +199,11 @@ class MeetingPoint:
 
     A handler has ``accepts`` (``"map"`` or ``"array"``), ``on_frame(point, ident,
     frame)``, ``tick(point, now)`` and ``next_deadline()``; all three run on the serving
-    thread, which alone touches the socket (``send`` is for them). A point with one
-    handler gives it every frame, garbage included.
+    thread, which alone touches the socket (``send`` is for them). A registration or a
+    store request that comes before its handler does (a rank that reaches
+    ``init_process_group`` before rank 0, whose rendezvous is up already) waits for it,
+    a bounded number of them; anything else goes to whichever handler there is, which
+    answers that it is malformed.
     """
 
     _registry = {}   # address -> MeetingPoint
@@ -228,6 +248,8 @@ class MeetingPoint:
             raise
         self.address = self._sock.last_endpoint.decode()
         self._handlers = ()
+        self._parked = {"map": collections.deque(maxlen=_MAX_PARKED),
+                        "array": collections.deque(maxlen=_MAX_PARKED)}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True,
@@ -284,6 +306,9 @@ class MeetingPoint:
                             self._dispatch(self._handlers, frames[0], frames[1])
                 now = time.monotonic()
                 for h in handlers:
+                    parked = self._parked[h.accepts]
+                    while parked:  # what came for it before it was attached
+                        h.on_frame(self, *parked.popleft())
                     h.tick(self, now)
         except Exception as e:  # noqa: BLE001 - peers then time out; say why here
             log.error("the rendezvous at %s stopped: %s", self.address, e)
@@ -294,14 +319,13 @@ class MeetingPoint:
             self._ctx.term()
 
     def _dispatch(self, handlers, ident, frame):
-        if len(handlers) == 1:
-            handlers[0].on_frame(self, ident, frame)
-            return
-        wanted = "map" if _is_map(frame) else "array"
+        kind = _kind_of(frame)
         for h in handlers:
-            if h.accepts == wanted:
+            if h.accepts == kind or (kind is None and h is handlers[0]):
                 h.on_frame(self, ident, frame)
                 return
+        if kind is not None:
+            self._parked[kind].append((ident, frame))
 
 
 class _Registrations:

@@ -34,7 +34,9 @@ _ENV_PROBE = textwrap.dedent("""
                                      "TORCHELASTIC_ERROR_FILE",
                                      "TORCHELASTIC_USE_AGENT_STORE") if n in os.environ)
     seen["argv"] = sys.argv[1:]
-    print("ENV " + json.dumps(seen), flush=True)
+    # one write per line: workers share the launcher's stdout (python -u: print would
+    # write the newline separately, and two workers' lines could interleave)
+    sys.stdout.write("ENV " + json.dumps(seen) + "\n")
 """)
 
 # A worker of a process group: all_reduce of the ranks; fails once on request.
@@ -46,8 +48,9 @@ _PG_PROGRAM = textwrap.dedent("""
     t = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(t)
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    print(f"RANK {{dist.get_rank()}} SUM {{t.item()}} ATTEMPT {{attempt}} "
-          f"AGENT_STORE {{os.environ['TORCHELASTIC_USE_AGENT_STORE']}}", flush=True)
+    sys.stdout.write(f"RANK {{dist.get_rank()}} SUM {{t.item()}} ATTEMPT {{attempt}} "
+                     f"AGENT_STORE {{os.environ['TORCHELASTIC_USE_AGENT_STORE']}}\n")
+    sys.stdout.flush()
     if "fail-first" in sys.argv and attempt == 0 and dist.get_rank() == 1:
         sys.exit(3)
     dist.destroy_process_group()

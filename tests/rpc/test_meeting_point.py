@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import msgpack
@@ -41,7 +42,10 @@ def _world_of_two(address):
 
 
 def _port_is_free(port):
+    """Whether a listener could take ``port`` again (connections the server closed may
+    linger in TIME_WAIT on it: a listener with SO_REUSEADDR binds beside those)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -74,6 +78,46 @@ def test_a_store_and_a_rendezvous_share_one_address_in_either_order(store_first)
         server.stop()
         store.close()
     assert _port_is_free(port)                        # the last user closed the socket
+
+
+def test_requests_that_come_before_their_server_wait_for_it():
+    """A rank may reach init_process_group (or init_rpc) before rank 0 does, when rank 0's
+    other half already serves the address: its first request waits for the server."""
+    port = free_port()
+    server = RendezvousServer(None, f"tcp://127.0.0.1:{port}")
+    clients = []
+    early = threading.Thread(target=lambda: clients.append(
+        TCPStore("127.0.0.1", port, is_master=False, timeout=20)))
+    early.start()
+    store = None
+    try:
+        time.sleep(0.3)  # the client's hello is at the point now, with no store to answer it
+        assert not clients
+        store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                         multi_tenant=True)
+        early.join(20)
+        assert clients and clients[0].add("n", 1) == 1
+        clients[0].close()
+    finally:
+        early.join(20)
+        server.stop()
+        if store is not None:
+            store.close()
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    tables = []
+    try:
+        address = f"tcp://127.0.0.1:{store.port}"
+        joiner = threading.Thread(target=lambda: tables.append(_register(address, "b", 1)))
+        joiner.start()
+        time.sleep(0.3)  # a registration, and no rendezvous yet
+        server = RendezvousServer(None, address)
+        server.start(2, 10)
+        tables.append(_register(address, "a", 0))
+        joiner.join(10)
+        assert len(tables) == 2 and tables[0] == tables[1]
+    finally:
+        server.stop()
+        store.close()
 
 
 def test_what_cannot_share_an_address_is_refused_by_name():

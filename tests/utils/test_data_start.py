@@ -89,10 +89,16 @@ def test_threads_or_a_zeromq_context_make_workers_spawn_with_a_hint():
         ctx.term()
 
 
-def test_a_set_start_method_is_used_as_given(monkeypatch):
+def test_a_chosen_start_method_is_used_and_fork_only_when_safe(monkeypatch):
     import multiprocessing
-    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "spawn")
-    assert default_context().get_start_method() == "spawn"
+    from distgrad.multiprocessing import start_method
+    for method in ("spawn", "forkserver", "fork"):
+        monkeypatch.setattr(multiprocessing, "get_start_method",
+                            lambda allow_none=False, m=method: m)
+        monkeypatch.setattr(start_method, "fork_hazards", lambda: [])
+        assert default_context().get_start_method() == method
+        monkeypatch.setattr(start_method, "fork_hazards", lambda: ["a thread"])
+        assert default_context().get_start_method() == ("spawn" if method == "fork" else method)
 
 
 def test_index_messages_larger_than_the_pipe_wait_instead_of_deadlocking():
