@@ -36,7 +36,7 @@ _ENV_PROBE = textwrap.dedent("""
     seen["argv"] = sys.argv[1:]
     # one write per line: workers share the launcher's stdout (python -u: print would
     # write the newline separately, and two workers' lines could interleave)
-    sys.stdout.write("ENV " + json.dumps(seen) + "\n")
+    sys.stdout.write("ENV " + json.dumps(seen) + "\\n")
 """)
 
 # A worker of a process group: all_reduce of the ranks; fails once on request.
@@ -49,7 +49,7 @@ _PG_PROGRAM = textwrap.dedent("""
     dist.all_reduce(t)
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     sys.stdout.write(f"RANK {{dist.get_rank()}} SUM {{t.item()}} ATTEMPT {{attempt}} "
-                     f"AGENT_STORE {{os.environ['TORCHELASTIC_USE_AGENT_STORE']}}\n")
+                     f"AGENT_STORE {{os.environ['TORCHELASTIC_USE_AGENT_STORE']}}\\n")
     sys.stdout.flush()
     if "fail-first" in sys.argv and attempt == 0 and dist.get_rank() == 1:
         sys.exit(3)
