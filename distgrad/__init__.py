@@ -33,11 +33,23 @@ from .ops.softmax import *  # noqa: F401,F403
 from .ops.unary import *  # noqa: F401,F403
 from .ops.unary import gelu as _gelu
 from .serialization import load, save
+from . import sparse  # noqa: F401 - torch.sparse; installs the sparse Tensor methods
+from .sparse import layout, sparse_coo, sparse_coo_tensor, strided  # noqa: F401
+from .ops.linalg import mm as spmm  # noqa: F401 - torch.spmm is mm (MmBackward0)
+from .ops import memory as _memory
+from .ops import diag as _diag
+from .ops.diag import diag, diag_embed, diagflat  # noqa: F401
+from . import _tensor_str
+from ._tensor_str import set_printoptions  # noqa: F401
 from .compiler import compile  # noqa: A004
 from .threads import get_num_threads, set_num_threads
 from . import autograd
 from . import nn
 from . import utils
+
+_memory.install()
+_diag.install()
+_tensor_str.install()
 
 float = float32  # noqa: A001 - PyTorch's aliases
 double = float64
@@ -63,7 +75,7 @@ def __getattr__(name):
     # `import distgrad` stays cheap and the RPC layer's dependencies are optional here.
     import importlib
     if name in ("optim", "distributed", "testing", "distributions", "multiprocessing", "futures",
-                "cuda", "backends", "accelerator", "onnx", "compiler"):
+                "cuda", "backends", "accelerator", "onnx", "compiler", "jit", "linalg"):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module

@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "worker": "distgrad.worker",
     "launch": "distgrad.launch.command",
+    "offload": "distgrad.offload.experiment.command",
     "store": "distgrad.offload.store.command",
 }
 
@@ -48,8 +49,9 @@ def _help_of(module_name):
     import ast
     spec = importlib.util.find_spec(module_name)
     try:
-        tree = ast.parse(open(spec.origin, encoding="utf-8").read())
-    except (OSError, AttributeError, SyntaxError):
+        with open(spec.origin, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, AttributeError, TypeError, SyntaxError):
         return None
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "HELP" for t in node.targets) \

@@ -2,6 +2,11 @@
 
 Waiting uses a pre-acquired lock that completion releases: the cheapest
 cross-thread wake-up CPython offers, which keeps the RPC round trip lean.
+
+Callbacks run on the thread that completes the Future. RPC completes Futures on
+its I/O thread, where a user's callback must not run (it may block); distgrad's
+own callbacks that never block say so (``_add_inline_callback``) and run right
+there, which spares a thread hand-off (``has_blocking_callbacks``).
 """
 import threading
 
@@ -16,7 +21,7 @@ class Future:
     >>> f = Future(); f.set_result(3); f.then(lambda fut: fut.value() + 1).wait()
     4
     """
-    __slots__ = ("_lock", "_result", "_exc", "_callbacks", "_cb_lock")
+    __slots__ = ("_lock", "_result", "_exc", "_callbacks", "_cb_lock", "_blocking", "_waited")
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -25,14 +30,20 @@ class Future:
         self._exc = None
         self._callbacks = None
         self._cb_lock = threading.Lock()
+        self._blocking = False  # some callback may block (a user's)
+        self._waited = False    # a thread has blocked in wait() (completing it wakes one)
 
     def done(self):
         return self._result is not _PENDING
 
-    def has_callbacks(self):
-        """Whether completing this Future runs callbacks (so it should not run on the I/O
-        thread)."""
-        return bool(self._callbacks)
+    def has_blocking_callbacks(self):
+        """Whether completing this Future runs callbacks that may block (a user's), so it
+        should not be completed on an I/O thread."""
+        return self._blocking
+
+    def has_waiter(self):
+        """Whether a thread blocked waiting for this Future (completing it wakes one)."""
+        return self._waited
 
     def _complete(self, result, exc):
         with self._cb_lock:
@@ -60,6 +71,7 @@ class Future:
     def wait_done(self, timeout=None):
         """Wait until done or ``timeout`` seconds pass; return whether it is done (no raise)."""
         if self._result is _PENDING:
+            self._waited = True
             if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
                 return False
             self._lock.release()
@@ -83,11 +95,21 @@ class Future:
 
     def add_done_callback(self, callback):
         """Call ``callback(self)`` once done (immediately if already done)."""
+        self._add(callback, blocking=True)
+
+    def _add_inline_callback(self, callback):
+        """``add_done_callback`` for a callback of distgrad's own that never blocks: it may
+        run on the I/O thread that completes the Future."""
+        self._add(callback, blocking=False)
+
+    def _add(self, callback, blocking):
         with self._cb_lock:
             if self._result is _PENDING:
                 if self._callbacks is None:
                     self._callbacks = []
                 self._callbacks.append(callback)
+                if blocking:
+                    self._blocking = True
                 return
         _run_callback(callback, self)
 

@@ -14,18 +14,23 @@ name is the caller's choice, as ``torch.load``'s ``weights_only`` is:
 * the modules named in ``allowed_modules`` (and their submodules), imported if
   need be: ``distgrad.load(f, allowed_modules=["mymodels"])``;
 * with ``weights_only=False`` (the file is trusted), any module this process has
-  already imported, ``__main__`` included; load never imports a new one then.
+  already imported, ``__main__`` included; load never imports a new one then;
+* the functions and classes given to ``add_safe_globals`` (process-wide) or to the
+  ``safe_globals`` context manager, PyTorch's allowlist for ``weights_only`` loads:
+  each exactly (not its module), under its own name or the one given with it.
 
 Anything else raises ``pickle.UnpicklingError`` (PyTorch's class for a refused
 global) saying what to allow.
 """
 import importlib
+import threading
 # PyTorch's exception class for a refused load; nothing in this module unpickles.
 from pickle import UnpicklingError
 
-from .references import canonical_module, loaded_module, lookup, split_reference
+from .references import canonical_module, loaded_module, lookup, reference_of, split_reference
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "add_safe_globals", "safe_globals", "get_safe_globals",
+           "clear_safe_globals"]
 
 _MAGIC = "distgrad-checkpoint"
 _VERSION = 2
@@ -51,6 +56,80 @@ def save(obj, f):
         f.write(blob)
 
 
+# ------------------------------------------------------------ PyTorch's safe globals
+_safe = []                  # [(object, the name a checkpoint calls it by)]
+_safe_lock = threading.Lock()
+
+
+def _entry(item):
+    """``(object, "module:qualname")`` of ``fn`` or ``(fn, "module.qualname")``."""
+    if isinstance(item, tuple):
+        if len(item) != 2 or not isinstance(item[1], str) or "." not in item[1]:
+            raise TypeError(f"a safe global given with its name must be (callable, "
+                            f"'module.qualname'), not {item!r}")
+        obj, dotted = item
+        module, _, qual = dotted.rpartition(".")
+        return obj, f"{canonical_module(module)}:{qual}"
+    return item, reference_of(item)
+
+
+def add_safe_globals(safe_globals):
+    """Allow these functions and classes in every later ``load`` (``weights_only``), as
+    ``torch.serialization.add_safe_globals``. An entry is the object, or ``(object,
+    "module.qualname")`` for an object a checkpoint names differently."""
+    entries = [_entry(item) for item in safe_globals]
+    with _safe_lock:
+        _safe.extend(e for e in entries if e not in _safe)
+
+
+def get_safe_globals():
+    """What ``add_safe_globals`` allowed (objects, or (object, name) where a name was given)."""
+    with _safe_lock:
+        return [obj if ref == _default_ref(obj) else (obj, ref.replace(":", "."))
+                for obj, ref in _safe]
+
+
+def _default_ref(obj):
+    try:
+        return reference_of(obj)
+    except TypeError:
+        return None
+
+
+def clear_safe_globals():
+    with _safe_lock:
+        _safe.clear()
+
+
+class safe_globals:  # noqa: N801 - PyTorch's name
+    """``with safe_globals([...]):`` allows these for the loads inside the block only."""
+
+    def __init__(self, safe_globals):
+        self.entries = [_entry(item) for item in safe_globals]
+        self.added = []
+
+    def __enter__(self):
+        with _safe_lock:
+            self.added = [e for e in self.entries if e not in _safe]
+            _safe.extend(self.added)
+        return self
+
+    def __exit__(self, *exc):
+        with _safe_lock:
+            for e in self.added:
+                if e in _safe:
+                    _safe.remove(e)
+        return False
+
+
+def _safe_global(ref):
+    with _safe_lock:
+        for obj, name in _safe:
+            if name == ref:
+                return obj
+    return None
+
+
 class _Trust:
     """``distgrad.load``'s decoding context: resolves the references a checkpoint holds."""
 
@@ -59,6 +138,9 @@ class _Trust:
         self.trust_imported = trust_imported
 
     def resolve(self, ref):
+        allowed = _safe_global(ref) if isinstance(ref, str) else None
+        if allowed is not None:
+            return allowed
         try:
             module_name, _ = split_reference(ref)
         except ValueError as e:
@@ -90,8 +172,9 @@ class _Trust:
         raise UnpicklingError(
             f"Weights only load failed: the checkpoint holds {ref!r}, and module {name!r} is "
             "not allowed by default. If you trust the file, load it with weights_only=False "
-            "(classes of modules already imported), or allow the module: "
-            f"distgrad.load(f, allowed_modules=[{name!r}])")
+            "(classes of modules already imported), allow the class "
+            "(distgrad.serialization.add_safe_globals([...]) or the safe_globals context "
+            f"manager), or allow the module: distgrad.load(f, allowed_modules=[{name!r}])")
 
 
 def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None,
@@ -128,10 +211,10 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
 
 def _writable(obj):
     """Decoded arrays are read-only views of the file's bytes; give each its own copy."""
-    from .autograd.tensor import Tensor
+    from .autograd._internal import Tensor, array_of, set_array
     import numpy as np
     if isinstance(obj, Tensor):
-        obj._data = obj._data.copy()
+        set_array(obj, array_of(obj).copy())
         return obj
     if isinstance(obj, np.ndarray):
         return obj.copy()

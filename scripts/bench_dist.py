@@ -8,6 +8,13 @@ step in one process (and the raw pyzmq round trip, for the added time), all
 measured in the same run; ``torch.distributed.autograd`` runs the same pipeline
 when PyTorch is installed.
 
+It also counts what one step sends, in messages and bytes (both processes; arrays
+that travel through shared memory count as their reference). The minimum for this
+shape is 6 messages: forward, the input to worker1 and its output back; backward,
+the output's gradient (which also starts worker1's part) and worker1's completion;
+the optimizer step on worker1 and its answer. Releasing the context rides along on
+the next step's first message.
+
 Targets: added time at B32-D64 at most 8 raw pyzmq round trips; at B256-D512 at most
 1.05x the one-process step and a smaller ratio than PyTorch's in the same run.
 
@@ -53,7 +60,7 @@ def bench_distgrad(reps, batches):
     from distgrad.distributed.nn import RemoteModule
     from distgrad.distributed.optim import DistributedOptimizer
     from distgrad.testing.world import World
-    from bench_remote import make_mlp
+    from bench_remote import make_mlp, message_counts
 
     raw = RawClient()
     world = World(1, transport="tcp", num_worker_threads=4, allowed_modules=["bench_remote"]).start()
@@ -87,11 +94,31 @@ def bench_distgrad(reps, batches):
                 dist_step(), local_step()
             r = max(3, reps // (1 if d < 256 else 10))
             res = _interleaved({"dist": dist_step, "local": local_step}, r, batches)
+            res["messages"], res["bytes"] = _per_step(dist_step, message_counts, rpc)
             out[(b, d)] = res
         return out
     finally:
         world.close()
         raw.close()
+
+
+def _per_step(step, counts, rpc, steps=20):
+    """Messages and bytes one step sends, both processes together."""
+    import time
+    step()
+    time.sleep(0.1)  # notices of the warm-up step leave (they ride along, or after 20 ms)
+
+    def total():
+        mine = counts()
+        theirs = rpc.rpc_sync("worker1", counts)
+        return mine[0] + theirs[0], mine[1] + theirs[1]
+    m0, b0 = total()
+    for _ in range(steps):
+        step()
+    m1, b1 = total()
+    # between the two readings: the first reading's reply and the second one's request
+    # are not the steps' (their bytes are a few dozen)
+    return (m1 - m0 - 2) / steps, (b1 - b0) / steps
 
 
 # ---------------------------------------------------------------------- PyTorch
@@ -176,7 +203,8 @@ def main():
     rt = dg["raw_rt"]
     print(f"raw pyzmq round trip: {rt * 1e6:.1f} us")
     print(f"{'config':<12}{'local ms':>10}{'dist ms':>10}{'added ms':>10}{'added/RT':>10}"
-          f"{'ratio':>8}{'torch local':>13}{'torch dist':>12}{'torch added':>13}{'t ratio':>9}")
+          f"{'ratio':>8}{'msgs':>6}{'KB':>8}{'torch local':>13}{'torch dist':>12}"
+          f"{'torch added':>13}{'t ratio':>9}")
     result = {"bench": "dist", "raw_rt_us": rt * 1e6, "configs": {}}
     ok = True
     for b, d in CONFIGS:
@@ -189,11 +217,12 @@ def main():
         ts = (f"{t['local'] * 1e3:13.3f}{t['dist'] * 1e3:12.3f}{t_added * 1e3:13.3f}{t_ratio:9.2f}"
               if t else f"{'n/a':>13}{'n/a':>12}{'n/a':>13}{'n/a':>9}")
         print(f"B{b}-D{d:<7}{r['local'] * 1e3:10.3f}{r['dist'] * 1e3:10.3f}{added * 1e3:10.3f}"
-              f"{added / rt:10.1f}{ratio:8.3f}{ts}")
+              f"{added / rt:10.1f}{ratio:8.3f}{r['messages']:6.1f}{r['bytes'] / 1024:8.1f}{ts}")
         key = f"B{b}-D{d}"
         result["configs"][key] = {"local_ms": r["local"] * 1e3, "dist_ms": r["dist"] * 1e3,
                                   "added_ms": added * 1e3, "added_round_trips": added / rt,
-                                  "ratio": ratio,
+                                  "ratio": ratio, "messages_per_step": r["messages"],
+                                  "bytes_per_step": r["bytes"],
                                   "torch_local_ms": t["local"] * 1e3 if t else None,
                                   "torch_dist_ms": t["dist"] * 1e3 if t else None,
                                   "torch_added_ms": t_added * 1e3 if t else None,

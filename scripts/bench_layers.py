@@ -32,10 +32,21 @@ def _single_threaded_reexec():
 
 
 def _copy_torch_params(ours, theirs):
+    """PyTorch's initial parameters into distgrad's module (its own init without PyTorch)."""
     import distgrad
-    ours.load_state_dict({k: distgrad.tensor(v.detach().numpy().copy())
-                          for k, v in theirs.state_dict().items()})
+    if theirs is not None:
+        ours.load_state_dict({k: distgrad.tensor(v.detach().numpy().copy())
+                              for k, v in theirs.state_dict().items()})
     return ours
+
+
+def _input(torch_x, shape):
+    """The same input as PyTorch's, or a seeded one of ``shape`` without PyTorch."""
+    import distgrad
+    if torch_x is None:
+        distgrad.manual_seed(0)
+        return distgrad.randn(*shape, requires_grad=True)
+    return distgrad.tensor(torch_x.detach().numpy().copy(), requires_grad=True)
 
 
 # Each case: (name, build_distgrad, build_torch). A builder returns (module, input):
@@ -58,8 +69,7 @@ def _encoder_layer_case(d_model=128, nhead=8, dim_feedforward=512, seq=64, batch
         layer = distgrad.nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0.0,
                                                     batch_first=True)
         _copy_torch_params(layer, torch_layer)
-        x = distgrad.tensor(torch_x.detach().numpy().copy(), requires_grad=True)
-        return layer, x
+        return layer, _input(torch_x, shape)
 
     return build_distgrad, build_torch
 
@@ -77,9 +87,8 @@ def _mha_case(embed_dim=128, num_heads=8, seq=64, batch=16, need_weights=False):
     def build_distgrad(torch_mod, torch_x):
         import distgrad
         mha = distgrad.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)
-        _copy_torch_params(mha, torch_mod.module)
-        x = distgrad.tensor(torch_x.detach().numpy().copy(), requires_grad=True)
-        return _Callable(mha, need_weights), x
+        _copy_torch_params(mha, torch_mod.module if torch_mod is not None else None)
+        return _Callable(mha, need_weights), _input(torch_x, shape)
 
     return build_distgrad, build_torch
 
@@ -122,7 +131,7 @@ def _same_model_case(make, shape, wrap=lambda m: m):
         import distgrad
         model = make(distgrad)
         _copy_torch_params(model, getattr(torch_mod, "module", torch_mod))
-        return wrap(model), distgrad.tensor(torch_x.detach().numpy().copy(), requires_grad=True)
+        return wrap(model), _input(torch_x, shape)
 
     return build_distgrad, build_torch
 
@@ -271,25 +280,32 @@ def main(argv=None):
     args = parser.parse_args(argv)
     reps = args.reps or (5 if args.quick else 11)
     import numpy as np
-    import torch
-    torch.set_num_threads(1)
+    try:
+        import torch
+        torch.set_num_threads(1)
+    except ImportError:  # the table still runs; PyTorch's columns read n/a
+        torch = None
     rows = []
     for name, build_distgrad, build_torch in CASES:
         if args.case and name not in args.case:
             continue
-        torch_mod, torch_x = build_torch()
+        torch_mod, torch_x = build_torch() if torch is not None else (None, None)
         dg_mod, dg_x = build_distgrad(torch_mod, torch_x)
-        steps = {"distgrad": _step_fn(dg_mod, dg_x), "torch": _step_fn(torch_mod, torch_x)}
+        steps = {"distgrad": _step_fn(dg_mod, dg_x)}
         # Same numbers first: a benchmark of different computations means nothing.
         out = steps["distgrad"]().detach().numpy()
-        np.testing.assert_allclose(out, steps["torch"]().detach().numpy(), rtol=1e-3, atol=1e-4)
-        np.testing.assert_allclose(dg_x.grad.numpy(), torch_x.grad.numpy(), rtol=1e-3, atol=1e-4)
+        if torch is not None:
+            steps["torch"] = _step_fn(torch_mod, torch_x)
+            np.testing.assert_allclose(out, steps["torch"]().detach().numpy(), rtol=1e-3,
+                                       atol=1e-4)
+            np.testing.assert_allclose(dg_x.grad.numpy(), torch_x.grad.numpy(), rtol=1e-3,
+                                       atol=1e-4)
         if name in FLOORS:
             steps["floor"] = FLOORS[name](dg_mod, dg_x)
             np.testing.assert_allclose(steps["floor"](), out, rtol=1e-5, atol=1e-6)
         times = time_steps(steps, reps, inner=3)
-        row = {"case": name, "distgrad_ms": times["distgrad"], "torch_ms": times["torch"],
-               "ratio": times["distgrad"] / times["torch"]}
+        row = {"case": name, "distgrad_ms": times["distgrad"], "torch_ms": times.get("torch")}
+        row["ratio"] = times["distgrad"] / times["torch"] if "torch" in times else None
         if "floor" in times:
             row.update(floor_ms=times["floor"], vs_floor=times["distgrad"] / times["floor"])
         rows.append(row)
@@ -299,8 +315,9 @@ def main(argv=None):
     for r in rows:
         floor = (f"{r['floor_ms']:>10.2f}{r['vs_floor']:>10.2f}" if "floor_ms" in r
                  else f"{'-':>10}{'-':>10}")
-        print(f"{r['case']:<30}{r['distgrad_ms']:>13.2f}{r['torch_ms']:>11.2f}{r['ratio']:>8.2f}"
-              + floor)
+        theirs = (f"{r['torch_ms']:>11.2f}{r['ratio']:>8.2f}" if r["torch_ms"] is not None
+                  else f"{'n/a':>11}{'n/a':>8}")
+        print(f"{r['case']:<30}{r['distgrad_ms']:>13.2f}" + theirs + floor)
     print(json.dumps({"benchmark": "layers", "reps": reps, "rows": rows}))
 
 

@@ -26,3 +26,10 @@ def process_stats():
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) / 1024
     return [rss, threading.active_count(), len(os.listdir("/proc/self/fd"))]
+
+
+def message_counts():
+    """(messages, bytes) this process's RPC agent has sent so far."""
+    from distgrad.rpc import current_agent
+    stats = current_agent().stats
+    return [stats["messages_sent"], stats["bytes_sent"]]

@@ -88,3 +88,14 @@ def set_default_dtype(d):
     if d not in (float32, float64, float16):
         raise TypeError(f"only floating-point types are supported as the default type, got {d!r}")
     _default[0] = d
+
+
+_SCALAR_TYPE_NAMES = {"float16": "Half", "float32": "Float", "float64": "Double",
+                      "complex64": "ComplexFloat", "complex128": "ComplexDouble",
+                      "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char",
+                      "uint8": "Byte", "bool": "Bool"}
+
+
+def scalar_type_name(np_dtype):
+    """PyTorch's name of a dtype in messages: ``Float``, ``Double``, ``Long``..."""
+    return _SCALAR_TYPE_NAMES.get(np_dtype.name, np_dtype.name)

@@ -13,13 +13,14 @@ from itertools import count
 import numpy as np
 
 from .broadcast import reduction_axes, sum_to_shape
-from .grad_mode import _state
+from .grad_mode import _state, pop_state, push_state
 from .node import AccumulateGrad, accumulate_into_grad, sum_grads
 
 _getrefcount = sys.getrefcount
-from .tensor import Tensor, _make
+from .tensor import ArrayStorage, Tensor, _make
 
-__all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute"]
+__all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute",
+           "current_graph_task", "task_extension", "set_task_extension"]
 
 
 class _CurrentTasks(threading.local):
@@ -45,6 +46,20 @@ def execute(task):
         task.execute()
     finally:
         _current_tasks.stack.pop()
+
+
+def task_extension(task, name):
+    """The state an engine built on this one keeps on ``task`` under ``name`` (or None).
+
+    The extension slot of a backward pass: the distributed engine keeps its pass under
+    ``"distributed"``, and code that runs inside backward (hooks, DDP) finds it with
+    ``task_extension(current_graph_task(), "distributed")``.
+    """
+    return task.extensions.get(name) if task is not None else None
+
+
+def set_task_extension(task, name, state):
+    task.extensions[name] = state
 
 
 def will_engine_execute_node(node):
@@ -162,8 +177,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     result = run_backward(outputs, grads, retain_graph, create_graph, inputs,
                           allow_unused=allow_unused, accumulate_grad=False)
     if materialize_grads:
-        from .. import zeros_like
-        result = tuple(r if r is not None else zeros_like(i) for r, i in zip(result, inputs))
+        result = tuple(r if r is not None else _make(np.zeros_like(i._data))
+                       for r, i in zip(result, inputs))
     return result
 
 
@@ -185,8 +200,19 @@ class GraphTask:
         self.captured = None
         # How a leaf's gradient is stored; distributed contexts substitute their own.
         self.accumulate = accumulate
+        # State of engines built on this one, by name (the distributed engine's pass).
+        self.extensions = {}
         self._heap = []
         self._tiebreak = count()
+
+    @property
+    def dist_pass(self):
+        """The distributed engine's state for this pass (``extensions["distributed"]``)."""
+        return self.extensions.get("distributed")
+
+    @dist_pass.setter
+    def dist_pass(self, value):
+        self.extensions["distributed"] = value
 
     # -- graph discovery --
     def compute_dependencies(self, root_nodes):
@@ -255,11 +281,16 @@ class GraphTask:
     def has_ready_nodes(self):
         return bool(self._heap)
 
+    def peek_ready(self):
+        """The node that runs next, when called from a node's ``apply`` (whose own outputs
+        are not pushed yet), or None: the distributed engine ships a wave of gradients for
+        one peer as one message while the next node is another recv node."""
+        return self._heap[0][2] if self._heap else None
+
     # -- execution --
     def execute(self):
         """Run every ready node until none is left (the hot loop: keep it flat)."""
-        prev = _state.grad_enabled
-        _state.grad_enabled = self.create_graph
+        push_state(_state, grad_enabled=self.create_graph)
         heap = self._heap
         buffers = self.buffers
         deps = self.dependencies
@@ -323,7 +354,7 @@ class GraphTask:
                     remaining = deps[nxt] - 1
                     deps[nxt] = remaining
                     if remaining == 0:
-                        var = nxt._variable() if type(nxt) is AccumulateGrad else None
+                        var = nxt._variable if type(nxt) is AccumulateGrad else None
                         if var is not None and inline_leaves and nxt._pre_hooks is None and \
                                 nxt._post_hooks is None and not var._hooks and \
                                 not var._post_acc_hooks:
@@ -350,11 +381,11 @@ class GraphTask:
                     while ready_leaves:
                         leaf, g = ready_leaves.pop()
                         owned = _getrefcount(g) <= 2  # `g` itself and getrefcount's argument
-                        accumulate_into_grad(leaf._variable(), g, owned)
+                        accumulate_into_grad(leaf._variable, g, owned)
                     g = None
         finally:
             errstate.__exit__(None, None, None)
-            _state.grad_enabled = prev
+            pop_state(_state)
 
     def _instrument(self, node, grads):
         """With ``inputs=``: capture gradients at the inputs; say whether ``node`` must run."""
@@ -395,8 +426,8 @@ def _validate(node, nxt, input_nr, g, create_graph):
     elif create_graph:
         g = _make(np.asarray(g))
         return _validate(node, nxt, input_nr, g, create_graph)
-    elif type(g) is not np.ndarray:  # a NumPy scalar from a full reduction
-        g = np.asarray(g)
+    elif type(g) is not np.ndarray and not isinstance(g, ArrayStorage):
+        g = np.asarray(g)  # a NumPy scalar from a full reduction (a sparse gradient stays)
     if g.shape != shape:
         if reduction_axes(g.shape, shape) is None:
             _invalid_shape(node, g.shape, shape)
@@ -519,3 +550,11 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
         else:
             results.append(_make(g))
     return tuple(results)
+
+
+def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+    """Accumulate the gradient of this tensor w.r.t. the graph leaves into their ``.grad``."""
+    backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+
+Tensor.backward = _tensor_backward

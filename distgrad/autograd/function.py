@@ -213,18 +213,24 @@ def _wrap_outputs(ctx, args, positions, output, is_executable):
         ctx._next = ()
         ctx._out_meta = tuple(((t._data.shape, t._data.dtype) if isinstance(t, Tensor) else
                                ((), np.dtype(np.float32))) for t in wrapped)
+    ctx._saved = _save_for_backward(ctx, wrapped) if is_executable else ()
+    ctx.to_save = ()
+    return wrapped[0] if single else tuple(wrapped)
+
+
+def _save_for_backward(ctx, wrapped):
+    # Only a node that joined the graph saves anything (PyTorch's is_executable): with
+    # grad off there is no backward to save for, so inference tensors are fine here.
     out_ids = {id(t): i for i, t in enumerate(wrapped) if isinstance(t, Tensor)}
     saved = []
     for s in ctx.to_save:
         if s is None:
             saved.append(None)
-        elif id(s) in out_ids and is_executable and s._grad_fn is ctx:
+        elif id(s) in out_ids and s._grad_fn is ctx:
             saved.append(SavedTensor(s, True, out_ids[id(s)]))
         else:
             saved.append(SavedTensor(s, False))
-    ctx._saved = tuple(saved)
-    ctx.to_save = ()
-    return wrapped[0] if single else tuple(wrapped)
+    return tuple(saved)
 
 
 def once_differentiable(fn):

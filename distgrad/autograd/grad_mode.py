@@ -10,10 +10,34 @@ __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "inference_mode",
            "is_grad_enabled", "is_inference_mode_enabled"]
 
 
-class _ModeState(threading.local):
+class ThreadState(threading.local):
+    """Thread-local settings that context managers change for a block.
+
+    :func:`push_state` and :func:`pop_state` are the one way they are set and restored:
+    the previous values go on this thread's own stack, not on the context manager, so
+    one manager object may be entered again while open (nested, or in another thread)
+    and every exit restores what its own entry replaced.
+    """
+
+    def __init__(self, **defaults):
+        self.__dict__.update(defaults)
+        self.saved = []
+
+
+def push_state(state, **values):
+    state.saved.append({name: getattr(state, name) for name in values})
+    for name, value in values.items():
+        setattr(state, name, value)
+
+
+def pop_state(state):
+    for name, value in state.saved.pop().items():
+        setattr(state, name, value)
+
+
+class _ModeState(ThreadState):
     def __init__(self):
-        self.grad_enabled = True
-        self.inference = False
+        super().__init__(grad_enabled=True, inference=False)
 
 
 _state = _ModeState()
@@ -97,26 +121,21 @@ class no_grad(_NoParamDecoratorContextManager):
     False
     """
 
-    def __init__(self):
-        self.prev = False
-
     def __enter__(self):
-        self.prev = _state.grad_enabled
-        _state.grad_enabled = False
+        push_state(_state, grad_enabled=False)
 
     def __exit__(self, *exc):
-        _state.grad_enabled = self.prev
+        pop_state(_state)
 
 
 class enable_grad(_NoParamDecoratorContextManager):
     """Enable gradient recording in this thread (inside a ``no_grad`` block, say)."""
 
     def __enter__(self):
-        self.prev = _state.grad_enabled
-        _state.grad_enabled = True
+        push_state(_state, grad_enabled=True)
 
     def __exit__(self, *exc):
-        _state.grad_enabled = self.prev
+        pop_state(_state)
 
 
 class set_grad_enabled(_DecoratorContextManager):
@@ -144,17 +163,15 @@ class inference_mode(_DecoratorContextManager):
         self.mode = bool(mode)
 
     def __enter__(self):
-        self.prev = (_state.grad_enabled, _state.inference)
         with _inference_lock:
             inference_threads[0] += 1
         if self.mode:
-            _state.grad_enabled = False
-            _state.inference = True
+            push_state(_state, grad_enabled=False, inference=True)
         else:
-            _state.inference = False
+            push_state(_state, inference=False)
 
     def __exit__(self, *exc):
-        _state.grad_enabled, _state.inference = self.prev
+        pop_state(_state)
         with _inference_lock:
             inference_threads[0] -= 1
 

@@ -1,4 +1,6 @@
 """``distgrad.autograd.graph``: the Node type and saved-tensor hooks, as ``torch.autograd.graph``."""
+from .multi_grad_hook import register_multi_grad_hook
+from .grad_mode import pop_state, push_state
 from .node import Node
 from .saved import hooks_state
 
@@ -48,12 +50,11 @@ class disable_saved_tensors_hooks:
         self.error_message = error_message
 
     def __enter__(self):
-        self.prev = hooks_state.disabled_message
-        hooks_state.disabled_message = self.error_message
+        push_state(hooks_state, disabled_message=self.error_message)
         return self
 
     def __exit__(self, *exc):
-        hooks_state.disabled_message = self.prev
+        pop_state(hooks_state)
 
     def __call__(self, fn):
         import functools
@@ -65,6 +66,3 @@ class disable_saved_tensors_hooks:
         return wrapper
 
 
-def register_multi_grad_hook(tensors, fn, *, mode="all"):
-    from .multi_grad_hook import register_multi_grad_hook as impl
-    return impl(tensors, fn, mode=mode)

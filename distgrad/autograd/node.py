@@ -68,11 +68,10 @@ class Node:
 
     def __call__(self, *grads):
         """Call the node on gradients directly, as PyTorch allows (``y.grad_fn(g)``)."""
-        from .tensor import Tensor, _make
-        from .grad_mode import is_grad_enabled
-        raw = [g if (g is None or is_grad_enabled()) else g._data for g in grads]
+        raw = [g if (g is None or _state.grad_enabled) else g._data for g in grads]
         out = self.apply(raw)
-        wrapped = tuple(o if (o is None or isinstance(o, Tensor)) else _make(o) for o in out)
+        wrapped = tuple(o if (o is None or isinstance(o, _tensor.Tensor)) else _tensor._make(o)
+                        for o in out)
         return wrapped[0] if len(wrapped) == 1 else wrapped
 
     def apply(self, grads):
@@ -127,37 +126,35 @@ _accumulate_lock = threading.Lock()
 class AccumulateGrad(Node):
     """The node of a leaf: adds incoming gradients into ``variable.grad``.
 
-    The leaf keeps its accumulator alive and the accumulator refers to the leaf
-    weakly, so a parameter gets one accumulator for its whole life (not one per
-    forward pass) and no reference cycle forms. The price: a leaf nobody holds
-    any more receives no gradient, which nobody could observe anyway.
+    As in PyTorch, the accumulator holds its leaf and the leaf refers to its
+    accumulator weakly: the graph keeps the accumulator alive, a leaf outside any
+    graph keeps none, and no reference cycle forms. Whoever needs one accumulator
+    across forward passes (hooks on it, DDP) holds it.
     """
 
     __slots__ = ("_variable",)
 
     def __init__(self, variable):
         init_node(self, (), ACCUMULATE_SEQUENCE_NR, ((variable._data.shape, variable._data.dtype),))
-        self._variable = weakref.ref(variable)
-        variable._grad_accumulator = self
+        self._variable = variable
+        variable._grad_accumulator = weakref.ref(self)
 
     @property
     def variable(self):
-        return self._variable()
+        return self._variable
 
     def _tensor_hooks_for(self, output_nr):
         # Hooks on a leaf live on the tensor (so they survive the accumulator).
-        variable = self._variable()
-        hooks = variable._hooks if variable is not None else None
+        hooks = self._variable._hooks
         return tuple(hooks.values()) if hooks else ()
 
     def _has_any_pre_hooks(self):
-        variable = self._variable()
-        return bool((variable is not None and variable._hooks) or self._pre_hooks)
+        return bool(self._variable._hooks or self._pre_hooks)
 
     def apply(self, grads):
         g = grads[0]
-        variable = self._variable()
-        if g is not None and variable is not None:
+        variable = self._variable
+        if g is not None:
             accumulate_into_grad(variable, g)
             hooks = variable._post_acc_hooks
             if hooks:
@@ -187,6 +184,9 @@ def accumulate_into_grad(variable, g, owned=False):
     """
     with _accumulate_lock:
         old = variable._grad
+        if _is_storage(g) or (old is not None and _is_storage(old._data)):
+            _accumulate_storage(variable, old, g, owned)
+            return
         if type(g) is not np.ndarray:  # a Tensor, under create_graph: keep the gradient's graph
             if old is None:
                 variable._grad = g if _state.grad_enabled else g.detach()
@@ -207,3 +207,75 @@ def accumulate_into_grad(variable, g, owned=False):
                 old._vc[0] += 1
             else:
                 old._data = data + g
+
+
+def _is_storage(a):
+    return type(a) is not np.ndarray and isinstance(a, _tensor.ArrayStorage)
+
+
+def _accumulate_storage(variable, old, g, owned):
+    """``.grad += g`` where either is sparse (an ArrayStorage), as PyTorch's AccumulateGrad:
+    a sparse gradient is added into a dense ``.grad`` in place; otherwise ``.grad``
+    becomes the sum (dense + sparse is dense, in either order)."""
+    if isinstance(g, _tensor.Tensor):  # under create_graph
+        new = g if old is not None or _state.grad_enabled else g.detach()
+    else:
+        new = _tensor._make(g if owned else g.copy())
+    if old is None:
+        variable._grad = new
+        return
+    data = old._data
+    if type(data) is np.ndarray and not old._requires_grad and data.flags.writeable and \
+            _is_storage(new._data) and new._data.dtype == data.dtype:
+        sparse = new._data
+        if sparse.nnz:
+            np.add.at(data, tuple(sparse.indices), sparse.values)
+        old._vc[0] += 1
+    elif _is_storage(data) and not _is_storage(new._data):
+        variable._grad = new + old
+    else:
+        variable._grad = old + new
+
+
+# ---------------------------------------------------------------- Tensor methods that need nodes
+def _grad_edge(self):
+    """The (node, input_nr) edge a consumer of this tensor points to."""
+    fn = self._grad_fn
+    if fn is not None:
+        return (fn, self._output_nr)
+    ref = self._grad_accumulator
+    acc = ref() if ref is not None else None
+    if acc is None or acc._out_meta[0][0] != self._data.shape:  # `.data` may have been replaced
+        acc = AccumulateGrad(self)
+    return (acc, 0)
+
+
+def _retain_grad(self):
+    """Populate ``.grad`` of this non-leaf during backward (a no-op on leaves)."""
+    if self._grad_fn is None:
+        if not self._requires_grad:
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        return
+    if self._retains_grad:
+        return
+    ref = weakref.ref(self)
+
+    def retain_grad_hook(grad):
+        tensor = ref()
+        if tensor is not None and grad is not None:
+            if isinstance(grad, _tensor.Tensor) and not _state.grad_enabled:
+                grad = grad._data
+            if isinstance(grad, _tensor.Tensor):
+                tensor._grad = grad if tensor._grad is None else tensor._grad + grad
+            elif tensor._grad is None:
+                tensor._grad = _tensor._make(np.array(grad, copy=True))
+            else:
+                accumulate_into_grad(tensor, grad)
+        return grad
+
+    self._grad_fn._set_retains_grad_hook(self._output_nr, retain_grad_hook)
+    self._retains_grad = True
+
+
+_tensor.Tensor._grad_edge = _grad_edge
+_tensor.Tensor.retain_grad = _retain_grad

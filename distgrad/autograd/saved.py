@@ -5,9 +5,11 @@ Mirrors PyTorch's ``SavedVariable``: an input is kept by reference (so
 version counter only, because a reference to the output tensor would make a
 cycle (output -> grad_fn -> output) that keeps activations alive.
 """
-import threading
+import weakref
 
+from .grad_mode import ThreadState
 from .node import AccumulateGrad
+from .tensor import Tensor, _describe, _make
 
 __all__ = ["SavedTensor", "SavedTensorHooksState", "hooks_state"]
 
@@ -19,12 +21,12 @@ RELEASED_MESSAGE = (
     "calling backward.")
 
 
-class SavedTensorHooksState(threading.local):
+class SavedTensorHooksState(ThreadState):
     """Thread-local stack of default (pack, unpack) pairs; the innermost wins."""
 
     def __init__(self):
+        super().__init__(disabled_message=None)
         self.stack = []
-        self.disabled_message = None
 
 
 hooks_state = SavedTensorHooksState()
@@ -68,7 +70,6 @@ class SavedTensor:
 
     def _check_version(self, node):
         if self._vc[0] != self._version:
-            from .tensor import _describe
             owner = f"output {self._output_nr} of {type(node).__name__}" if self._is_output else \
                 "an input of " + type(node).__name__
             raise RuntimeError(
@@ -96,12 +97,10 @@ class SavedTensor:
         self._check_version(node)
         if self._tensor is not None:
             return self._tensor
-        from .tensor import _make
         return _make(self._data, grad_fn=node if self._requires_grad else None,
                      output_nr=self._output_nr, requires_grad=self._requires_grad, vc=self._vc)
 
     def _unpacked(self, node):
-        from .tensor import Tensor, _make
         value = self._unpack_hook(self._packed)
         if not isinstance(value, Tensor):
             raise TypeError(
@@ -118,7 +117,7 @@ class SavedTensor:
                 fn, nr = self._edge
                 if isinstance(fn, AccumulateGrad):  # a leaf: share its accumulator
                     value = _make(value._data, requires_grad=True, vc=value._vc)
-                    value._grad_accumulator = fn
+                    value._grad_accumulator = weakref.ref(fn)
                 else:
                     value = _make(value._data, grad_fn=fn, output_nr=nr, requires_grad=True,
                                   vc=value._vc)
@@ -133,7 +132,6 @@ class SavedTensor:
                                "they can be set only once.")
         if not callable(pack_hook) or not callable(unpack_hook):
             raise TypeError("register_hooks expects two callables (pack_hook, unpack_hook)")
-        from .tensor import _make
         if self._tensor is not None:
             tensor = self._tensor
         else:

@@ -3,9 +3,11 @@
 Operators and math methods (``x + y``, ``x.exp()``, ...) are installed by
 ``distgrad.ops``, which sits above this layer; what lives here is what autograd
 itself needs: leaves and non-leaves, ``.grad``, hooks, version counters, views.
+The methods that need the graph are installed by the modules above this one, so
+nothing here imports up: ``node.py`` installs ``retain_grad`` and ``_grad_edge``,
+``engine.py`` installs ``backward``.
 """
 import warnings
-import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -16,7 +18,15 @@ from .grad_mode import _state, inference_threads as _inference_threads
 from ..utils.hooks import RemovableHandle
 from .. import codec as _codec
 
-__all__ = ["Tensor", "is_tensor"]
+__all__ = ["Tensor", "is_tensor", "ArrayStorage"]
+
+
+class ArrayStorage:
+    """Base of the arrays a Tensor may hold besides ``numpy.ndarray``: a sparse COO array
+    (``distgrad/sparse``). Such a storage speaks NumPy's array protocols for what it
+    supports and raises for the rest; a Tensor keeps it as it is (never ``np.asarray``)."""
+
+    __slots__ = ()
 
 
 class Tensor:
@@ -203,33 +213,6 @@ class Tensor:
     def retains_grad(self):
         return self._retains_grad
 
-    def retain_grad(self):
-        """Populate ``.grad`` of this non-leaf during backward (a no-op on leaves)."""
-        if self._grad_fn is None:
-            if not self._requires_grad:
-                raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
-            return
-        if self._retains_grad:
-            return
-        ref = weakref.ref(self)
-
-        def retain_grad_hook(grad):
-            from .node import accumulate_into_grad
-            tensor = ref()
-            if tensor is not None and grad is not None:
-                if isinstance(grad, Tensor) and not _state.grad_enabled:
-                    grad = grad._data
-                if isinstance(grad, Tensor):
-                    tensor._grad = grad if tensor._grad is None else tensor._grad + grad
-                elif tensor._grad is None:
-                    tensor._grad = _make(np.array(grad, copy=True))
-                else:
-                    accumulate_into_grad(tensor, grad)
-            return grad
-
-        self._grad_fn._set_retains_grad_hook(self._output_nr, retain_grad_hook)
-        self._retains_grad = True
-
     # ------------------------------------------------------------ hooks
     def register_hook(self, hook):
         """``hook(grad) -> Tensor | None`` runs when this tensor's gradient is computed.
@@ -266,11 +249,6 @@ class Tensor:
         return handle
 
     # ------------------------------------------------------------ autograd
-    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-        """Accumulate the gradient of this tensor w.r.t. the graph leaves into their ``.grad``."""
-        from .engine import backward
-        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
-
     def detach(self):
         """A new tensor on the same storage (and version counter), cut from the graph."""
         t = _make(self._data, vc=self._vc)
@@ -284,19 +262,11 @@ class Tensor:
         self._requires_grad = False
         return self
 
-    def _grad_edge(self):
-        """The (node, input_nr) edge a consumer of this tensor points to."""
-        fn = self._grad_fn
-        if fn is not None:
-            return (fn, self._output_nr)
-        acc = self._grad_accumulator
-        if acc is None or acc._out_meta[0][0] != self._data.shape:  # `.data` may have been replaced
-            from .node import AccumulateGrad
-            acc = AccumulateGrad(self)
-        return (acc, 0)
-
     # ------------------------------------------------------------ conversion
     def numpy(self, *, force=False):
+        if type(self._data) is not np.ndarray and isinstance(self._data, ArrayStorage):
+            raise TypeError(f"can't convert {self.layout} layout tensor to numpy. Use "
+                            "Tensor.to_dense() first.")
         if self._requires_grad and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
                                "Use tensor.detach().numpy() instead.")
@@ -351,18 +321,7 @@ class Tensor:
             return self._data.item().__format__(format_spec)
         return object.__format__(self, format_spec)
 
-    def __repr__(self):
-        body = np.array2string(self._data, separator=", ", precision=4, prefix="tensor(",
-                               threshold=1000, edgeitems=3)
-        extras = []
-        # As PyTorch: the dtype is shown unless it is the default float, int64 or bool.
-        if self._data.dtype not in (_dt.get_default_dtype().numpy, np.int64, np.bool_):
-            extras.append(f"dtype={self.dtype!r}")
-        if self._grad_fn is not None:
-            extras.append(f"grad_fn=<{type(self._grad_fn).__name__}>")
-        elif self._requires_grad:
-            extras.append("requires_grad=True")
-        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+    # __repr__ is PyTorch's formatter, installed by distgrad/_tensor_str.py.
 
     def __reduce_ex__(self, protocol):
         # For copy.copy; the RPC wire and checkpoints have their own codec (distgrad/codec.py).
@@ -403,8 +362,8 @@ class Size(tuple):
 
 
 def _init(t, data, grad_fn, output_nr, requires_grad, vc):
-    if type(data) is not np.ndarray:  # NumPy gives scalars for 0-d results; keep arrays
-        data = np.asarray(data)
+    if type(data) is not np.ndarray and not isinstance(data, ArrayStorage):
+        data = np.asarray(data)  # NumPy gives scalars for 0-d results; keep arrays
     t._data = data
     t._grad_fn = grad_fn
     t._output_nr = output_nr
@@ -508,11 +467,21 @@ def is_tensor(obj):
 # ---------------------------------------------------------------- the value codec
 # Tensors travel (RPC, checkpoints, the activation store) as their array plus
 # requires_grad; a received tensor is a new leaf over a read-only view of the bytes.
+# A tensor whose storage is not an ndarray (sparse) travels as [storage, requires_grad]:
+# the storage is a codec type of its own.
 def _encode_tensor(t, enc):
-    return enc.array(np.asarray(t._data)) + [bool(t._requires_grad)]
+    data = t._data
+    if type(data) is not np.ndarray and isinstance(data, ArrayStorage):
+        return [data, bool(t._requires_grad)]
+    return enc.array(np.asarray(data)) + [bool(t._requires_grad)]
 
 
 def _decode_tensor(payload, dec):
+    if type(payload) is list and len(payload) == 2 and isinstance(payload[0], ArrayStorage):
+        t = _make(payload[0])
+        if payload[1] is True:
+            t.requires_grad_(True)
+        return t
     if type(payload) is not list or len(payload) != 4:
         raise _codec.CodecError("malformed tensor")
     return Tensor._wrap(dec.array(payload), requires_grad=payload[3] is True)

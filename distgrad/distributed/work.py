@@ -19,7 +19,7 @@ class Work:
     # the communicator completes it (on its I/O thread, or inline for a one-rank group)
     def _finish(self, exc=None, pool=None):
         fut = self._fut
-        if pool is not None and fut.has_callbacks():  # user callbacks may block: not here
+        if pool is not None and fut.has_blocking_callbacks():  # user callbacks may block: not here
             pool.submit(fut._complete, None if exc else self._result, exc)
         else:
             fut._complete(None if exc else self._result, exc)

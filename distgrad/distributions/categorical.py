@@ -10,6 +10,7 @@ from .utils import broadcast_tensors, lazy_property, logits_to_probs, probs_to_l
 from ..autograd.tensor import Size
 from ..ops.creation import arange as _arange, full as _full
 from ..ops.random import multinomial as _multinomial
+from ..autograd._internal import array_of
 
 __all__ = ["Categorical"]
 
@@ -95,7 +96,7 @@ class Categorical(Distribution):
 
     def entropy(self):
         # logits of zero-probability categories are -inf; clamped, p * logit is 0 there.
-        min_real = float(np.finfo(self.logits._data.dtype).min)
+        min_real = float(np.finfo(array_of(self.logits).dtype).min)
         p_log_p = self.logits.clamp(min=min_real) * self.probs
         return -p_log_p.sum(-1)
 

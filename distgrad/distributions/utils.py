@@ -9,6 +9,7 @@ from ..autograd import dtype as _dt
 from ..autograd.grad_mode import enable_grad
 from ..autograd.tensor import Size, Tensor
 from ..ops.creation import tensor as _tensor
+from ..autograd._internal import array_of
 
 __all__ = ["broadcast_all", "clamp_probs", "lazy_property", "logits_to_probs",
            "probs_to_logits"]
@@ -34,8 +35,8 @@ def batch_shape_of(param, *given):
 
 
 def broadcast_tensors(*tensors):
-    shape = Size(np.broadcast_shapes(*(t._data.shape for t in tensors)))
-    return tuple(t if t._data.shape == shape else t.expand(shape) for t in tensors)
+    shape = Size(np.broadcast_shapes(*(array_of(t).shape for t in tensors)))
+    return tuple(t if array_of(t).shape == shape else t.expand(shape) for t in tensors)
 
 
 def logits_to_probs(logits, is_binary=False):
@@ -46,7 +47,7 @@ def logits_to_probs(logits, is_binary=False):
 
 def clamp_probs(probs):
     """Probabilities kept off 0 and 1 by the dtype's epsilon, so their logits are finite."""
-    eps = float(np.finfo(probs._data.dtype).eps)
+    eps = float(np.finfo(array_of(probs).dtype).eps)
     return probs.clamp(min=eps, max=1 - eps)
 
 

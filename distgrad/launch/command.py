@@ -2,23 +2,26 @@
 
     distgrad launch configs/quickstart.toml
     distgrad launch configs/quickstart.toml optim.lr=0.003 world.workers=3 --trace t.json
-    distgrad launch configs/quickstart.toml --resume          # the latest run, last checkpoint
+    distgrad launch configs/quickstart.toml --resume          # this config's run, on from
+                                                              # its last checkpoint
     distgrad launch configs/ddp_quickstart.toml               # data parallel: 2 replicas
 
-Exit status: 0 when training finished; 2 for a config or command-line error
-(nothing was started); 128+N when stopped by signal N (Ctrl-C: 130); otherwise the
-exit status of the first process that failed (128+N if a signal killed it), or 1
-when a worker raised or stopped answering.
+Exit status: 0 when training finished (or --resume found the run complete); 2 for a
+config or command-line error, or a --resume that fits no run (nothing was started);
+128+N when stopped by signal N (Ctrl-C: 130); otherwise the exit status of the first
+process that failed (128+N if a signal killed it), or 1 when a worker raised or
+stopped answering.
 """
 import argparse
 import json
 import os
 import signal
 import sys
-import time
+
+from distgrad.utils.cli import PrintAndExit
 
 from . import checkpoint as ckpt
-from . import environment
+from . import environment, resume
 from .config import ConfigError, describe_schema, error_for, load_config
 
 __all__ = ["HELP", "add_arguments", "run", "main"]
@@ -42,15 +45,6 @@ def _ranks(text):
     return ranks
 
 
-class _HelpConfig(argparse.Action):
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print("\n".join(describe_schema()))
-        parser.exit()
-
-
 def add_arguments(p, rest=argparse.REMAINDER):
     p.add_argument("config", help="the TOML config of the run (see configs/*.toml and "
                                   "--help-config)")
@@ -61,10 +55,12 @@ def add_arguments(p, rest=argparse.REMAINDER):
                         "(values are TOML; a bare word is a string)")
     p.add_argument("--resume", action="store_true",
                    default=_env("DISTGRAD_RESUME", "0") not in ("0", "false", "no"),
-                   help="continue the run in --run-dir, or the latest run of this config's "
-                        "name, from its last complete checkpoint; losses are the same, bit "
-                        "for bit, as a run that never stopped (default: off, or run.resume; "
-                        "env: DISTGRAD_RESUME=1)")
+                   help="continue the run in --run-dir, or the newest run of this config's "
+                        "name that is this config's training (same model, layout, optimizer, "
+                        "data, seed), from its last complete checkpoint; losses are the same, "
+                        "bit for bit, as a run that never stopped; a run already complete is "
+                        "said so and nothing starts (default: off, or run.resume; env: "
+                        "DISTGRAD_RESUME=1)")
     p.add_argument("--run-dir", metavar="DIR", default=_env("DISTGRAD_RUN_DIR"),
                    help="the run directory (default: <run.dir>/<run.name>-<date>-<time>; "
                         "env: DISTGRAD_RUN_DIR)")
@@ -85,7 +81,7 @@ def add_arguments(p, rest=argparse.REMAINDER):
                         "(SLURM_PROCID, RANK, ...) are set (default: follow them)")
     p.add_argument("--check", action="store_true",
                    help="check the config and print it resolved, with defaults; start nothing")
-    p.add_argument("--help-config", action=_HelpConfig,
+    p.add_argument("--help-config", action=PrintAndExit, lines=describe_schema,
                    help="list every config key with its meaning and default, and exit")
     return p
 
@@ -94,7 +90,11 @@ def _intermixed(args):
     """Options and overrides in any order after the config (see add_arguments)."""
     parser = add_arguments(argparse.ArgumentParser(prog="distgrad launch", description=HELP),
                            rest="*")
-    return parser.parse_intermixed_args([args.config, *args.overrides], namespace=args)
+    # the options given before the config stay; the positionals are parsed anew (a
+    # namespace that already holds them makes argparse warn "Do not expect overrides")
+    given = argparse.Namespace(**{k: v for k, v in vars(args).items()
+                                  if k not in ("config", "overrides")})
+    return parser.parse_intermixed_args([args.config, *args.overrides], namespace=given)
 
 
 def _fail(message):
@@ -110,62 +110,6 @@ def _prepare(args):
                                                            args.overrides))
     layout = environment.detect(config["world"]["workers"], force_local=args.local)
     return config, resolved, layout
-
-
-def _new_run_dir(parent, name):
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = os.path.join(parent, f"{name}-{stamp}")
-    n = 1
-    while True:
-        try:
-            os.makedirs(path)
-            return path
-        except FileExistsError:
-            n += 1
-            path = os.path.join(parent, f"{name}-{stamp}-{n}")
-
-
-def _latest_run(parent, name):
-    """The run directory of this name whose last complete checkpoint is newest."""
-    best = None
-    try:
-        entries = os.listdir(parent)
-    except OSError:
-        return None
-    for entry in entries:
-        path = os.path.join(parent, entry)
-        if not entry.startswith(name + "-") or not os.path.isdir(path):
-            continue
-        found = ckpt.latest(path)
-        if found:
-            when = os.path.getmtime(os.path.join(found[0], ckpt.MANIFEST))
-            if best is None or when > best[0]:
-                best = (when, path)
-    return best[1] if best else None
-
-
-def _run_dir(args, config, layout, console):
-    """(run directory, checkpoint directory to resume from or None)."""
-    run = config["run"]
-    resume = args.resume or run["resume"]
-    if args.run_dir:
-        path = args.run_dir
-    elif layout.run_id:
-        path = os.path.join(run["dir"], f"{run['name']}-{layout.run_id}")
-    elif resume:
-        path = _latest_run(run["dir"], run["name"])
-        if path is None:
-            console.note(f"nothing to resume: no complete checkpoint in "
-                         f"{run['dir']}/{run['name']}-*; starting a new run")
-    else:
-        path = None
-    if path is None:
-        return _new_run_dir(run["dir"], run["name"]), None
-    os.makedirs(path, exist_ok=True)
-    found = ckpt.latest(path) if resume else None
-    if resume and found is None and (args.run_dir or layout.run_id):
-        console.note(f"nothing to resume in {path}: starting from step 0")
-    return path, found[0] if found else None
 
 
 def _blas_threads(config, layout):
@@ -195,7 +139,17 @@ def run(args, parser=None):
               f"{layout.kind} launch of {layout.world_size} processes", file=sys.stderr)
         return 0
     console = Console(show=args.show, progress=not args.no_progress)
-    run_dir, resume_from = _run_dir(args, config, layout, console)
+    try:
+        where = resume.place(config, resolved, resume=args.resume or config["run"]["resume"],
+                             run_dir=args.run_dir, run_id=layout.run_id, note=console.note)
+    except resume.ResumeError as e:
+        return _fail(e)
+    run_dir, resume_from = where.run_dir, where.resume_from
+    if where.complete is not None:
+        console.note(f"{run_dir} is complete: it finished at step {where.complete}, all this "
+                     f"config asks for (give more run.steps to go on); nothing to do")
+        print(f"run directory: {run_dir}", flush=True)
+        return 0
     if layout.kind == "torchrun":
         layout.rendezvous = environment.torchrun_rendezvous(
             layout.ranks[0], timeout=config["world"]["rendezvous_timeout"])

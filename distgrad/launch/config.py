@@ -18,6 +18,7 @@ shard of every batch (``data.batch_size / replicas`` samples, which must divide
 evenly) and the replicas average their gradients before every optimizer step, so
 the run trains like one process on the whole batch (see :mod:`distgrad.launch.grid`).
 """
+import difflib
 import os
 import re
 import sys
@@ -186,6 +187,8 @@ SCHEMA = {
     "offload": {},  # per-worker offload policy, passed through to each stage
 }
 
+#: tables of other commands' configs: given one, a launch names the command to run
+OTHER_COMMANDS = {"experiment": "distgrad offload"}
 OPEN = {"optim", "hooks", "offload"}
 ARRAY_OF_TABLES = {"hooks"}
 OPEN_FIELDS = {("model", "kwargs"), ("data", "kwargs")}
@@ -198,8 +201,15 @@ def heartbeat_interval(timeout):
 
 def describe_schema():
     """Lines documenting every key (for ``distgrad launch --help-config``)."""
+    from distgrad.offload.config import describe
     lines = []
     for table, fields in SCHEMA.items():
+        if table == "offload":  # checked by the offload package, which documents it
+            offload = describe(table)
+            lines.append(offload[0] + "  (each stage's activation offloading; without it: "
+                                       "none)")
+            lines += offload[1:]
+            continue
         header = f"[[{table}]]" if table in ARRAY_OF_TABLES else f"[{table}]"
         lines.append(header + ("  (other keys: passed through)" if table in OPEN else ""))
         for key, f in fields.items():
@@ -263,6 +273,11 @@ class _Where:
     def __call__(self, key):
         if key in self.overrides:
             return f"command line override {self.overrides[key]!r}", None
+        if key not in self.lines:  # a table the file lacks, brought in by an override
+            under = next((text for dotted, text in self.overrides.items()
+                          if dotted.startswith(key + ".")), None)
+            if under is not None:
+                return f"command line override {under!r}", None
         probe = key
         while probe:
             if probe in self.lines:
@@ -349,8 +364,12 @@ def check(data, where):
     """Validate ``data`` (the parsed TOML) and return it with defaults filled in."""
     out = {}
     for table in data:
+        if table in OTHER_COMMANDS:
+            raise _error(where, table, f"not a launch config: run it with "
+                                       f"`{OTHER_COMMANDS[table]} {where.path}`")
         if table not in SCHEMA:
-            raise _error(where, table, f"unknown table or key; known: {', '.join(SCHEMA)}")
+            raise _error(where, table, f"unknown table or key{_did_you_mean(table, SCHEMA)}; "
+                                       f"known: {', '.join(SCHEMA)}")
     for table, fields in SCHEMA.items():
         value = data.get(table, [] if table in ARRAY_OF_TABLES else {})
         if table in ARRAY_OF_TABLES:
@@ -367,6 +386,12 @@ def check(data, where):
     return out
 
 
+def _did_you_mean(name, known):
+    """`` (did you mean 'optim'?)`` for a near miss of one of ``known``, else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _check_table(name, value, fields, open_table, where):
     out = {}
     for key, v in value.items():
@@ -375,7 +400,8 @@ def _check_table(name, value, fields, open_table, where):
         if field is None:
             if not open_table:
                 known = ", ".join(fields) or "none"
-                raise _error(where, dotted, f"unknown key; {name} takes: {known}")
+                raise _error(where, dotted, f"unknown key{_did_you_mean(key, fields)}; "
+                                            f"{name} takes: {known}")
             out[key] = v
             continue
         try:

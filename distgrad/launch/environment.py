@@ -3,8 +3,9 @@
 - **local** (the default): this launcher starts the coordinator and every worker;
   the rendezvous is a unix socket in a private temp directory, so launches side by
   side never share a port.
-- **Slurm** (``srun -n 3 distgrad launch cfg.toml``): every task runs a launcher
-  that starts one process, rank ``SLURM_PROCID`` of ``SLURM_NTASKS``; the
+- **Slurm** (``srun -n 3 --overcommit distgrad launch cfg.toml``): every task runs a
+  launcher that starts one process, rank ``SLURM_PROCID`` of ``SLURM_NTASKS`` (srun
+  starts no task at all until the job has a CPU per task, unless ``--overcommit``); the
   coordinator runs on the first host of ``SLURM_JOB_NODELIST`` and the rendezvous
   port is derived from ``SLURM_JOB_ID`` (15000 + id mod 15000: below Linux's
   ephemeral range, different for concurrent jobs).
@@ -89,6 +90,13 @@ def detect(workers, env=None, force_local=False):
     if force_local or not (env.get("SLURM_PROCID") or env.get("RANK")):
         return Layout("local", world, range(world))
     if env.get("SLURM_PROCID") and env.get("SLURM_NTASKS") and env.get("SLURM_JOB_ID"):
+        if not (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")):
+            # a job's batch script has SLURM_PROCID=0 too, but no other task will ever come
+            raise ValueError(
+                f"this is the batch script of Slurm job {env['SLURM_JOB_ID']}, not a task of "
+                f"an srun step: start one launcher per process with `srun --overcommit "
+                f"distgrad launch ...` (--overcommit: also where the job has fewer CPUs than "
+                f"tasks), or every process here with --local")
         size = _int_env(env, "SLURM_NTASKS")
         _check_size(size, world, "SLURM_NTASKS")
         rank = _int_env(env, "SLURM_PROCID")

@@ -8,6 +8,7 @@
                          and per evaluation
         checkpoints/     see distgrad.launch.checkpoint
         result.json      how training ended (written by the coordinator)
+        result-step<N>.json  the result of a finished run that --resume continued
         failure.json     which stage failed, at which step, with its traceback
         loss.png         the loss curve (with matplotlib)
 

@@ -104,18 +104,21 @@ class Supervisor:
         self.finished_at = None
         self.tail = MetricsTail(os.path.join(run_dir, METRICS))
         self.records = []
+        self.started_at = None
+        self.live = False       # this attempt's start record was seen (see _this_attempt)
         self._tmp = None
         self._selector = selectors.DefaultSelector()
 
     # -- starting --
     def start(self, resume_from=None, attempt=0):
         os.makedirs(os.path.join(self.run_dir, LOGS), exist_ok=True)
-        for name in (FAILURE, RESULT):
-            if 0 in self.layout.ranks:
-                try:
-                    os.unlink(os.path.join(self.run_dir, name))
-                except FileNotFoundError:
-                    pass
+        if 0 in self.layout.ranks:  # this attempt's verdict, not an earlier one's, decides
+            _set_aside_result(self.run_dir)
+            try:
+                os.unlink(os.path.join(self.run_dir, FAILURE))
+            except FileNotFoundError:
+                pass
+        self.started_at = time.time()  # metrics records of this attempt are newer
         rendezvous = self.layout.rendezvous
         if rendezvous is None:  # local: a unix socket nobody else can collide with
             self._tmp = owned_tempdir("dg-launch-", "/tmp" if os.path.isdir("/tmp") else None)
@@ -290,7 +293,18 @@ class Supervisor:
             self.records = []
         if records:
             self.records.extend(records)
-            self.console.metrics(records)
+            self.console.metrics(self._this_attempt(records))
+
+    def _this_attempt(self, records):
+        """The records from this attempt's start on: a resumed run's metrics begin with
+        its history (up to the checkpoint), which is the past, not progress to show."""
+        if self.live:
+            return records
+        for i, record in enumerate(records):
+            if record.get("event") == "start" and record.get("time", 0) >= self.started_at:
+                self.live = True
+                return records[i:]
+        return []
 
     def _police(self):
         now = time.monotonic()
@@ -376,6 +390,21 @@ class Supervisor:
         step = self._last_step() + 1
         message = f"{first.describe()} {describe_status(first.status)} at step {step}"
         return Outcome(exit_code(first.status), message, _log_tail(first.log.name), step=step)
+
+
+def _set_aside_result(run_dir):
+    """Move an earlier attempt's ``result.json`` out of the way: a finished run that is
+    continued keeps its result as ``result-step<N>.json`` (failed or stopped ones go)."""
+    path = os.path.join(run_dir, RESULT)
+    result = read_json(path)
+    try:
+        if result and result.get("status") == "finished":
+            os.replace(path, os.path.join(run_dir, RESULT.replace(
+                ".json", f"-step{result.get('step')}.json")))
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _log_tail(path, lines=25):

@@ -181,8 +181,11 @@ def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method
         for i in range(nprocs):
             process = mp.Process(target=_wrap, args=(fn, i, args, error_files[i], os.getpid()),
                                  daemon=daemon)
-            process.start()
+            # known before it starts: an interrupt right after start() must still reach it
+            # (else the interpreter's exit joins it as a non-daemon child, for as long as
+            # it runs)
             processes.append(process)
+            process.start()
             context.sentinels[process.sentinel] = i
         if not join:
             return context

@@ -5,5 +5,6 @@ from .modules import *  # noqa: F401,F403
 from .modules import __all__ as _modules_all
 from . import init, utils
 from . import parallel  # noqa: F401 - nn.parallel.DistributedDataParallel
+from .parallel import DataParallel
 
-__all__ = ["functional", "Parameter", "init", "utils", *_modules_all]
+__all__ = ["functional", "Parameter", "init", "utils", "DataParallel", *_modules_all]

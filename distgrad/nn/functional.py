@@ -6,22 +6,24 @@ every MLP.
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
 from ..ops import creation, indexing, reduction, shape, softmax as _softmax, unary
 from ..ops.linalg import linear
 from ..ops.batchnorm import batch_norm
 from ..ops.channel_dropout import dropout1d, dropout2d
 from ..ops.conv import conv1d, conv2d
+from ..ops.conv_transpose import conv_transpose1d, conv_transpose2d
 from ..ops.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d,
                            max_pool1d, max_pool1d_with_indices, max_pool2d,
                            max_pool2d_with_indices)
-from ..ops.registry import defop, record
 from ..ops import embedding_bag as _embedding_bag
+from ..sparse import gradients as _sparse_gradients  # the gradients of sparse=True
 from ..ops.attention import scaled_dot_product_attention
 from .multi_head_attention import multi_head_attention_forward
 # PyTorch's private names, which transformer code written against torch calls as F._...
 from .multi_head_attention import canonical_mask as _canonical_mask  # noqa: F401
 from .multi_head_attention import none_or_dtype as _none_or_dtype  # noqa: F401
+from ..autograd._internal import array_of, wrap, defop, record
 
 __all__ = ["linear", "relu", "relu_", "gelu", "tanh", "sigmoid", "silu", "softplus", "leaky_relu",
            "elu", "dropout", "softmax", "log_softmax", "mse_loss", "l1_loss", "nll_loss",
@@ -32,6 +34,7 @@ __all__ += ["scaled_dot_product_attention", "multi_head_attention_forward", "smo
 __all__ += ["conv1d", "conv2d", "max_pool1d", "max_pool2d", "max_pool1d_with_indices",
             "max_pool2d_with_indices", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
             "adaptive_avg_pool2d", "batch_norm", "dropout1d", "dropout2d"]
+__all__ += ["conv_transpose1d", "conv_transpose2d"]
 
 tanh = unary.tanh
 sigmoid = unary.sigmoid
@@ -71,13 +74,13 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if not training or p == 0.0:
         return input
     if p == 1.0:
-        mask = np.zeros(input._data.shape, dtype=input._data.dtype)
+        mask = np.zeros(array_of(input).shape, dtype=array_of(input).dtype)
     else:
-        keep = creation._rng(None).random(input._data.shape) >= p
-        mask = keep.astype(input._data.dtype) / (1.0 - p)
+        keep = creation._rng(None).random(array_of(input).shape) >= p
+        mask = keep.astype(array_of(input).dtype) / (1.0 - p)
     if inplace:
-        return input.mul_(_make(mask))
-    return input * _make(mask)
+        return input.mul_(wrap(mask))
+    return input * wrap(mask)
 
 
 def _reduce(loss, reduction):
@@ -141,7 +144,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
              reduction="mean"):
     """Negative log likelihood of log-probabilities ``input`` (N, C, ...) at class ``target``."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
-    t = target._data if isinstance(target, Tensor) else np.asarray(target)
+    t = array_of(target) if isinstance(target, Tensor) else np.asarray(target)
     if t.dtype.kind not in "iu":
         raise RuntimeError(f"expected scalar type Long but found {target.dtype!r}")
     x = input
@@ -152,7 +155,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
         c = x.shape[1]
         x = shape.movedim(x, 1, -1).reshape(-1, c)
         t = t.reshape(-1)
-    n, c = x._data.shape
+    n, c = array_of(x).shape
     if t.shape != (n,):
         raise ValueError(f"Expected input batch_size ({n}) to match target batch_size "
                          f"({t.shape[0] if t.ndim else 1}).")
@@ -162,15 +165,15 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
         raise IndexError(f"Target {bad} is out of bounds for {c} classes.")
     safe_t = np.where(valid, t, 0)
     picked = x[np.arange(n), safe_t]
-    w = np.ones(n, dtype=x._data.dtype) if weight is None else \
-        weight._data[safe_t].astype(x._data.dtype)
-    w = np.where(valid, w, 0).astype(x._data.dtype)
-    losses = -picked * _make(w)
+    w = np.ones(n, dtype=array_of(x).dtype) if weight is None else \
+        array_of(weight)[safe_t].astype(array_of(x).dtype)
+    w = np.where(valid, w, 0).astype(array_of(x).dtype)
+    losses = -picked * wrap(w)
     if reduction == "none":
-        return losses.reshape(np.shape(target._data if isinstance(target, Tensor) else target))
+        return losses.reshape(np.shape(array_of(target) if isinstance(target, Tensor) else target))
     if reduction == "sum":
         return losses.sum()
-    return losses.sum() / _make(np.asarray(w.sum(), dtype=x._data.dtype))
+    return losses.sum() / wrap(np.asarray(w.sum(), dtype=array_of(x).dtype))
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -181,7 +184,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
     class_dim = 0 if input.ndim == 1 else 1
     logp = _softmax.log_softmax(input, class_dim)
-    is_probs = isinstance(target, Tensor) and target._data.dtype.kind == "f"
+    is_probs = isinstance(target, Tensor) and array_of(target).dtype.kind == "f"
     c = input.shape[class_dim]
     if is_probs:
         if label_smoothing > 0:
@@ -196,8 +199,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if label_smoothing <= 0:
         return nll
     # PyTorch's label smoothing: (1 - eps) * nll + eps * mean over classes of -logp (weighted).
-    t = target._data if isinstance(target, Tensor) else np.asarray(target)
-    valid = _make((t != ignore_index).astype(input._data.dtype))
+    t = array_of(target) if isinstance(target, Tensor) else np.asarray(target)
+    valid = wrap((t != ignore_index).astype(array_of(input).dtype))
     wlogp = logp if weight is None else logp * weight.reshape([c] + [1] * (input.ndim - class_dim - 1))
     smooth = -wlogp.sum(class_dim) * valid
     if reduction == "none":
@@ -207,7 +210,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     elif weight is None:
         smooth_red = smooth.sum() / valid.sum()
     else:
-        w_t = _make(weight._data[np.where(t != ignore_index, t, 0)]) * valid
+        w_t = wrap(array_of(weight)[np.where(t != ignore_index, t, 0)]) * valid
         smooth_red = smooth.sum() / w_t.sum()
     return nll * (1 - label_smoothing) + smooth_red * (label_smoothing / c)
 
@@ -220,7 +223,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
         raise ValueError(f"Using a target size ({target.shape}) that is different to the input "
                          f"size ({input.shape}) is deprecated. Please ensure they have the same "
                          "size.")
-    p = input._data
+    p = array_of(input)
     if p.size and not ((p >= 0) & (p <= 1)).all():
         raise RuntimeError("all elements of input should be between 0 and 1")
     log_p = unary.clamp(unary.log(input), min=-100)
@@ -253,7 +256,7 @@ def _huber(diff, delta):
     magnitude = unary.abs(diff)
     quadratic = diff * diff * 0.5
     linear = (magnitude - 0.5 * delta) * delta
-    return indexing.where(_make(magnitude._data < delta), quadratic, linear)
+    return indexing.where(wrap(array_of(magnitude) < delta), quadratic, linear)
 
 
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
@@ -302,7 +305,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     if log_target:
         loss = unary.exp(target) * (target - input)
     else:
-        zero = _make(target._data == 0)
+        zero = wrap(array_of(target) == 0)
         safe = indexing.where(zero, 1.0, target)  # log(0) would put NaN into the gradient
         loss = indexing.where(zero, 0.0, target * unary.log(safe)) - target * input
     if reduction == "batchmean":
@@ -318,7 +321,7 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     """
     def unit(x):
         n = reduction.norm(x, 2, dim, keepdim=True)
-        return x / (n + _make(np.maximum(n._data, eps) - n._data))
+        return x / (n + wrap(np.maximum(array_of(n), eps) - array_of(n)))
     return (unit(x1) * unit(x2)).sum(dim)
 
 
@@ -365,7 +368,7 @@ EmbeddingBackward0 = defop("EmbeddingBackward0", vjps=(_embedding_vjp,))
 
 
 def _index_array(input, argument, op):
-    idx = input._data if isinstance(input, Tensor) else np.asarray(input)
+    idx = array_of(input) if isinstance(input, Tensor) else np.asarray(input)
     if idx.dtype.kind not in "iu":
         raise RuntimeError(f"Expected tensor for argument #1 '{argument}' to have one of the "
                            f"following scalar types: Long, Int; but got {idx.dtype} instead"
@@ -377,25 +380,26 @@ def _renorm_rows_(weight, idx, max_norm, norm_type):
     """Scale the rows of ``weight`` that ``idx`` uses down to norm ``max_norm``, in place
     and outside the graph (PyTorch's ``embedding_renorm_``)."""
     rows = np.unique(idx)
-    norms = np.linalg.norm(weight._data[rows], ord=norm_type, axis=1, keepdims=True)
+    norms = np.linalg.norm(array_of(weight)[rows], ord=norm_type, axis=1, keepdims=True)
     scale = np.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
-    weight._data[rows] *= scale.astype(weight._data.dtype)
+    array_of(weight)[rows] *= scale.astype(array_of(weight).dtype)
 
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
               scale_grad_by_freq=False, sparse=False):
     """Rows of ``weight`` at the integer indices ``input``; the padding row gets no gradient."""
     idx = _index_array(input, "indices", "")
-    n = weight._data.shape[0]
+    n = array_of(weight).shape[0]
     if idx.size and (idx.min() < -n or idx.max() >= n):
         raise IndexError(f"index {int(idx.max())} is out of range for an embedding of {n} rows")
     if padding_idx is not None and padding_idx < 0:
         padding_idx += n
     if max_norm is not None:
         _renorm_rows_(weight, idx, max_norm, norm_type)
-    out = weight._data[idx]
-    return record(EmbeddingBackward0, out, (weight,), (),
-                  {"shape": weight._data.shape, "key": (idx,), "padding_idx": padding_idx,
+    out = array_of(weight)[idx]
+    return record(EmbeddingBackward0 if not sparse else _sparse_gradients.EmbeddingBackward0,
+                  out, (weight,), (),
+                  {"shape": array_of(weight).shape, "key": (idx,), "padding_idx": padding_idx,
                    "freq_scale": _inverse_frequency(idx, out.dtype)[..., None]
                    if scale_grad_by_freq else None})
 
@@ -421,7 +425,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     tensor([[2., 4.],
             [6., 7.]])
     """
-    if weight._data.dtype.kind in "iu" and input._data.dtype.kind == "f":
+    if array_of(weight).dtype.kind in "iu" and array_of(input).dtype.kind == "f":
         import warnings
         warnings.warn("Argument order of nn.functional.embedding_bag was changed. Usage "
                       "`embedding_bag(weight, input, ...)` is deprecated, and should now be "
@@ -470,7 +474,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
                            f"tensor for argument #1 'per_sample_weights'; but type "
                            f"{weight.dtype} does not equal {per_sample_weights.dtype}{where}")
     bag_of, num_bags = _bags_from_offsets(starts, idx.size, include_last_offset)
-    n = weight._data.shape[0]
+    n = array_of(weight).shape[0]
     bad = np.flatnonzero((idx < 0) | (idx >= n))
     if bad.size:
         raise RuntimeError(f"Index {bad[0]} of input takes value {idx[bad[0]]} which is not in the "
@@ -481,7 +485,9 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         _renorm_rows_(weight, idx, max_norm, norm_type)
     return _embedding_bag.embedding_bag(
         weight, idx, bag_of, num_bags, mode, per_sample_weights, padding_idx,
-        _inverse_frequency(idx, weight._data.dtype) if scale_grad_by_freq else None)
+        _inverse_frequency(idx, array_of(weight).dtype) if scale_grad_by_freq else None,
+        node=_embedding_bag.EmbeddingBagBackward0 if not sparse else
+        _sparse_gradients.EmbeddingBagBackward0)
 
 
 def _bags_from_offsets(offsets, length, include_last_offset):
@@ -515,7 +521,7 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
 
 def one_hot(tensor, num_classes=-1):
     """``(*) -> (*, num_classes)`` int64 with a 1 at each index."""
-    t = tensor._data
+    t = array_of(tensor)
     if t.dtype != np.int64:
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
     if num_classes == -1:
@@ -526,7 +532,7 @@ def one_hot(tensor, num_classes=-1):
         raise RuntimeError("Class values must be non-negative.")
     if t.size and t.max() >= num_classes:
         raise RuntimeError("Class values must be smaller than num_classes.")
-    return _make(np.eye(num_classes, dtype=np.int64)[t])
+    return wrap(np.eye(num_classes, dtype=np.int64)[t])
 
 
 def _circular_positions(before, after, n):
@@ -547,7 +553,7 @@ def pad(input, pad, mode="constant", value=None):
     second_last_before, ...)``; negative amounts crop. Modes: constant (``value``),
     reflect, replicate, circular (the last 1-3 dimensions of a batched input)."""
     pad = [int(p) for p in pad]
-    d = input._data
+    d = array_of(input)
     if len(pad) % 2:
         raise RuntimeError("Padding length must be divisible by 2")
     if len(pad) // 2 > d.ndim:
@@ -586,15 +592,15 @@ def pad(input, pad, mode="constant", value=None):
 
 
 def _pad_constant(input, amounts, value):
-    d = input._data
+    d = array_of(input)
     crop = tuple(slice(max(0, -amounts[i][0]), d.shape[i] - max(0, -amounts[i][1]))
                  if i in amounts else slice(None) for i in range(d.ndim))
     kept = input[crop] if any(min(a) < 0 for a in amounts.values()) else input
     widths = [(max(0, amounts[i][0]), max(0, amounts[i][1])) if i in amounts else (0, 0)
               for i in range(d.ndim)]
-    shape_out = tuple(s + a + b for s, (a, b) in zip(kept._data.shape, widths))
+    shape_out = tuple(s + a + b for s, (a, b) in zip(array_of(kept).shape, widths))
     if any(s < 0 for s in shape_out) or any(c.stop is not None and c.stop < c.start for c in crop):
         raise RuntimeError("narrow(): length must be non-negative.")
     out = creation.full(shape_out, value, dtype=input.dtype)
-    key = tuple(slice(a, a + s) for s, (a, _) in zip(kept._data.shape, widths))
+    key = tuple(slice(a, a + s) for s, (a, _) in zip(array_of(kept).shape, widths))
     return indexing.index_put(out, key, kept)

@@ -6,6 +6,7 @@ import numpy as np
 
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import _rng
+from ..autograd._internal import array_of, bump_version
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "constant_", "ones_", "zeros_", "eye_",
            "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
@@ -37,8 +38,8 @@ def calculate_gain(nonlinearity, param=None):
 
 def _fill(tensor, values):
     with no_grad():
-        tensor._data[...] = values
-        tensor._vc[0] += 1
+        array_of(tensor)[...] = values
+        bump_version(tensor)
     return tensor
 
 

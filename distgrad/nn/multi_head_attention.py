@@ -13,10 +13,11 @@ import warnings
 
 import numpy as np
 
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
 from ..ops import shape
 from ..ops.attention import attention, causal_bias
 from ..ops.linalg import linear
+from ..autograd._internal import array_of, wrap
 
 __all__ = ["multi_head_attention_forward", "canonical_mask"]
 
@@ -29,14 +30,14 @@ def canonical_mask(mask, mask_name, other_type, other_name, target_type, check_o
     """
     if mask is None:
         return None
-    dt = mask._data.dtype
+    dt = array_of(mask).dtype
     if dt != np.bool_ and dt.kind != "f":
         raise AssertionError(f"only bool and floating types of {mask_name} are supported")
     if check_other and other_type is not None and mask.dtype != other_type:
         warnings.warn(f"Support for mismatched {mask_name} and {other_name} is deprecated. Use "
                       "same type for both instead.", stacklevel=3)
     if dt == np.bool_:
-        return _make(np.where(mask._data, -np.inf, 0).astype(target_type.numpy))
+        return wrap(np.where(array_of(mask), -np.inf, 0).astype(target_type.numpy))
     return mask
 
 
@@ -81,12 +82,12 @@ class _Layout:
 
     def sizes(self, x):
         """(batch, length) of a ``(., ., E)`` tensor."""
-        a, b = x._data.shape[:2]
+        a, b = array_of(x).shape[:2]
         return (a, b) if self.batch_first else (b, a)
 
     def to_heads(self, x, num_heads, parts=1):
         """``(., ., parts*E)`` -> ``parts`` views of shape ``(N, H, L, head_dim)``."""
-        a, b, width = x._data.shape
+        a, b, width = array_of(x).shape
         x = shape.reshape(x, (a, b, parts, num_heads, width // (parts * num_heads)))
         # (a, b, parts, H, d) -> (parts, N, H, L, d)
         x = shape.permute(x, 2, 0, 3, 1, 4) if self.batch_first else shape.permute(x, 2, 1, 3, 0, 4)
@@ -94,16 +95,16 @@ class _Layout:
 
     def from_heads(self, x):
         """``(N, H, L, head_dim)`` -> ``(., ., E)`` in this layout."""
-        n, h, length, d = x._data.shape
+        n, h, length, d = array_of(x).shape
         x = shape.permute(x, 0, 2, 1, 3) if self.batch_first else shape.permute(x, 2, 0, 1, 3)
-        return shape.reshape(x, x._data.shape[:2] + (h * d,))
+        return shape.reshape(x, array_of(x).shape[:2] + (h * d,))
 
 
 def _in_projection(query, key, value, layout, num_heads, in_proj_weight, in_proj_bias,
                    separate_weights):
     """q, k, v in head layout ``(N, H, len, head_dim)``. One matmul for self-attention and
     one for key+value when they are the same tensor, as PyTorch packs them."""
-    e = query._data.shape[-1]
+    e = array_of(query).shape[-1]
     if separate_weights is not None:
         w_q, w_k, w_v = separate_weights
         b_q = b_k = b_v = None
@@ -148,23 +149,23 @@ def _pad_last(mask):
     """One more key position that takes part (PyTorch's ``pad(mask, (0, 1))``)."""
     if mask is None:
         return None
-    zeros = _make(np.zeros(mask._data.shape[:-1] + (1,), dtype=mask._data.dtype))
+    zeros = wrap(np.zeros(array_of(mask).shape[:-1] + (1,), dtype=array_of(mask).dtype))
     return shape.cat([mask, zeros], -1)
 
 
 def _append_key(x, row):
     """Append one key/value position to ``(N, H, S, d)``; ``row`` broadcasts to (N, H, 1, d)."""
-    n, h, _, d = x._data.shape
+    n, h, _, d = array_of(x).shape
     return shape.cat([x, shape.expand(row, n, h, 1, d)], 2)
 
 
 def _static(t, name, batch, num_heads, head_dim):
-    if t._data.shape[0] != batch * num_heads:
+    if array_of(t).shape[0] != batch * num_heads:
         raise AssertionError(f"expecting {name}.size(0) of {batch * num_heads}, but got "
-                             f"{t._data.shape[0]}")
-    if t._data.shape[2] != head_dim:
-        raise AssertionError(f"expecting {name}.size(2) of {head_dim}, but got {t._data.shape[2]}")
-    return shape.reshape(t, (batch, num_heads, t._data.shape[1], head_dim))
+                             f"{array_of(t).shape[0]}")
+    if array_of(t).shape[2] != head_dim:
+        raise AssertionError(f"expecting {name}.size(2) of {head_dim}, but got {array_of(t).shape[2]}")
+    return shape.reshape(t, (batch, num_heads, array_of(t).shape[1], head_dim))
 
 
 def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
@@ -190,7 +191,7 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
         if key_padding_mask is not None:
             key_padding_mask = shape.unsqueeze(key_padding_mask, 0)
     bsz, tgt_len = layout.sizes(query)
-    embed_dim = query._data.shape[-1]
+    embed_dim = array_of(query).shape[-1]
     src_len = layout.sizes(key)[1]
     key_padding_mask = canonical_mask(key_padding_mask, "key_padding_mask",
                                       none_or_dtype(attn_mask), "attn_mask", query.dtype)
@@ -212,7 +213,7 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
     if head_dim * num_heads != embed_dim:
         raise AssertionError(f"embed_dim {embed_dim} not divisible by num_heads {num_heads}")
     if use_separate_proj_weight:
-        if key._data.shape[:2] != value._data.shape[:2]:
+        if array_of(key).shape[:2] != array_of(value).shape[:2]:
             raise AssertionError(f"key's sequence and batch dims {key.shape[:2]} do not match "
                                  f"value's {value.shape[:2]}")
         for name, w in (("q", q_proj_weight), ("k", k_proj_weight), ("v", v_proj_weight)):
@@ -221,7 +222,7 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
                                      "is None")
         separate = (q_proj_weight, k_proj_weight, v_proj_weight)
     else:
-        if key._data.shape != value._data.shape:
+        if array_of(key).shape != array_of(value).shape:
             raise AssertionError(f"key shape {key.shape} does not match value shape "
                                  f"{value.shape}")
         if in_proj_weight is None:
@@ -260,18 +261,18 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
     if static_v is not None:
         v = _static(static_v, "static_v", bsz, num_heads, head_dim)
     if add_zero_attn:
-        k = _append_key(k, _make(np.zeros((1, 1, 1, head_dim), dtype=k._data.dtype)))
-        v = _append_key(v, _make(np.zeros((1, 1, 1, head_dim), dtype=v._data.dtype)))
+        k = _append_key(k, wrap(np.zeros((1, 1, 1, head_dim), dtype=array_of(k).dtype)))
+        v = _append_key(v, wrap(np.zeros((1, 1, 1, head_dim), dtype=array_of(v).dtype)))
         attn_mask, key_padding_mask = _pad_last(attn_mask), _pad_last(key_padding_mask)
-    src_len = k._data.shape[2]
+    src_len = array_of(k).shape[2]
 
     if key_padding_mask is not None:
-        if key_padding_mask._data.shape[0] != bsz:
+        if array_of(key_padding_mask).shape[0] != bsz:
             raise AssertionError(f"Expected key_padded_mask.shape[0] to be {bsz}, but got "
-                                 f"{key_padding_mask._data.shape[0]}")
-        if key_padding_mask._data.shape[1] != src_len:
+                                 f"{array_of(key_padding_mask).shape[0]}")
+        if array_of(key_padding_mask).shape[1] != src_len:
             raise AssertionError(f"Expected key_padded_mask.shape[1] to be {src_len}, but got "
-                                 f"{key_padding_mask._data.shape[1]}")
+                                 f"{array_of(key_padding_mask).shape[1]}")
         key_padding_mask = shape.reshape(key_padding_mask, (bsz, 1, 1, src_len))
         attn_mask = key_padding_mask if attn_mask is None else attn_mask + key_padding_mask
     if not training:
@@ -279,7 +280,7 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
     if need_weights and is_causal and attn_mask is None:
         raise AssertionError("FIXME: is_causal not implemented for need_weights")
     if is_causal and attn_mask is None:
-        attn_mask = causal_bias(tgt_len, src_len, q._data.dtype)
+        attn_mask = causal_bias(tgt_len, src_len, array_of(q).dtype)
     out = attention(q, k, v, attn_mask, 1.0 / math.sqrt(head_dim), dropout_p,
                     need_weights=need_weights, zero_masked_rows=not need_weights)
     weights = None

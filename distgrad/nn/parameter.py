@@ -1,5 +1,7 @@
 """``Parameter``: a leaf tensor that a Module registers, as ``torch.nn.Parameter``."""
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
+from ..autograd._internal import array_of, wrap, version_counter, mark_requires_grad
+from ..ops.creation import empty
 
 __all__ = ["Parameter", "zero_grads"]
 
@@ -15,11 +17,10 @@ class Parameter(Tensor):
 
     def __new__(cls, data=None, requires_grad=True):
         if data is None:
-            from .. import empty
             data = empty(0)
         # Shares the buffer of `data`, as PyTorch does (`Parameter(t)` aliases `t`).
-        p = _make(data._data, vc=data._vc, cls=cls)
-        p._requires_grad = bool(requires_grad)
+        p = wrap(array_of(data), vc=version_counter(data), cls=cls)
+        mark_requires_grad(p, bool(requires_grad))
         return p
 
     def __init__(self, data=None, requires_grad=True):
@@ -29,24 +30,24 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
     def __reduce_ex__(self, protocol):
-        return (_rebuild_parameter, (self._data.copy(), self._requires_grad))
+        return (_rebuild_parameter, (array_of(self).copy(), self.requires_grad))
 
 
 def _rebuild_parameter(data, requires_grad):
-    return Parameter(_make(data), requires_grad)
+    return Parameter(wrap(data), requires_grad)
 
 
 
 def zero_grads(params, set_to_none=True):
     """``Module.zero_grad`` and ``Optimizer.zero_grad``: drop or zero each ``.grad``."""
     for p in params:
-        g = p._grad
+        g = p.grad
         if g is None:
             continue
         if set_to_none:
-            p._grad = None
+            p.grad = None
         else:
-            if g._grad_fn is not None:
+            if g.grad_fn is not None:
                 g.detach_()
             else:
                 g.requires_grad_(False)

@@ -23,9 +23,11 @@ coordinator says this worker's part of backward is about to start,
 ``hooks.close()`` frees what is left (in a store: the context's namespace).
 """
 from .contexts import save_on_disk, save_on_remote, save_tiered
+from .hooks import DEFAULT_INFLIGHT_BYTES, DEFAULT_PREFETCH_BYTES
 from .policy import OffloadPolicy
 
-__all__ = ["hooks_from_config", "check_config", "KINDS", "KEYS"]
+__all__ = ["hooks_from_config", "check_config", "describe", "KINDS", "KEYS", "KEY_DOCS",
+           "POLICY_DOCS"]
 
 KINDS = ("none", "disk", "remote", "tiered")
 _INT_KEYS = ("memory_bytes", "prefetch_bytes", "max_inflight_bytes")
@@ -37,6 +39,52 @@ KEYS = {
     "tiered": ("memory_bytes", "directory", "store", "read", "prefetch_bytes",
                "max_inflight_bytes", "timeout"),
 }
+
+#: key -> (meaning, default) of an offload table, for ``--help-config``.
+KEY_DOCS = {
+    "kind": ('"disk", "remote", "tiered" or "none": where saved activations go',
+             "default 'disk'"),
+    "directory": ("disk, tiered: the folder the per-run record directory goes in",
+                  "default: the temp folder"),
+    "read": ('disk, tiered: "read" (into a fresh buffer) or "mmap" (map the record file)',
+             "default 'read'"),
+    "store": ("remote, tiered: the activation store's endpoint (`distgrad store`); tiered "
+              "without it overflows to disk", "required by remote"),
+    "memory_bytes": ("tiered: bytes of activations kept in process memory",
+                     "required by tiered"),
+    "prefetch_bytes": ("bytes backward may read ahead", f"default {DEFAULT_PREFETCH_BYTES}"),
+    "max_inflight_bytes": ("bytes on their way out before forward waits",
+                           f"default {DEFAULT_INFLIGHT_BYTES}"),
+    "timeout": ("remote, tiered with a store: seconds one store request may take",
+                "default 60"),
+}
+#: key -> (meaning, default) of its ``policy`` table (see distgrad.offload.policy).
+POLICY_DOCS = {
+    "min_bytes": ("smaller saved tensors stay in memory", "default 0"),
+    "modules": ("module names (glob) or class names: offload only what these save",
+                "default: every module"),
+    "exclude_modules": ("module names (glob) or class names whose saved tensors stay",
+                        "default none"),
+    "ops": ('ops (grad_fn names such as "TanhBackward0", or "tanh"): offload only what '
+            "these produced", "default: every op"),
+    "exclude_ops": ("ops whose outputs stay in memory", "default none"),
+    "every_nth_layer": ("offload in layers 0, n, 2n, ... only", "default 1"),
+    "layers": ("module names (glob) or class names that count as layers",
+               "default: the model's children"),
+}
+
+
+def describe(table="offload"):
+    """Lines documenting the keys of an offload table named ``table`` and of its policy.
+
+    >>> describe()[1].split()[:2]
+    ['kind', '"disk",']
+    """
+    lines = [f"[{table}]"]
+    lines += [f"  {key:20s} {doc} ({default})" for key, (doc, default) in KEY_DOCS.items()]
+    lines.append(f"[{table}.policy]")
+    lines += [f"  {key:20s} {doc} ({default})" for key, (doc, default) in POLICY_DOCS.items()]
+    return lines
 
 
 def check_config(table, source="offload config"):

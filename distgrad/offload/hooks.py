@@ -24,12 +24,12 @@ import weakref
 from collections import Counter, deque
 
 from ..autograd.graph import saved_tensors_hooks
-from ..autograd.tensor import _describe, _make
 from .policy import OffloadPolicy
 from .stats import OffloadStats
 from .tiered import check_tier
 from .tracking import module_stack
 from .views import DedupTable, span_of
+from ..autograd._internal import array_of, describe, version_counter, view_base, wrap
 
 __all__ = ["OffloadHooks", "DEFAULT_MIN_BYTES", "DEFAULT_PREFETCH_BYTES",
            "DEFAULT_INFLIGHT_BYTES"]
@@ -90,17 +90,17 @@ def _check_version(vc, version, array):
     if vc[0] != version:
         raise RuntimeError(
             "one of the variables needed for gradient computation has been modified by an "
-            f"inplace operation: [{_describe(array)}] is at version {vc[0]}; expected version "
+            f"inplace operation: [{describe(array)}] is at version {vc[0]}; expected version "
             f"{version} instead. Hint: the saved tensor was modified in place after it was "
             "saved for backward; use an out-of-place op or .clone() before modifying it.")
 
 
 def _owned_elsewhere(tensor):
     """Parameters, buffers, inputs and views of them: someone else keeps their memory."""
-    if tensor._grad_fn is None:
+    if tensor.grad_fn is None:
         return True
-    base = tensor._base
-    return base is not None and base._grad_fn is None
+    base = view_base(tensor)
+    return base is not None and base.grad_fn is None
 
 
 class OffloadHooks(saved_tensors_hooks):
@@ -228,8 +228,8 @@ class OffloadHooks(saved_tensors_hooks):
         return policy.wants(tensor, nbytes, modules, layers[-1] if layers else None)
 
     def _pack(self, tensor):
-        data = tensor._data
-        vc = tensor._vc
+        data = array_of(tensor)
+        vc = version_counter(tensor)
         version = vc[0]
         if self._closed:
             raise RuntimeError("this offloading hook object is closed")
@@ -267,13 +267,13 @@ class OffloadHooks(saved_tensors_hooks):
     def _unpack(self, packed):
         if type(packed) is _Kept:
             t = packed.tensor
-            _check_version(t._vc, packed.version, t._data)
+            _check_version(version_counter(t), packed.version, array_of(t))
             return t
         _check_version(packed.vc, packed.version, packed.meta)
         if self._closed:
             raise RuntimeError(f"{self!r} was closed: the tensors it offloaded are gone")
         payload = self._prefetcher.take(packed, self._order)
-        return _make(packed.meta.rebuild(payload))
+        return wrap(packed.meta.rebuild(payload))
 
     # ------------------------------------------------------------ releasing
     def _release(self, record):

@@ -1,4 +1,6 @@
 """Ops: forward and VJP rules, one table per family, installed as Tensor methods."""
-from . import methods as _methods
+from ..autograd._internal import install_backends
+from . import methods as _methods, np_backend as _np_backend, tensor_backend as _tensor_backend
 
 _methods.install()
+install_backends(_np_backend, _tensor_backend)

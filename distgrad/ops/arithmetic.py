@@ -6,9 +6,9 @@ holomorphic f the rule is ``g * conj(f'(z))``.
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
 from .promotion import operands
-from .registry import defop, record
+from ..autograd._internal import array_of, wrap, defop, record
 
 __all__ = ["add", "sub", "subtract", "rsub", "mul", "multiply", "div", "divide", "true_divide",
            "floor_divide", "remainder", "fmod", "pow", "neg", "negative", "reciprocal", "square",
@@ -27,11 +27,11 @@ SubBackward0 = defop("SubBackward0", vjps=(
     lambda xp, g, m: -g if m is None else g * -m["alpha"]))
 SubScalarBackward = defop("SubBackward0", vjps=(lambda xp, g, m: g, _NO_GRAD))
 RsubBackward1 = defop("RsubBackward1", vjps=(lambda xp, g, m: g * -m["alpha"],))
-MulBackward0 = defop("MulBackward0", saved=("self", "other"), vjps=(
+MulBackward0 = defop("MulBackward0", saved=("self", "other"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, y: g * xp.conj(y),
     lambda xp, g, m, x, y: g * xp.conj(x)))
 MulScalarBackward = defop("MulBackward0", vjps=(lambda xp, g, m: g * np.conj(m["other"]), _NO_GRAD))
-DivBackward0 = defop("DivBackward0", saved=("self", "other"), vjps=(
+DivBackward0 = defop("DivBackward0", saved=("self", "other"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, y: g / xp.conj(y),
     lambda xp, g, m, x, y: -g * xp.conj(x / y / y)))
 DivScalarBackward = defop("DivBackward0", vjps=(lambda xp, g, m: g / np.conj(m["other"]), _NO_GRAD))
@@ -62,7 +62,7 @@ def _pow_base_vjp(xp, g, m, x, y, r):
 
 PowBackward0 = defop("PowBackward0", saved=("self",), vjps=(_pow_scalar_vjp,))
 PowBackward1 = defop("PowBackward1", saved=("self", "exponent", "result"),
-                     vjps=(_pow_base_vjp, _pow_exponent_vjp))
+                     pack_reversed=True, vjps=(_pow_base_vjp, _pow_exponent_vjp))
 
 
 def _rpow_vjp(xp, g, m, y, r):
@@ -78,7 +78,7 @@ PowBackward2 = defop("PowBackward2", saved=("exponent", "result"), vjps=(_rpow_v
 
 
 def _raw(x):
-    return x._data if isinstance(x, Tensor) else x
+    return array_of(x) if isinstance(x, Tensor) else x
 
 
 def add(input, other, *, alpha=1, out=None):
@@ -129,15 +129,15 @@ multiply = mul
 
 def div(input, other, *, rounding_mode=None):
     if rounding_mode is not None:
-        if rounding_mode == "floor":
-            return floor_divide(input, other)
-        if rounding_mode == "trunc":
-            a, b, ad, bd, dt = operands(input, other)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                res = np.trunc(np.true_divide(ad, bd))
-            return _make(res.astype(dt, copy=False))
-        raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' "
-                           f"but found '{rounding_mode}'")
+        if rounding_mode not in ("floor", "trunc"):
+            raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or "
+                               f"'floor' but found '{rounding_mode}'")
+        a, b, ad, bd, dt = operands(input, other)
+        rounding = np.floor_divide if rounding_mode == "floor" else _trunc_divide
+        with np.errstate(divide="ignore", invalid="ignore"):
+            res = rounding(ad, bd).astype(dt, copy=False)
+        # Rounded quotients are piecewise constant: zero gradients, as PyTorch's DivBackward2.
+        return record(DivBackward2, res, (a, b) if a is not None else (b,))
     a, b, ad, bd, dt = operands(input, other)
     if dt.kind in "biu":
         dt = _dt.get_default_dtype().numpy
@@ -156,29 +156,52 @@ divide = div
 true_divide = div
 
 
-def floor_divide(input, other):
-    a, b, ad, bd, dt = operands(input, other)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _make(np.floor_divide(ad, bd).astype(dt, copy=False))
+def _trunc_divide(a, b):
+    return np.trunc(np.true_divide(a, b))
 
 
-def remainder(input, other):
-    a, b, ad, bd, dt = operands(input, other)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        res = np.remainder(ad, bd)
-    if b is None and a is not None:
-        return record(RemainderBackward0, res.astype(dt, copy=False), (a, None))
-    return _make(res.astype(dt, copy=False))
+def _not_implemented(op):
+    """The node PyTorch records for an op without a derivative: backward through it raises."""
+    def vjp(xp, g, m):
+        raise RuntimeError(f"derivative for aten::{op} is not implemented")
+    return defop("NotImplemented", vjps=(vjp, vjp))
 
 
-# d/dx remainder(x, y) = 1 almost everywhere.
-RemainderBackward0 = defop("RemainderBackward0", vjps=(lambda xp, g, m: g, _NO_GRAD))
+DivBackward2 = defop("DivBackward2", vjps=(lambda xp, g, m: g * 0, lambda xp, g, m: g * 0))
+FloorDivideNotImplemented = _not_implemented("floor_divide")
+RemainderNotImplemented = _not_implemented("remainder")
+# remainder and fmod: d/dx = 1 almost everywhere, d/dy = -(x / y rounded), as in PyTorch.
+RemainderBackward0 = defop("RemainderBackward0", vjps=(lambda xp, g, m: g,))
+RemainderBackward1 = defop("RemainderBackward1", saved=("self", "other"), pack_reversed=True, vjps=(
+    lambda xp, g, m, x, y: g,
+    lambda xp, g, m, x, y: -g * np.floor_divide(_raw(x), _raw(y))))
+FmodBackward0 = defop("FmodBackward0", vjps=(lambda xp, g, m: g,))
+FmodBackward1 = defop("FmodBackward1", saved=("self", "other"), pack_reversed=True, vjps=(
+    lambda xp, g, m, x, y: g,
+    lambda xp, g, m, x, y: -g * _trunc_divide(_raw(x), _raw(y))))
 
 
-def fmod(input, other):
-    a, b, ad, bd, dt = operands(input, other)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _make(np.fmod(ad, bd).astype(dt, copy=False))
+def _rounding_op(ufunc, scalar_node, tensor_node, number_first_node):
+    """floor_divide, remainder, fmod: one forward, the node chosen by which operands are
+    tensors (a Python number on the left has no derivative in PyTorch either)."""
+    def op(input, other):
+        a, b, ad, bd, dt = operands(input, other)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            res = ufunc(ad, bd).astype(dt, copy=False)
+        if a is None:
+            return record(number_first_node, res, (b,))
+        if b is None:
+            return record(scalar_node, res, (a,))
+        return record(tensor_node, res, (a, b), (a, b) if tensor_node._saved_names else ())
+    op.__name__ = op.__qualname__ = ufunc.__name__
+    return op
+
+
+floor_divide = _rounding_op(np.floor_divide, FloorDivideNotImplemented,
+                            FloorDivideNotImplemented, FloorDivideNotImplemented)
+remainder = _rounding_op(np.remainder, RemainderBackward0, RemainderBackward1,
+                         RemainderNotImplemented)
+fmod = _rounding_op(np.fmod, FmodBackward0, FmodBackward1, _not_implemented("fmod"))
 
 
 def pow(input, exponent):  # noqa: A001
@@ -187,7 +210,7 @@ def pow(input, exponent):  # noqa: A001
         if dt.kind in "iu" and isinstance(e, int) and e < 0:
             raise RuntimeError("Integers to negative integer powers are not allowed.")
         with np.errstate(divide="ignore", invalid="ignore"):
-            res = np.power(ad, e) if e != 2 else np.multiply(ad, ad)
+            res = _power(ad, e)
         return record(PowBackward0, res, (a,), (a,), {"exponent": e})
     if not isinstance(input, (Tensor, np.ndarray)):
         _, b, base, bd, dt = operands(input, exponent)
@@ -200,19 +223,39 @@ def pow(input, exponent):  # noqa: A001
     return record(PowBackward1, res, (a, b), (a, b))
 
 
+def _power(a, e):
+    """``a ** e`` for a Python number ``e``. NumPy's power with a float exponent is a
+    general pow per element (GELU's ``x ** 3`` took 3x as long as ``x * x * x``); the
+    exponents models use are products, square roots and reciprocals, as in PyTorch."""
+    if a.dtype.kind not in "fc":
+        return np.power(a, e)
+    if e == 2:
+        return np.multiply(a, a)
+    if e == 3:
+        out = np.multiply(a, a)
+        return np.multiply(out, a, out=out)
+    if e == 0.5:
+        return np.sqrt(a)
+    if e == -1:
+        return np.reciprocal(a)
+    if e == 1:
+        return a.copy()
+    return np.power(a, e)
+
+
 def neg(input):
-    if input._data.dtype.kind == "b":
+    if array_of(input).dtype.kind == "b":
         raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If you "
                            "are trying to invert a mask, use the `~` or `logical_not()` operator "
                            "instead.")
-    return record(NegBackward0, np.negative(input._data), (input,))
+    return record(NegBackward0, np.negative(array_of(input)), (input,))
 
 
 negative = neg
 
 
 def reciprocal(input):
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind in "biu":
         d = d.astype(_dt.get_default_dtype().numpy)
     with np.errstate(divide="ignore"):
@@ -226,7 +269,7 @@ def square(input):
 def _compare(ufunc):
     def compare(input, other):
         a, b, ad, bd, dt = operands(input, other)
-        return _make(ufunc(ad, bd))
+        return wrap(ufunc(ad, bd))
     compare.__name__ = ufunc.__name__
     return compare
 
@@ -242,29 +285,29 @@ logical_or = _compare(np.logical_or)
 
 
 def logical_not(input):
-    return _make(np.logical_not(input._data))
+    return wrap(np.logical_not(array_of(input)))
 
 
 def isnan(input):
-    return _make(np.isnan(input._data))
+    return wrap(np.isnan(array_of(input)))
 
 
 def isinf(input):
-    return _make(np.isinf(input._data))
+    return wrap(np.isinf(array_of(input)))
 
 
 def isfinite(input):
-    return _make(np.isfinite(input._data))
+    return wrap(np.isfinite(array_of(input)))
 
 
 def equal(input, other):
     """True if both have the same shape and elements."""
-    return input._data.shape == other._data.shape and bool(np.array_equal(input._data, other._data))
+    return array_of(input).shape == array_of(other).shape and bool(np.array_equal(array_of(input), array_of(other)))
 
 
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
-    return bool(np.allclose(input._data, _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
+    return bool(np.allclose(array_of(input), _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
 
 
 def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
-    return _make(np.isclose(input._data, _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
+    return wrap(np.isclose(array_of(input), _raw(other), rtol=rtol, atol=atol, equal_nan=equal_nan))

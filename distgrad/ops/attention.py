@@ -23,9 +23,8 @@ import math
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import _make
 from . import conversion, creation, indexing, linalg, shape, softmax as _softmax
-from .registry import defop, record, record_multi
+from ..autograd._internal import array_of, wrap, defop, record, record_multi
 
 __all__ = ["attention", "scaled_dot_product_attention", "causal_bias"]
 
@@ -55,8 +54,8 @@ def _differentiable_probs(q, k, bias, m):
         return _softmax.softmax(scores, -1)
     # Rows with nothing to attend to are zeroed before the softmax too: the NaN of an
     # all -inf row would otherwise leak into the gradient through the masked branch.
-    live = _make(np.broadcast_to(~np.all(np.isneginf(scores._data), axis=-1, keepdims=True),
-                                 scores._data.shape))
+    live = wrap(np.broadcast_to(~np.all(np.isneginf(array_of(scores)), axis=-1, keepdims=True),
+                                 array_of(scores).shape))
     probs = _softmax.softmax(indexing.where(live, scores, 0.0), -1)
     return indexing.where(live, probs, 0.0)
 
@@ -110,21 +109,21 @@ def attention(query, key, value, bias=None, scale=1.0, dropout_p=0.0, need_weigh
     (``-inf`` where attention is not allowed); it gets a gradient if it requires one.
     With ``need_weights`` returns ``(output, weights)``, the weights after dropout.
     """
-    q, k, v = query._data, key._data, value._data
+    q, k, v = array_of(query), array_of(key), array_of(value)
     scores = np.matmul(q, np.swapaxes(k, -1, -2))
     scores *= scores.dtype.type(scale)
     if bias is not None:
-        if np.broadcast_shapes(scores.shape, bias._data.shape) == scores.shape:
-            scores += bias._data
+        if np.broadcast_shapes(scores.shape, array_of(bias).shape) == scores.shape:
+            scores += array_of(bias)
         else:
-            scores = scores + bias._data
+            scores = scores + array_of(bias)
     probs = _softmax_rows(scores, zero_masked_rows)
     drop = dropout_keep_mask(probs.shape, probs.dtype, dropout_p) if dropout_p > 0 else None
     dropped = probs if drop is None else probs * drop
     out = np.matmul(dropped, v)
     meta = {"scale": scale, "drop": drop, "zero_masked_rows": zero_masked_rows}
     inputs = (query, key, value, bias)
-    saved = (query, key, value, _make(probs)) + ((bias,) if bias is not None else ())
+    saved = (query, key, value, wrap(probs)) + ((bias,) if bias is not None else ())
     if not need_weights:
         return record(ScaledDotProductAttentionBackward, out, inputs, saved, meta)
     # The returned weights are a copy: writing to them in place must not change the
@@ -135,8 +134,8 @@ def attention(query, key, value, bias=None, scale=1.0, dropout_p=0.0, need_weigh
 
 
 def _check_mask_dtype(attn_mask, query):
-    dt = attn_mask._data.dtype
-    if dt != np.bool_ and dt != np.float32 and dt != query._data.dtype:
+    dt = array_of(attn_mask).dtype
+    if dt != np.bool_ and dt != np.float32 and dt != array_of(query).dtype:
         raise RuntimeError(f"Expected attn_mask dtype to be bool or float or to match query "
                            f"dtype, but got attn_mask.dtype: {attn_mask.dtype} and  query.dtype: "
                            f"{query.dtype} instead.")
@@ -145,16 +144,16 @@ def _check_mask_dtype(attn_mask, query):
 def causal_bias(target_len, source_len, dtype):
     """``0`` on and below the diagonal of ``(L, S)``, ``-inf`` above: query i sees keys <= i."""
     keep = np.tril(np.ones((target_len, source_len), dtype=bool))
-    return _make(np.where(keep, 0, -np.inf).astype(dtype))
+    return wrap(np.where(keep, 0, -np.inf).astype(dtype))
 
 
 def _additive_mask(attn_mask, is_causal, target_len, source_len, dtype):
     """One float bias from SDPA's masks: bool ``True`` means *take part*."""
     bias = causal_bias(target_len, source_len, dtype) if is_causal else None
     if attn_mask is not None:
-        m = attn_mask._data
+        m = array_of(attn_mask)
         if m.dtype == np.bool_:
-            mask = _make(np.where(m, 0, -np.inf).astype(dtype))
+            mask = wrap(np.where(m, 0, -np.inf).astype(dtype))
         else:
             mask = attn_mask if m.dtype == dtype else \
                 conversion.to(attn_mask, _dt.from_numpy_dtype(dtype))
@@ -172,7 +171,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     scores (not together with ``attn_mask``). A row with nothing to attend to gives
     zeros, as PyTorch's does.
     """
-    qd, kd, vd = query._data, key._data, value._data
+    qd, kd, vd = array_of(query), array_of(key), array_of(value)
     if qd.ndim < 2 or kd.ndim < 2 or vd.ndim < 2:
         raise RuntimeError(f"Expected query, key, and value to all be  at least 2 dimensional, "
                            f"but got query.dim: {qd.ndim} key.dim: {kd.ndim} and value.dim: "
@@ -203,10 +202,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         _check_mask_dtype(attn_mask, query)
         scores_shape = np.broadcast_shapes(qd.shape[:-2], kd.shape[:-2]) + (target_len, source_len)
         try:
-            np.broadcast_shapes(scores_shape, attn_mask._data.shape)
+            np.broadcast_shapes(scores_shape, array_of(attn_mask).shape)
         except ValueError:
             raise RuntimeError(f"scaled_dot_product_attention: attn_mask of shape "
-                               f"{list(attn_mask._data.shape)} does not broadcast to the "
+                               f"{list(array_of(attn_mask).shape)} does not broadcast to the "
                                f"attention scores of shape {list(scores_shape)}") from None
     if scale is None:
         scale = 1.0 / math.sqrt(qd.shape[-1])
@@ -221,7 +220,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 def _repeat_kv_heads(query, key, value):
     """Grouped-query attention: each key/value head serves ``Hq / Hkv`` query heads."""
-    hq, hk, hv = query._data.shape[-3], key._data.shape[-3], value._data.shape[-3]
+    hq, hk, hv = array_of(query).shape[-3], array_of(key).shape[-3], array_of(value).shape[-3]
     if hk != hv or hq % hk:
         raise RuntimeError(f"scaled_dot_product_attention: with enable_gqa the number of query "
                            f"heads ({hq}) must be a multiple of the key/value heads ({hk}, {hv})")
@@ -233,6 +232,6 @@ def _repeat_kv_heads(query, key, value):
 
 def _interleave(t, reps):
     """Repeat each head ``reps`` times in a row along dim -3 (``repeat_interleave``)."""
-    d = t._data.shape
+    d = array_of(t).shape
     expanded = shape.unsqueeze(t, -3).expand(*d[:-3], d[-3], reps, d[-2], d[-1])
     return expanded.reshape(*d[:-3], d[-3] * reps, d[-2], d[-1])

@@ -14,7 +14,7 @@ estimates. The VJP recomputes the batch statistics from the saved input with
 import numpy as np
 
 from .fused import require_floating
-from .registry import defop, record
+from ..autograd._internal import array_of, bump_version, defop, record
 
 __all__ = ["batch_norm"]
 
@@ -49,8 +49,8 @@ NativeBatchNormBackward0 = defop("NativeBatchNormBackward0", saved=("input", "we
 
 
 def _check_stat(name, t, channels):
-    if t is not None and t._data.size != channels:
-        raise RuntimeError(f"{name} should contain {channels} elements not {t._data.size}")
+    if t is not None and array_of(t).size != channels:
+        raise RuntimeError(f"{name} should contain {channels} elements not {array_of(t).size}")
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
@@ -59,7 +59,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
     With ``training`` the running statistics (if given) are updated in place.
     """
-    x = input._data
+    x = array_of(input)
     if x.ndim < 2:
         raise RuntimeError(f"batch_norm: expected an input of at least 2 dimensions (N, C, ...), "
                          f"got input of size {list(x.shape)}")
@@ -89,16 +89,16 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     else:
         if running_mean is None or running_var is None:
             raise RuntimeError("running_mean must be defined in evaluation mode")
-        mean, var = running_mean._data, running_var._data
+        mean, var = array_of(running_mean), array_of(running_var)
         meta["running_mean"] = mean.reshape(shape).astype(x.dtype)
         meta["running_invstd"] = (1.0 / np.sqrt(var + eps)).reshape(shape).astype(x.dtype)
     scale = 1.0 / np.sqrt(var + eps)
     shift = -mean * scale
     if weight is not None:
-        scale = scale * weight._data
-        shift = shift * weight._data
+        scale = scale * array_of(weight)
+        shift = shift * array_of(weight)
     if bias is not None:
-        shift = shift + bias._data
+        shift = shift + array_of(bias)
     out = x * scale.astype(x.dtype).reshape(shape) + shift.astype(x.dtype).reshape(shape)
     saved = (input,) if weight is None else (input, weight)
     return record(NativeBatchNormBackward0, out, (input, weight, bias), saved, meta)
@@ -106,7 +106,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 def _move_towards(running, value, momentum):
     """``running = (1 - momentum) * running + momentum * value``, in place, as a new version."""
-    data = running._data
+    data = array_of(running)
     data *= 1 - momentum
     data += (momentum * value).astype(data.dtype, copy=False)
-    running._vc[0] += 1
+    bump_version(running)

@@ -8,8 +8,8 @@ import warnings
 
 import numpy as np
 
-from ..autograd.tensor import _make
 from .creation import _rng
+from ..autograd._internal import array_of, wrap
 
 __all__ = ["dropout1d", "dropout2d"]
 
@@ -23,13 +23,13 @@ def _channel_dropout(input, p, training, inplace, channel_axis):
     """Zero whole slices ``input[..., c, ...]`` below ``channel_axis`` + 1 with probability p."""
     if not training or p == 0.0:
         return input
-    d = input._data
+    d = array_of(input)
     shape = d.shape[:channel_axis + 1] + (1,) * (d.ndim - channel_axis - 1)
     if p == 1.0:
         mask = np.zeros(shape, dtype=d.dtype)
     else:
         mask = (_rng(None).random(shape) >= p).astype(d.dtype) / np.asarray(1.0 - p, d.dtype)
-    return input.mul_(_make(mask)) if inplace else input * _make(mask)
+    return input.mul_(wrap(mask)) if inplace else input * wrap(mask)
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):

@@ -6,7 +6,9 @@ real part of a complex gradient that flows into a real input.
 import numpy as np
 
 from ..autograd.tensor import Tensor
-from .registry import defop, record, record_view
+from ..autograd._internal import array_of, defop, record, record_view
+from .shape import stack
+from .unary import cos, sin
 
 __all__ = ["conj", "conj_physical", "real", "imag", "angle", "complex", "polar", "view_as_real",
            "is_complex", "is_floating_point"]
@@ -17,7 +19,7 @@ ImagBackward0 = defop("ImagBackward0", vjps=(lambda xp, g, m: g * 1j,))
 
 
 def _angle_vjp(xp, g, m, x):
-    xr = x._data if isinstance(x, Tensor) else x
+    xr = array_of(x) if isinstance(x, Tensor) else x
     if xr.dtype.kind != "c":
         return g * 0
     nonzero = xr != 0
@@ -35,7 +37,7 @@ ComplexBackward0 = defop("ComplexBackward0", vjps=(
 
 
 def conj(input):
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind != "c":
         return input
     return record(ConjBackward0, d.conj(), (input,))
@@ -45,21 +47,21 @@ conj_physical = conj
 
 
 def real(input):
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind != "c":
         return input
     return record_view(RealBackward0, d.real, input, None, lambda a: a.real)
 
 
 def imag(input):
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind != "c":
         raise RuntimeError("imag is not implemented for tensors with non-complex dtypes.")
     return record_view(ImagBackward0, d.imag, input, None, lambda a: a.imag)
 
 
 def angle(input):
-    d = input._data
+    d = array_of(input)
     res = np.angle(d)
     if d.dtype.kind in "biu":
         res = res.astype(np.float32)
@@ -68,27 +70,25 @@ def angle(input):
 
 
 def complex(real, imag):  # noqa: A001
-    if real._data.dtype != imag._data.dtype or real._data.dtype.kind != "f":
+    if array_of(real).dtype != array_of(imag).dtype or array_of(real).dtype.kind != "f":
         raise RuntimeError(f"Expected object of scalar type {real.dtype!r} but got scalar type "
                            f"{imag.dtype!r} for second argument")
-    ctype = np.result_type(real._data.dtype, np.complex64)
-    out = real._data.astype(ctype) + 1j * imag._data.astype(ctype)
+    ctype = np.result_type(array_of(real).dtype, np.complex64)
+    out = array_of(real).astype(ctype) + 1j * array_of(imag).astype(ctype)
     return record(ComplexBackward0, out.astype(ctype, copy=False), (real, imag))
 
 
 def polar(abs, angle):  # noqa: A002
-    from .unary import cos, sin
     return complex(abs * cos(angle), abs * sin(angle))
 
 
 def view_as_real(input):
-    from .shape import stack
     return stack([real(input), imag(input)], -1)
 
 
 def is_complex(input):
-    return input._data.dtype.kind == "c"
+    return array_of(input).dtype.kind == "c"
 
 
 def is_floating_point(input):
-    return input._data.dtype.kind == "f"
+    return array_of(input).dtype.kind == "f"

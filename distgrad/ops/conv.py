@@ -30,9 +30,11 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .fused import call_fused, require_floating, scalar_type_name
-from .registry import defop, record
+from ..autograd._internal import array_of, defop, record
 
-__all__ = ["conv1d", "conv2d", "convolution", "expand_param", "pad_trailing", "window_view"]
+__all__ = ["conv1d", "conv2d", "convolution", "expand_param", "pad_trailing", "window_view",
+           "convolution_map", "input_grad_map", "weight_grad_map", "check_operands",
+           "expand_positive"]
 
 
 # ---------------------------------------------------------------- window geometry
@@ -185,6 +187,11 @@ def _weight_grad_vjp(xp, grads, m, needs, x, gy):
 
 ConvolutionBackward0 = defop("ConvolutionBackward0", saved=("input", "weight"),
                              vjp_all=_convolution_vjp)
+
+#: The three maps of the trilinear form, each ``(xp, a, b, meta)``, for the transposed
+#: convolution (``ops/conv_transpose.py``): its forward is the input-gradient map and
+#: its gradients are the other two.
+convolution_map, input_grad_map, weight_grad_map = _conv, _input_grad, _weight_grad
 # The same map without a bias, recorded when a gradient is itself differentiated.
 ConvolutionDoubleBackward = defop("ConvolutionBackwardBackward0", saved=("input", "weight"),
                                   vjp_all=_conv_no_bias_vjp)
@@ -225,28 +232,38 @@ def _padding_pairs(padding, kernel, stride, dilation):
     return tuple((p, p) for p in pads)
 
 
-def convolution(input, weight, bias, stride, padding, dilation, groups, d):
-    """The d-dimensional convolution of batched or unbatched ``input``; see :func:`conv2d`."""
-    name = f"conv{d}d"
-    x, w = input._data, weight._data
+def check_operands(name, input, weight, bias, d, weight_layout="out_channels, in_channels/groups"):
+    """PyTorch's checks of a (transposed) convolution's operands: the input's and the
+    weight's dimensions, floating point, one dtype. Returns their arrays."""
+    x, w = array_of(input), array_of(weight)
     if x.ndim not in (d + 1, d + 2):
         raise RuntimeError(f"Expected {d + 1}D (unbatched) or {d + 2}D (batched) input to {name}, "
                            f"but got input of size: {list(x.shape)}")
     if w.ndim != d + 2:
-        raise RuntimeError(f"{name}: expected weight to be {d + 2}-dimensional (out_channels, "
-                           f"in_channels/groups, kernel...), but got weight of size "
-                           f"{list(w.shape)}")
+        raise RuntimeError(f"{name}: expected weight to be {d + 2}-dimensional ({weight_layout}, "
+                           f"kernel...), but got weight of size {list(w.shape)}")
     require_floating(name, input, weight, bias)
-    if x.dtype != w.dtype or (bias is not None and bias._data.dtype != x.dtype):
-        other = w.dtype if x.dtype != w.dtype else bias._data.dtype
+    if x.dtype != w.dtype or (bias is not None and array_of(bias).dtype != x.dtype):
+        other = w.dtype if x.dtype != w.dtype else array_of(bias).dtype
         raise RuntimeError(f"{name}: expected scalar type {scalar_type_name(x.dtype)} but found "
                            f"{scalar_type_name(other)} (input, weight and bias must share a dtype)")
-    stride = expand_param(stride, d, "stride")
-    dilation = expand_param(dilation, d, "dilation")
-    if any(s <= 0 for s in stride):
-        raise RuntimeError("non-positive stride is not supported")
-    if any(dl <= 0 for dl in dilation):
-        raise RuntimeError("non-positive dilation is not supported")
+    return x, w
+
+
+def expand_positive(value, n, name):
+    """:func:`expand_param` of a stride or dilation, which must be positive."""
+    values = expand_param(value, n, name)
+    if any(v <= 0 for v in values):
+        raise RuntimeError(f"non-positive {name} is not supported")
+    return values
+
+
+def convolution(input, weight, bias, stride, padding, dilation, groups, d):
+    """The d-dimensional convolution of batched or unbatched ``input``; see :func:`conv2d`."""
+    name = f"conv{d}d"
+    x, w = check_operands(name, input, weight, bias, d)
+    stride = expand_positive(stride, d, "stride")
+    dilation = expand_positive(dilation, d, "dilation")
     if groups <= 0:
         raise RuntimeError("non-positive groups is not supported")
     kernel = w.shape[2:]
@@ -254,7 +271,7 @@ def convolution(input, weight, bias, stride, padding, dilation, groups, d):
     unbatched = x.ndim == d + 1
     if unbatched:
         input = input.unsqueeze(0)
-        x = input._data
+        x = array_of(input)
     if w.shape[0] % groups:
         raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at "
                            f"dimension 0, but got weight of size [{list(w.shape)}] instead")
@@ -262,10 +279,10 @@ def convolution(input, weight, bias, stride, padding, dilation, groups, d):
         raise RuntimeError(f"Given groups={groups}, weight of size {list(w.shape)}, expected "
                            f"input{list(x.shape)} to have {w.shape[1] * groups} channels, but got "
                            f"{x.shape[1]} channels instead")
-    if bias is not None and bias._data.shape != (w.shape[0],):
+    if bias is not None and array_of(bias).shape != (w.shape[0],):
         raise RuntimeError(f"Given weight of size {list(w.shape)}, expected bias to be "
                            f"1-dimensional with {w.shape[0]} elements, but got bias of size "
-                           f"{list(bias._data.shape)} instead")
+                           f"{list(array_of(bias).shape)} instead")
     padded = [s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads)]
     span = [dl * (k - 1) + 1 for k, dl in zip(kernel, dilation)]
     if any(p < k for p, k in zip(padded, span)):
@@ -277,7 +294,7 @@ def convolution(input, weight, bias, stride, padding, dilation, groups, d):
             "input_shape": x.shape, "weight_shape": w.shape}
     out = _conv_np(x, w, meta)
     if bias is not None:
-        out += bias._data.reshape((-1,) + (1,) * d)
+        out += array_of(bias).reshape((-1,) + (1,) * d)
     result = record(ConvolutionBackward0, out, (input, weight, bias), (input, weight), meta)
     return result.squeeze(0) if unbatched else result
 

@@ -3,7 +3,7 @@ import numpy as np
 
 from ..autograd import device as _device, dtype as _dt
 from ..autograd.tensor import Tensor
-from .registry import defop, record
+from ..autograd._internal import array_of, wrap, defop, record
 
 __all__ = ["to"]
 
@@ -40,7 +40,7 @@ def to(input, *args, dtype=None, device=None, copy=False, non_blocking=False, me
     if dtype is None:
         return input.clone() if copy else input
     np_dtype = _dt.to_numpy_dtype(dtype)
-    d = input._data
+    d = array_of(input)
     if d.dtype == np_dtype and not copy:
         return input
     if d.dtype.kind == "c" and np_dtype.kind != "c":
@@ -50,6 +50,5 @@ def to(input, *args, dtype=None, device=None, copy=False, non_blocking=False, me
         d = d.real
     out = d.astype(np_dtype)
     if np_dtype.kind not in "fc":
-        from ..autograd.tensor import _make
-        return _make(out)
+        return wrap(out)
     return record(ToCopyBackward0, out, (input,))

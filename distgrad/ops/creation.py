@@ -4,7 +4,8 @@ import numbers
 import numpy as np
 
 from ..autograd import device as _device, dtype as _dt
-from ..autograd.tensor import Tensor, _as_array, _make
+from ..autograd.tensor import Tensor
+from ..autograd._internal import array_of, wrap, as_array
 
 __all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange",
            "linspace", "eye", "rand", "randn", "randint", "randperm", "normal", "zeros_like",
@@ -86,7 +87,7 @@ def _float_dtype(dtype):
 
 def _finish(arr, requires_grad, device=None):
     _device.as_cpu_device(device)
-    t = _make(arr)
+    t = wrap(arr)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -100,9 +101,9 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
     distgrad.float32
     """
     if isinstance(data, Tensor):
-        arr = data._data.copy() if dtype is None else data._data.astype(_dt.to_numpy_dtype(dtype))
+        arr = array_of(data).copy() if dtype is None else array_of(data).astype(_dt.to_numpy_dtype(dtype))
     else:
-        arr = _as_array(data, dtype)
+        arr = as_array(data, dtype)
     return _finish(arr, requires_grad, device)
 
 
@@ -120,7 +121,7 @@ def from_numpy(ndarray):
     if not isinstance(ndarray, np.ndarray):
         raise TypeError(f"expected np.ndarray (got {type(ndarray).__name__})")
     _dt.from_numpy_dtype(ndarray.dtype)  # raises for unsupported dtypes
-    return _make(ndarray)
+    return wrap(ndarray)
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False, out=None):
@@ -212,40 +213,40 @@ def normal(mean, std, size=None, *, generator=None, dtype=None):
     m = getattr(mean, "_data", mean)
     s = getattr(std, "_data", std)
     arr = _rng(generator).normal(m, s, size=shape)
-    return _make(arr.astype(_float_dtype(dtype), copy=False))
+    return wrap(arr.astype(_float_dtype(dtype), copy=False))
 
 
 def _like(input, dtype):
-    return input._data.dtype if dtype is None else _dt.to_numpy_dtype(dtype)
+    return array_of(input).dtype if dtype is None else _dt.to_numpy_dtype(dtype)
 
 
 def zeros_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=None):
-    return _finish(np.zeros(input._data.shape, dtype=_like(input, dtype)), requires_grad, device)
+    return _finish(np.zeros(array_of(input).shape, dtype=_like(input, dtype)), requires_grad, device)
 
 
 def ones_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=None):
-    return _finish(np.ones(input._data.shape, dtype=_like(input, dtype)), requires_grad, device)
+    return _finish(np.ones(array_of(input).shape, dtype=_like(input, dtype)), requires_grad, device)
 
 
 def empty_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=None):
-    return _finish(np.empty(input._data.shape, dtype=_like(input, dtype)), requires_grad, device)
+    return _finish(np.empty(array_of(input).shape, dtype=_like(input, dtype)), requires_grad, device)
 
 
 def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False):
-    return _finish(np.full(input._data.shape, fill_value, dtype=_like(input, dtype)),
+    return _finish(np.full(array_of(input).shape, fill_value, dtype=_like(input, dtype)),
                    requires_grad, device)
 
 
 def rand_like(input, *, dtype=None, device=None, requires_grad=False):
-    return rand(*input._data.shape, dtype=dtype or input.dtype, device=device,
+    return rand(*array_of(input).shape, dtype=dtype or input.dtype, device=device,
                requires_grad=requires_grad)
 
 
 def randn_like(input, *, dtype=None, device=None, requires_grad=False):
-    return randn(*input._data.shape, dtype=dtype or input.dtype, device=device,
+    return randn(*array_of(input).shape, dtype=dtype or input.dtype, device=device,
                requires_grad=requires_grad)
 
 
 def randint_like(input, low=0, high=None, *, dtype=None, device=None, requires_grad=False):
-    return randint(low, high, input._data.shape, dtype=dtype or input.dtype, device=device,
+    return randint(low, high, array_of(input).shape, dtype=dtype or input.dtype, device=device,
                    requires_grad=requires_grad)

@@ -7,12 +7,21 @@ for sum/mean (scaled by the per-sample weight or ``1 / bag size``), the winning
 row of each feature for max. Indices equal to ``padding_idx`` take no part.
 """
 import numpy as np
+from ..autograd._internal import array_of, defop, record
 
-from .registry import defop, record
 
 __all__ = ["embedding_bag"]
 
 MODES = ("sum", "mean", "max")
+
+
+def row_gradients(xp, g, m, per_sample_weights=None):
+    """sum/mean: the gradient of the weight row each index looked up (``m["indices"]``),
+    before rows of the same index are added up."""
+    rows = xp.take(g, (m["bags"],)) * m["row_scale"]
+    if per_sample_weights is not None:
+        rows = rows * xp.expand_dims(xp.take(per_sample_weights, (m["kept"],)), -1)
+    return rows
 
 
 def _embedding_bag_vjp_all(xp, grads, m, needs, weight=None, per_sample_weights=None):
@@ -24,15 +33,17 @@ def _embedding_bag_vjp_all(xp, grads, m, needs, weight=None, per_sample_weights=
             winners = xp.take(g, (m["nonempty"],))
             grad_weight = xp.index_add(m["weight_shape"], m["winner_key"], winners, True)
         else:
-            rows = xp.take(g, (m["bags"],)) * m["row_scale"]
-            if per_sample_weights is not None:
-                rows = rows * xp.expand_dims(xp.take(per_sample_weights, (m["kept"],)), -1)
-            grad_weight = xp.index_add(m["weight_shape"], (m["indices"],), rows, True)
+            grad_weight = xp.index_add(m["weight_shape"], (m["indices"],),
+                                       row_gradients(xp, g, m, per_sample_weights), True)
     if need_psw:
-        rows = xp.take(weight, (m["indices"],))
-        kept = xp.sum(xp.take(g, (m["bags"],)) * rows, axis=-1)
-        grad_psw = xp.index_add(m["psw_shape"], (m["kept"],), kept, False)
+        grad_psw = per_sample_weights_gradient(xp, g, m, weight)
     return grad_weight, grad_psw
+
+
+def per_sample_weights_gradient(xp, g, m, weight):
+    rows = xp.take(weight, (m["indices"],))
+    kept = xp.sum(xp.take(g, (m["bags"],)) * rows, axis=-1)
+    return xp.index_add(m["psw_shape"], (m["kept"],), kept, False)
 
 
 EmbeddingBagBackward0 = defop("EmbeddingBagBackward0", saved=("weight", "per_sample_weights"),
@@ -40,15 +51,16 @@ EmbeddingBagBackward0 = defop("EmbeddingBagBackward0", saved=("weight", "per_sam
 
 
 def embedding_bag(weight, indices, bag_of, num_bags, mode="mean", per_sample_weights=None,
-                  padding_idx=None, grad_scale=None):
+                  padding_idx=None, grad_scale=None, node=EmbeddingBagBackward0):
     """``(num_bags, D)``: bag ``b`` reduces ``weight[indices[bag_of == b]]``.
 
     ``indices`` and ``bag_of`` are int arrays of the same length, ``bag_of``
     non-decreasing (``-1``: in no bag); ``grad_scale`` (per index, optional) multiplies
-    the gradient each index's row gets (sum/mean). No argument checks here
-    (``nn.functional.embedding_bag`` does them).
+    the gradient each index's row gets (sum/mean). ``node``: the gradient rule (another
+    one reads the same saved values: the sparse gradient of ``distgrad.sparse``). No
+    argument checks here (``nn.functional.embedding_bag`` does them).
     """
-    w = weight._data
+    w = array_of(weight)
     taking_part = bag_of >= 0
     if padding_idx is not None:
         taking_part &= indices != padding_idx
@@ -56,13 +68,13 @@ def embedding_bag(weight, indices, bag_of, num_bags, mode="mean", per_sample_wei
     idx, bags = indices[kept], bag_of[kept]
     rows = w[idx]
     if per_sample_weights is not None:
-        rows = rows * per_sample_weights._data[kept][:, None]
+        rows = rows * array_of(per_sample_weights)[kept][:, None]
     counts = np.bincount(bags, minlength=num_bags)
     nonempty = np.flatnonzero(counts)
     starts = (np.cumsum(counts) - counts)[nonempty]
     out = np.zeros((num_bags, w.shape[1]), dtype=w.dtype)
     meta = {"mode": mode, "weight_shape": w.shape, "bags": bags, "indices": idx, "kept": kept,
-            "nonempty": nonempty}
+            "nonempty": nonempty, "scaled_by_frequency": grad_scale is not None}
     if rows.shape[0]:
         reduce = np.maximum if mode == "max" else np.add
         out[nonempty] = reduce.reduceat(rows, starts, axis=0)
@@ -82,6 +94,6 @@ def embedding_bag(weight, indices, bag_of, num_bags, mode="mean", per_sample_wei
         meta["row_scale"] = scale[:, None]
     saved = ()
     if per_sample_weights is not None:  # each one's gradient needs the other
-        meta["psw_shape"] = per_sample_weights._data.shape
+        meta["psw_shape"] = array_of(per_sample_weights).shape
         saved = (weight, per_sample_weights)
-    return record(EmbeddingBagBackward0, out, (weight, per_sample_weights), saved, meta)
+    return record(node, out, (weight, per_sample_weights), saved, meta)

@@ -11,27 +11,18 @@ gradients of gradients exist. Two ways serve here:
 * the VJP differentiates a reference implementation written from differentiable
   ops (recurrent layers; see ``ops/rnn.py``).
 """
-from .registry import record
+from ..autograd._internal import array_of, record
+from ..autograd.dtype import scalar_type_name
 
 __all__ = ["call_fused", "require_floating", "scalar_type_name"]
-
-_SCALAR_TYPE_NAMES = {"float16": "Half", "float32": "Float", "float64": "Double",
-                      "complex64": "ComplexFloat", "complex128": "ComplexDouble",
-                      "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char",
-                      "uint8": "Byte", "bool": "Bool"}
-
-
-def scalar_type_name(np_dtype):
-    """PyTorch's name of a dtype in messages: ``Float``, ``Double``, ``Long``..."""
-    return _SCALAR_TYPE_NAMES.get(np_dtype.name, np_dtype.name)
 
 
 def require_floating(op_name, *tensors):
     """PyTorch's error for an op that has no kernel for integer, boolean or complex data."""
     for t in tensors:
-        if t is not None and t._data.dtype.kind != "f":
+        if t is not None and array_of(t).dtype.kind != "f":
             raise NotImplementedError(
-                f"\"{op_name}\" not implemented for '{scalar_type_name(t._data.dtype)}'")
+                f"\"{op_name}\" not implemented for '{scalar_type_name(array_of(t).dtype)}'")
 
 
 def call_fused(xp, node_cls, kernel, args, meta):
@@ -42,6 +33,6 @@ def call_fused(xp, node_cls, kernel, args, meta):
     ``node_cls`` node (saving ``args``), whose VJPs the caller declared.
     """
     if xp.is_tensor_backend():
-        arrays = [a._data for a in args]
+        arrays = [array_of(a) for a in args]
         return record(node_cls, kernel(*arrays, meta), tuple(args), tuple(args), meta)
     return kernel(*args, meta)

@@ -8,9 +8,9 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..autograd.tensor import Tensor, _make, _wrap_dim
+from ..autograd.tensor import Tensor
 from .promotion import operands, as_tensor_operand
-from .registry import defop, record, record_view
+from ..autograd._internal import array_of, wrap, wrap_dim, defop, record, record_view
 
 __all__ = ["getitem", "index_put", "index_select", "gather", "where", "maximum", "minimum",
            "masked_fill", "masked_select", "tril", "triu", "take_along_dim", "fmax", "fmin",
@@ -25,11 +25,13 @@ def convert_key(key):
     basic = True
     for k in key:
         if isinstance(k, Tensor):
-            k = k._data
+            k = array_of(k)
             if k.dtype.kind not in "biu":
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
         if isinstance(k, (bool, np.bool_)):
             k = np.asarray(k)
+        elif isinstance(k, range):  # a sequence of indices, as PyTorch takes it
+            k = np.arange(k.start, k.stop, k.step, dtype=np.int64)
         if isinstance(k, (np.ndarray, list)):
             basic = False
             arr = np.asarray(k)
@@ -53,7 +55,7 @@ IndexBackward0 = defop("IndexBackward0", vjps=(_index_grad,))
 
 
 def getitem(input, key):
-    d = input._data
+    d = array_of(input)
     key, basic = convert_key(key)
     try:
         out = d[key]
@@ -79,24 +81,24 @@ IndexPutBackward0 = defop("IndexPutBackward0", vjps=(_put_self_vjp, _put_values_
 
 def index_put(input, key, values):
     """Out-of-place ``input[key] = values`` (the recorded half of ``__setitem__``)."""
-    d = input._data
+    d = array_of(input)
     if isinstance(key, tuple) or not isinstance(key, (list,)):
         key, _ = convert_key(key)
     v = as_tensor_operand(values, input)
     out = d.copy()
     try:
-        out[key] = v._data
+        out[key] = array_of(v)
     except ValueError as exc:
-        raise RuntimeError(f"shape mismatch: value tensor of shape {list(v._data.shape)} cannot "
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(array_of(v).shape)} cannot "
                            f"be broadcast to indexing result of shape "
                            f"{list(d[key].shape)}") from exc
     return record(IndexPutBackward0, out, (input, v), (), {"key": key})
 
 
 def index_select(input, dim, index):
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
-    idx = index._data if isinstance(index, Tensor) else np.asarray(index)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
+    idx = array_of(index) if isinstance(index, Tensor) else np.asarray(index)
     if idx.ndim > 1:
         raise IndexError("index_select(): Index is supposed to be a vector")
     key = (slice(None),) * dim + (idx.reshape(-1),)
@@ -114,16 +116,21 @@ def _gather_vjp(xp, g, m):
 
 GatherBackward0 = defop("GatherBackward0", vjps=(_gather_vjp,))
 
+#: Nodes whose gradient is a sparse tensor, a layout of a higher layer: distgrad.sparse
+#: installs them here ({"gather": node of gather(..., sparse_grad=True)}).
+SPARSE_GRAD_NODES = {}
+
 
 def gather(input, dim, index, *, sparse_grad=False):
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
-    idx = index._data if isinstance(index, Tensor) else np.asarray(index)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
+    node = SPARSE_GRAD_NODES["gather"] if sparse_grad else GatherBackward0
+    idx = array_of(index) if isinstance(index, Tensor) else np.asarray(index)
     if idx.ndim != d.ndim:
         raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
     out = np.take_along_axis(d[tuple(slice(0, s) if i != dim else slice(None)
                                      for i, s in enumerate(idx.shape))], idx, axis=dim)
-    return record(GatherBackward0, out, (input,), (), {"shape": d.shape, "index": idx, "dim": dim})
+    return record(node, out, (input,), (), {"shape": d.shape, "index": idx, "dim": dim})
 
 
 def take_along_dim(input, indices, dim=None):
@@ -138,9 +145,9 @@ WhereBackward0 = defop("WhereBackward0", vjps=(
 
 
 def where(condition, input=None, other=None):
-    c = condition._data if isinstance(condition, Tensor) else np.asarray(condition)
+    c = array_of(condition) if isinstance(condition, Tensor) else np.asarray(condition)
     if input is None and other is None:
-        return tuple(_make(i.astype(np.int64)) for i in np.nonzero(c))
+        return tuple(wrap(i.astype(np.int64)) for i in np.nonzero(c))
     if c.dtype != np.bool_:
         raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor "
                            f"with dtype {c.dtype}")
@@ -155,8 +162,8 @@ def where(condition, input=None, other=None):
 
 def _tie_vjp(xp, g, m, x, y, which):
     """maximum/minimum: the winner gets the gradient; a tie splits it evenly (PyTorch)."""
-    xr = x._data if isinstance(x, Tensor) else x
-    yr = y._data if isinstance(y, Tensor) else y
+    xr = array_of(x) if isinstance(x, Tensor) else x
+    yr = array_of(y) if isinstance(y, Tensor) else y
     first_wins = (xr > yr) if m["is_max"] else (xr < yr)
     tie = xr == yr
     wins = first_wins if which == 0 else ~(first_wins | tie)
@@ -164,10 +171,11 @@ def _tie_vjp(xp, g, m, x, y, which):
     return g * weight
 
 
-MaximumBackward0 = defop("MaximumBackward0", saved=("self", "other"), vjps=(
+MaximumBackward0 = defop("MaximumBackward0", saved=("self", "other"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, y: _tie_vjp(xp, g, m, x, y, 0),
     lambda xp, g, m, x, y: _tie_vjp(xp, g, m, x, y, 1)))
-MinimumBackward0 = defop("MinimumBackward0", saved=("self", "other"), vjps=MaximumBackward0._vjps)
+MinimumBackward0 = defop("MinimumBackward0", saved=("self", "other"), pack_reversed=True,
+                         vjps=MaximumBackward0._vjps)
 
 
 def maximum(input, other):
@@ -189,16 +197,16 @@ def fmin(input, other):
 
 
 def masked_fill(input, mask, value):
-    m = mask._data if isinstance(mask, Tensor) else np.asarray(mask)
+    m = array_of(mask) if isinstance(mask, Tensor) else np.asarray(mask)
     if m.dtype != np.bool_:
         raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype "
                            f"{m.dtype}")
     if isinstance(value, Tensor):
-        if value._data.ndim != 0:
+        if array_of(value).ndim != 0:
             raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got "
-                               f"tensor with {value._data.ndim} dimension(s).")
-        return where(mask if isinstance(mask, Tensor) else _make(m), value.to(input.dtype), input)
-    out = np.where(m, np.asarray(value, dtype=input._data.dtype), input._data)
+                               f"tensor with {array_of(value).ndim} dimension(s).")
+        return where(mask if isinstance(mask, Tensor) else wrap(m), value.to(input.dtype), input)
+    out = np.where(m, np.asarray(value, dtype=array_of(input).dtype), array_of(input))
     return record(MaskedFillBackward0, out, (input,), (), {"mask": np.broadcast_to(m, out.shape)})
 
 
@@ -210,7 +218,7 @@ def _triangle(name, keep):
     node = defop(name.capitalize() + "Backward0", vjps=(lambda xp, g, m: xp.mask(g, m["keep"]),))
 
     def op(input, diagonal=0):
-        d = input._data
+        d = array_of(input)
         if d.ndim < 2:
             raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
         mask = keep(np.ones(d.shape[-2:], dtype=bool), diagonal)
@@ -228,8 +236,8 @@ triu = _triangle("triu", np.triu)
 
 
 def masked_select(input, mask):
-    m = mask._data if isinstance(mask, Tensor) else np.asarray(mask)
-    shape = np.broadcast_shapes(input._data.shape, m.shape)
+    m = array_of(mask) if isinstance(mask, Tensor) else np.asarray(mask)
+    shape = np.broadcast_shapes(array_of(input).shape, m.shape)
     return getitem(input.expand(shape), np.broadcast_to(m, shape))
 
 
@@ -238,30 +246,30 @@ topk_result = namedtuple("topk", ["values", "indices"])
 
 
 def argsort(input, dim=-1, descending=False, stable=False):
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
     if d.ndim == 0:
-        return _make(np.zeros((), dtype=np.int64))
+        return wrap(np.zeros((), dtype=np.int64))
     key = -d if descending and d.dtype.kind != "b" else d
     idx = np.argsort(key, axis=dim, kind="stable")
     if descending and d.dtype.kind == "b":
         idx = np.flip(np.argsort(d, axis=dim, kind="stable"), axis=dim)
-    return _make(idx.astype(np.int64))
+    return wrap(idx.astype(np.int64))
 
 
 def sort(input, dim=-1, descending=False, stable=False):
     """Values (differentiable, through gather) and indices along ``dim``."""
-    if input._data.ndim == 0:
-        return sort_result(input.clone(), _make(np.zeros((), dtype=np.int64)))
+    if array_of(input).ndim == 0:
+        return sort_result(input.clone(), wrap(np.zeros((), dtype=np.int64)))
     indices = argsort(input, dim, descending, stable)
     return sort_result(gather(input, dim, indices), indices)
 
 
 def topk(input, k, dim=-1, largest=True, sorted=True):  # noqa: A002
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
     if not 0 <= k <= (d.shape[dim] if d.ndim else 1):
         raise RuntimeError(f"selected index k out of range (k={k}, size {d.shape[dim]})")
     order = argsort(input, dim, descending=largest)
-    indices = _make(np.take(order._data, np.arange(k), axis=dim))
+    indices = wrap(np.take(array_of(order), np.arange(k), axis=dim))
     return topk_result(gather(input, dim, indices), indices)

@@ -11,7 +11,8 @@ these types are not subclasses of ``Tensor`` either: they construct and test).
 (distgrad.int64, True, False)
 """
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor, _legacy_array, _make
+from ..autograd.tensor import Tensor
+from ..autograd._internal import array_of, version_counter, wrap, legacy_array
 
 __all__ = ["FloatTensor", "DoubleTensor", "HalfTensor", "LongTensor", "IntTensor",
            "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor"]
@@ -24,7 +25,7 @@ class _TensorType(type):
         return _construct(args, cls.dtype.numpy)
 
     def __instancecheck__(cls, obj):
-        return isinstance(obj, Tensor) and obj._data.dtype == cls.dtype.numpy
+        return isinstance(obj, Tensor) and array_of(obj).dtype == cls.dtype.numpy
 
     def __repr__(cls):
         return f"<class 'distgrad.{cls.__name__}'>"
@@ -33,10 +34,10 @@ class _TensorType(type):
 def _construct(args, np_dtype):
     if len(args) == 1 and isinstance(args[0], Tensor):
         src = args[0]
-        if src._data.dtype != np_dtype:
-            raise TypeError(f"expected {_type_name(np_dtype)} (got {_type_name(src._data.dtype)})")
-        return _make(src._data, vc=src._vc)
-    return _make(_legacy_array(args, np_dtype))
+        if array_of(src).dtype != np_dtype:
+            raise TypeError(f"expected {_type_name(np_dtype)} (got {_type_name(array_of(src).dtype)})")
+        return wrap(array_of(src), vc=version_counter(src))
+    return wrap(legacy_array(args, np_dtype))
 
 
 def _type_name(np_dtype):
@@ -76,4 +77,4 @@ def as_dtype(type_):
 
 def new(self, *args, device=None):
     """``x.new(...)``: a legacy constructor call with ``x``'s dtype (``x.new(3).zero_()``)."""
-    return _construct(args, self._data.dtype)
+    return _construct(args, array_of(self).dtype)

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .promotion import operands
-from .registry import defop, record
+from ..autograd._internal import array_of, defop, record
 
 __all__ = ["matmul", "mm", "bmm", "dot", "mv", "outer", "linear"]
 
@@ -32,11 +32,12 @@ def _matmul_vjp_other(xp, g, m, x, y):
 
 
 _MATMUL_VJPS = (_matmul_vjp_self, _matmul_vjp_other)
-MmBackward0 = defop("MmBackward0", saved=("self", "mat2"), vjps=_MATMUL_VJPS)
-BmmBackward0 = defop("BmmBackward0", saved=("self", "mat2"), vjps=_MATMUL_VJPS)
+MmBackward0 = defop("MmBackward0", saved=("self", "mat2"), pack_reversed=True, vjps=_MATMUL_VJPS)
+BmmBackward0 = defop("BmmBackward0", saved=("self", "mat2"), pack_reversed=True, vjps=_MATMUL_VJPS)
 DotBackward0 = defop("DotBackward0", saved=("self", "tensor"), vjps=_MATMUL_VJPS)
 MvBackward0 = defop("MvBackward0", saved=("self", "vec"), vjps=_MATMUL_VJPS)
-MatmulBackward0 = defop("MatmulBackward0", saved=("self", "other"), vjps=_MATMUL_VJPS)
+MatmulBackward0 = defop("MatmulBackward0", saved=("self", "other"), pack_reversed=True,
+                        vjps=_MATMUL_VJPS)
 
 
 def _node_for(xn, yn):
@@ -70,9 +71,9 @@ def _fmt(shape):
 
 
 def _require(name, t, ndim, what):
-    if t._data.ndim != ndim:
-        raise RuntimeError(f"{name}: {what} must be a {ndim}D tensor, got {t._data.ndim}D "
-                           f"with shape {list(t._data.shape)}")
+    if array_of(t).ndim != ndim:
+        raise RuntimeError(f"{name}: {what} must be a {ndim}D tensor, got {array_of(t).ndim}D "
+                           f"with shape {list(array_of(t).shape)}")
 
 
 def mm(input, mat2):
@@ -84,9 +85,9 @@ def mm(input, mat2):
 def bmm(input, mat2):
     _require("bmm", input, 3, "batch1")
     _require("bmm", mat2, 3, "batch2")
-    if input._data.shape[0] != mat2._data.shape[0]:
+    if array_of(input).shape[0] != array_of(mat2).shape[0]:
         raise RuntimeError(f"bmm: batch1 and batch2 must have the same batch size, got "
-                           f"{input._data.shape[0]} and {mat2._data.shape[0]}")
+                           f"{array_of(input).shape[0]} and {array_of(mat2).shape[0]}")
     return matmul(input, mat2)
 
 
@@ -130,7 +131,7 @@ LinearBackward0 = defop("LinearBackward0", saved=("input", "weight"), vjps=(
 
 def linear(input, weight, bias=None):
     """``input @ weight.T + bias``, as ``torch.nn.functional.linear``."""
-    x, w = input._data, weight._data
+    x, w = array_of(input), array_of(weight)
     if w.ndim != 2 or x.ndim == 0 or x.shape[-1] != w.shape[1]:
         rows = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
         cols = x.shape[-1] if x.ndim else 1
@@ -141,6 +142,6 @@ def linear(input, weight, bias=None):
                            f"and {weight.dtype!r}")
     out = np.matmul(x, w.T)
     if bias is not None:
-        out += bias._data
+        out += array_of(bias)
     return record(LinearBackward0, out, (input, weight, bias), (input, weight),
                   {"weight_shape": w.shape})

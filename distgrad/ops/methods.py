@@ -1,10 +1,13 @@
 """Install the ops as Tensor methods and operators, under PyTorch's names."""
 import numpy as np
 
+from ..autograd import dtype as _dt
+
 from ..autograd.tensor import Tensor
 from . import (arithmetic, complex as complex_ops, conversion, creation, indexing, inplace, legacy,
                linalg, random, reduction, scatter, shape, softmax, unary)
 from .promotion import as_tensor_operand
+from ..autograd._internal import apply_inplace, array_of, wrap, describe
 
 _METHODS = {
     arithmetic: ["add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
@@ -15,12 +18,13 @@ _METHODS = {
             "sin", "cos", "tan", "tanh", "sigmoid", "relu", "erf", "clamp", "clip", "clamp_min",
             "clamp_max", "sign", "sgn", "floor", "ceil", "round", "trunc"],
     reduction: ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "prod", "logsumexp",
-                "argmax", "argmin", "all", "any", "norm", "cumsum", "count_nonzero"],
+                "argmax", "argmin", "all", "any", "norm", "cumsum", "count_nonzero",
+                "sum_to_size"],
     linalg: ["matmul", "mm", "bmm", "dot", "mv", "outer"],
     shape: ["reshape", "view", "view_as", "transpose", "swapaxes", "swapdims", "permute", "t",
             "squeeze", "unsqueeze", "expand", "expand_as", "broadcast_to", "flatten", "unflatten",
             "split", "chunk", "unbind", "clone", "contiguous", "flip", "movedim", "narrow",
-            "repeat", "tile", "reshape_as", "sum_to_size"],
+            "repeat", "tile", "reshape_as"],
     indexing: ["index_select", "gather", "masked_fill", "masked_select", "maximum", "minimum",
                "take_along_dim", "fmax", "fmin", "sort", "argsort", "topk", "tril", "triu"],
     scatter: ["scatter", "scatter_add", "index_add", "index_fill", "index_copy"],
@@ -62,7 +66,7 @@ _TYPE_METHODS = {"float": "float32", "double": "float64", "half": "float16", "lo
 
 def _inplace_method(name, fn):
     def method(self, *args, **kwargs):
-        return inplace.apply_inplace(self, fn, *args, **kwargs)
+        return apply_inplace(self, fn, *args, **kwargs)
     method.__name__ = name
     method.__doc__ = f"In-place version of :meth:`{name[:-1]}`."
     return method
@@ -75,28 +79,25 @@ def _reflected(fn):
 
 
 def _setitem(self, key, value):
-    inplace.apply_inplace(self, indexing.index_put, key, value)
+    apply_inplace(self, indexing.index_put, key, value)
 
 
 def _invert(self):
-    d = self._data
+    d = array_of(self)
     if d.dtype == np.bool_:
         return arithmetic.logical_not(self)
-    from ..autograd.tensor import _make
-    return _make(np.invert(d))
+    return wrap(np.invert(d))
 
 
 def _bitwise(ufunc):
     def method(self, other):
-        from ..autograd.tensor import _make
-        o = other._data if isinstance(other, Tensor) else other
-        return _make(ufunc(self._data, o))
+        o = array_of(other) if isinstance(other, Tensor) else other
+        return wrap(ufunc(array_of(self), o))
     return method
 
 
 def _type_method(dtype_name):
     def method(self, memory_format=None):
-        from ..autograd import dtype as _dt
         return conversion.to(self, getattr(_dt, dtype_name))
     method.__name__ = dtype_name
     return method
@@ -106,8 +107,7 @@ def _type(self, dtype=None, non_blocking=False):
     """``x.type()`` names the tensor type; ``x.type(dtype)`` converts (also given a legacy
     type, ``x.type(distgrad.LongTensor)`` or ``x.type("torch.LongTensor")``), as in PyTorch."""
     if dtype is None:
-        from ..autograd.tensor import _describe
-        return _describe(self._data).split(" ")[0]
+        return describe(array_of(self)).split(" ")[0]
     return conversion.to(self, legacy.as_dtype(dtype) or dtype)
 
 
@@ -155,7 +155,7 @@ def install():
     T.__rand__ = T.__and__
     T.__ror__ = T.__or__
     T.__rxor__ = T.__xor__
-    T.T = property(lambda self: shape.permute(self, *reversed(range(self._data.ndim))))
+    T.T = property(lambda self: shape.permute(self, *reversed(range(array_of(self).ndim))))
     T.mT = property(lambda self: shape.transpose(self, -2, -1))
     T.H = property(lambda self: complex_ops.conj(shape.t(self)))
     T.mH = property(lambda self: complex_ops.conj(shape.transpose(self, -2, -1)))

@@ -22,7 +22,7 @@ import numpy as np
 
 from .conv import expand_param, pad_trailing, window_view
 from .fused import call_fused, require_floating
-from .registry import defop, record
+from ..autograd._internal import array_of, wrap, defop, record
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool1d_with_indices", "max_pool2d_with_indices",
            "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
@@ -72,7 +72,7 @@ def _pool_params(name, kernel_size, stride, padding, dilation):
 
 def _pool_geometry(input, kernel, stride, padding, dilation, ceil_mode):
     """Output size and the (before, after) padding that makes every window in range."""
-    x = input._data
+    x = array_of(input)
     if x.ndim not in (3, 4):
         raise RuntimeError("non-empty 3D or 4D (batch mode) tensor expected for input")
     if 0 in x.shape[-3:]:
@@ -136,7 +136,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     kernel, stride, padding, dilation = _pool_params("max_pool2d", kernel_size, stride, padding,
                                                      dilation)
     out, pads = _pool_geometry(input, kernel, stride, padding, dilation, ceil_mode)
-    x = input._data
+    x = array_of(input)
     if x.dtype.kind == "f":
         low = -np.inf
     elif x.dtype.kind in "iu":
@@ -147,7 +147,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                                 x.shape[-1])
     plane = x.shape[-2] * x.shape[-1]
     meta = None
-    if input._requires_grad:
+    if input.requires_grad:
         planes = np.arange(int(np.prod(x.shape[:-2], dtype=np.int64))).reshape(x.shape[:-2])
         meta = {"numel": x.size, "input_shape": x.shape,
                 "flat_index": index + (planes * plane)[..., None, None],
@@ -157,8 +157,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                 "dilation": dilation, "ceil_mode": ceil_mode}
     result = record(MaxPool2DWithIndicesBackward0, values, (input,), (), meta)
     if return_indices:
-        from ..autograd.tensor import _make
-        return result, _make(index.astype(np.int64, copy=False))
+        return result, wrap(index.astype(np.int64, copy=False))
     return result
 
 
@@ -215,7 +214,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
         raise RuntimeError("divisor must be not zero")
     out, pads = _pool_geometry(input, kernel, stride, padding, (1, 1), ceil_mode)
     require_floating("avg_pool2d", input)
-    x = input._data
+    x = array_of(input)
     meta = {"kernel_size": kernel, "stride": stride, "padding": padding, "pads": pads,
             "out": out, "input_shape": x.shape, "ceil_mode": ceil_mode,
             "count_include_pad": count_include_pad, "divisor_override": divisor_override,
@@ -244,7 +243,7 @@ AdaptiveAvgPool2DBackward0 = defop("AdaptiveAvgPool2DBackward0", vjps=(_adaptive
 
 def adaptive_avg_pool2d(input, output_size):
     """Average over the regions that split the input evenly into ``output_size`` (None: keep)."""
-    x = input._data
+    x = array_of(input)
     if x.ndim not in (3, 4):
         raise RuntimeError(f"adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got "
                            f"{list(x.shape)}")
@@ -272,8 +271,8 @@ def adaptive_avg_pool2d(input, output_size):
 
 # ---------------------------------------------------------------- 1-D forms, on a (..., 1, L) view
 def _check_1d_rank(input, name):
-    if input._data.ndim not in (2, 3):
-        raise RuntimeError(f"Expected 2 to 3 dimensions, but got {input._data.ndim}-dimensional "
+    if array_of(input).ndim not in (2, 3):
+        raise RuntimeError(f"Expected 2 to 3 dimensions, but got {array_of(input).ndim}-dimensional "
                            f"tensor for argument #1 'self' (while checking arguments for {name})")
 
 
@@ -284,9 +283,9 @@ def _single(value, name, op):
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                return_indices=False):
     """Max over 1-D windows of (N, C, L) or (C, L), as ``torch.nn.functional.max_pool1d``."""
-    if input._data.ndim not in (2, 3):
+    if array_of(input).ndim not in (2, 3):
         raise RuntimeError(f"max_pool1d: Expected 2D or 3D (batch mode) tensor with optional 0 dim "
-                           f"batch size for input, but got:{list(input._data.shape)}")
+                           f"batch size for input, but got:{list(array_of(input).shape)}")
     kernel = _single(kernel_size, "kernel_size", "max_pool1d")
     stride = kernel if _defaults_to_kernel(stride) else _single(stride, "stride", "max_pool1d")
     out = max_pool2d(input.unsqueeze(-2), (1, kernel), (1, stride),

@@ -11,7 +11,8 @@ import numbers
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
+from ..autograd._internal import array_of, wrap
 
 __all__ = ["operands", "result_dtype", "as_tensor_operand"]
 
@@ -80,21 +81,21 @@ def operands(a, b):
     scalar; arrays are cast when PyTorch's result type differs from NumPy's.
     """
     if isinstance(a, Tensor):
-        ad = a._data
+        ad = array_of(a)
         if isinstance(b, Tensor):
-            bd = b._data
+            bd = array_of(b)
             if ad.dtype is bd.dtype or ad.dtype == bd.dtype:
                 return a, b, ad, bd, ad.dtype
             dt = result_dtype(ad, bd)
             return a, b, ad.astype(dt, copy=False), bd.astype(dt, copy=False), dt
         if isinstance(b, np.ndarray):
-            return operands(a, _make(b))
+            return operands(a, wrap(b))
         dt = scalar_result_dtype(ad, b)
         return a, None, ad.astype(dt, copy=False), b, dt
     if isinstance(b, Tensor):
         if isinstance(a, np.ndarray):
-            return operands(_make(a), b)
-        bd = b._data
+            return operands(wrap(a), b)
+        bd = array_of(b)
         dt = scalar_result_dtype(bd, a)
         return None, b, a, bd.astype(dt, copy=False), dt
     raise TypeError(f"expected at least one Tensor operand, got {type(a).__name__} and "
@@ -106,6 +107,6 @@ def as_tensor_operand(value, like=None):
     if isinstance(value, Tensor):
         return value
     if isinstance(value, np.ndarray):
-        return _make(value)
-    dt = scalar_result_dtype(like._data, value) if like is not None else None
-    return _make(np.asarray(value, dtype=dt))
+        return wrap(value)
+    dt = scalar_result_dtype(array_of(like), value) if like is not None else None
+    return wrap(np.asarray(value, dtype=dt))

@@ -7,10 +7,10 @@ PyTorch (the values no longer depend on what was there before).
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
 from .creation import _rng
-from .inplace import _type_name, apply_inplace
-from .registry import defop, record
+from .fused import scalar_type_name
+from ..autograd._internal import apply_inplace, array_of, wrap, defop, record
 
 __all__ = ["bernoulli", "multinomial"]
 
@@ -27,7 +27,7 @@ _FILL_NODES = {name: defop(name, vjps=(_zero_grad,)) for name in
 def _fill_with(self, node_name, draw):
     """Replace ``self``'s values in place by ``draw(shape)`` (an ndarray)."""
     def fill(t):
-        d = t._data
+        d = array_of(t)
         return record(_FILL_NODES[node_name], np.asarray(draw(d.shape)).astype(d.dtype), (t,))
     return apply_inplace(self, fill)
 
@@ -48,7 +48,7 @@ def random_(self, *bounds, generator=None):
         raise TypeError(f"random_() takes at most 2 positional arguments ({len(bounds)} given)")
     low, high = (0, None) if not bounds else (0, bounds[0]) if len(bounds) == 1 else bounds
     if high is None:
-        high = _largest_exact_integer(self._data.dtype) + 1
+        high = _largest_exact_integer(array_of(self).dtype) + 1
     if low >= high:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= "
                            f"to={high}")
@@ -87,7 +87,7 @@ def _draw_bernoulli(p, shape, generator):
 def bernoulli_(self, p=0.5, *, generator=None):
     """Each element 1 with probability ``p`` (a number or a tensor broadcast to ``self``)."""
     if isinstance(p, Tensor):
-        probs = p._data
+        probs = array_of(p)
         if probs.size and (probs.min() < 0 or probs.max() > 1):
             raise RuntimeError("bernoulli_ expects p to be in [0, 1]")
         return _fill_with(self, "BernoulliBackward2",
@@ -104,12 +104,12 @@ def bernoulli(input, p=None, *, generator=None):
     >>> distgrad.bernoulli(distgrad.tensor([0.0, 1.0])).tolist()
     [0.0, 1.0]
     """
-    probs = input._data
+    probs = array_of(input)
     if p is not None:
-        return bernoulli_(_make(np.empty_like(probs)), p, generator=generator)
+        return bernoulli_(wrap(np.empty_like(probs)), p, generator=generator)
     if probs.size and not (probs.min() >= 0 and probs.max() <= 1):
         raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
-    return _make(_draw_bernoulli(probs, probs.shape, generator).astype(probs.dtype))
+    return wrap(_draw_bernoulli(probs, probs.shape, generator).astype(probs.dtype))
 
 
 def multinomial(input, num_samples, replacement=False, *, generator=None):
@@ -123,10 +123,10 @@ def multinomial(input, num_samples, replacement=False, *, generator=None):
     >>> distgrad.multinomial(distgrad.tensor([0.0, 1.0, 0.0]), 2, replacement=True).tolist()
     [1, 1]
     """
-    probs = input._data
+    probs = array_of(input)
     if probs.dtype.kind != "f":
         raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: "
-                           f"{_type_name(probs.dtype)}")
+                           f"{scalar_type_name(probs.dtype)}")
     if probs.ndim not in (1, 2):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
     if num_samples <= 0:
@@ -156,4 +156,4 @@ def multinomial(input, num_samples, replacement=False, *, generator=None):
         with np.errstate(divide="ignore"):
             keys = rng.standard_exponential(rows.shape) / rows
         picks = np.argsort(keys, axis=1, kind="stable")[:, :num_samples]
-    return _make(picks.reshape(probs.shape[:-1] + (num_samples,)).astype(np.int64))
+    return wrap(picks.reshape(probs.shape[:-1] + (num_samples,)).astype(np.int64))

@@ -9,12 +9,16 @@ from collections import namedtuple
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor, _make, _wrap_dim
-from .registry import defop, record
+from ..autograd.tensor import Tensor
+from ..autograd._internal import array_of, defop, record, reduction_axes, wrap, wrap_dim
+from . import indexing, shape as _shape
+from .arithmetic import pow as _pow
+from .indexing import where
+from .unary import abs as _abs, sqrt
 
 __all__ = ["sum", "mean", "var", "std", "var_mean", "std_mean", "max", "min", "amax", "amin",
            "prod", "logsumexp", "argmax", "argmin", "all", "any", "norm", "cumsum",
-           "count_nonzero"]
+           "count_nonzero", "sum_to_size"]
 
 max_result = namedtuple("max", ["values", "indices"])
 min_result = namedtuple("min", ["values", "indices"])
@@ -27,11 +31,11 @@ def _dims(dim, ndim):
     if isinstance(dim, (list, tuple)):
         if len(dim) == 0:
             return tuple(range(ndim))
-        dims = tuple(sorted(_wrap_dim(d, ndim) for d in dim))
+        dims = tuple(sorted(wrap_dim(d, ndim) for d in dim))
         if len(set(dims)) != len(dims):
             raise RuntimeError(f"dim {dims[0]} appears multiple times in the list of dims")
         return dims if ndim else ()
-    return (_wrap_dim(dim, ndim),) if ndim else ()
+    return (wrap_dim(dim, ndim),) if ndim else ()
 
 
 def _kept_shape(shape, dims):
@@ -46,7 +50,7 @@ def _expand(xp, g, m):
 
 
 def _meta(x, dims, keepdim):
-    shape = x._data.shape
+    shape = array_of(x).shape
     return {"dim": dims, "keepdim": keepdim, "shape": shape, "kept": _kept_shape(shape, dims),
             "self_sym_sizes": shape}
 
@@ -61,7 +65,7 @@ MeanBackward1 = defop("MeanBackward1", vjps=_mean_vjp)
 
 
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
-    d = input._data
+    d = array_of(input)
     dims = _dims(dim, d.ndim)
     np_dtype = _dt.to_numpy_dtype(dtype) if dtype is not None else (
         np.int64 if d.dtype.kind in "biu" else None)
@@ -71,7 +75,7 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
 
 
 def mean(input, dim=None, keepdim=False, *, dtype=None):
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind in "biu" and dtype is None:
         raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either a "
                            f"floating point or complex dtype. Got: {input.dtype!r}")
@@ -111,7 +115,7 @@ StdBackward0 = defop("StdBackward0", saved=("self", "result"), vjps=(_std_vjp,))
 
 
 def _var_common(input, dim, unbiased, keepdim, correction):
-    d = input._data
+    d = array_of(input)
     if isinstance(dim, bool):  # var(x, False): the legacy `unbiased` positional
         unbiased, dim = dim, None
     dims = _dims(dim, d.ndim)
@@ -149,8 +153,8 @@ def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
 
 def _evenly_vjp(xp, g, m, x, r):
     """Split the gradient evenly among the elements equal to the extremum (PyTorch's rule)."""
-    xr = x._data if isinstance(x, Tensor) else x
-    rr = r._data if isinstance(r, Tensor) else r
+    xr = array_of(x) if isinstance(x, Tensor) else x
+    rr = array_of(r) if isinstance(r, Tensor) else r
     rk = rr if m["keepdim"] else rr.reshape(m["kept"])
     hit = (xr == rk) | (np.isnan(xr) & np.isnan(rk)) if xr.dtype.kind == "f" else (xr == rk)
     count = hit.sum(axis=m["dim"], keepdims=True)
@@ -164,7 +168,7 @@ MinBackward1 = defop("MinBackward1", saved=("self", "result"), vjps=(_evenly_vjp
 
 
 def _select_vjp(xp, g, m, indices):
-    idx = indices._data if isinstance(indices, Tensor) else indices
+    idx = array_of(indices) if isinstance(indices, Tensor) else indices
     dim = m["dim"][0]
     if not m["keepdim"]:
         idx = np.expand_dims(idx, dim)
@@ -177,11 +181,10 @@ MinBackward0 = defop("MinBackward0", saved=("indices",), vjps=(_select_vjp,))
 
 
 def _extreme(input, dim, keepdim, other, is_max):
-    from . import indexing
     if isinstance(dim, Tensor) or other is not None:
         other = dim if isinstance(dim, Tensor) else other
         return indexing.maximum(input, other) if is_max else indexing.minimum(input, other)
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind == "c":
         raise RuntimeError(f"{'max' if is_max else 'min'}(): does not support complex input")
     if dim is None:
@@ -202,7 +205,7 @@ def _extreme(input, dim, keepdim, other, is_max):
         values = np.take_along_axis(d, idx if keepdim else np.expand_dims(idx, axis), axis=axis)
         if not keepdim:
             values = values.squeeze(axis)
-    indices = _make(np.asarray(idx, dtype=np.int64))
+    indices = wrap(np.asarray(idx, dtype=np.int64))
     node = MaxBackward0 if is_max else MinBackward0
     m = _meta(input, dims or (0,), keepdim)
     if not dims:
@@ -220,21 +223,21 @@ def min(input, dim=None, keepdim=False, *, other=None):  # noqa: A001
 
 
 def amax(input, dim=(), keepdim=False):
-    d = input._data
+    d = array_of(input)
     dims = _dims(dim, d.ndim)
     res = np.asarray(d.max(axis=dims, keepdims=keepdim))
     return record(AmaxBackward0, res, (input,), (input,), _meta(input, dims, keepdim))
 
 
 def amin(input, dim=(), keepdim=False):
-    d = input._data
+    d = array_of(input)
     dims = _dims(dim, d.ndim)
     res = np.asarray(d.min(axis=dims, keepdims=keepdim))
     return record(AminBackward0, res, (input,), (input,), _meta(input, dims, keepdim))
 
 
 def _prod_vjp(xp, g, m, x, r):
-    xr = x._data if isinstance(x, Tensor) else x
+    xr = array_of(x) if isinstance(x, Tensor) else x
     ge = _expand(xp, g, m)
     if not (xr == 0).any():
         rk = r if m["keepdim"] else xp.reshape(r, m["kept"])
@@ -261,17 +264,15 @@ def _prod_of_others(x, dims):
     is replaced by 1 in its own row of an (n, n) expansion, then rows are multiplied
     (O(n^2) memory over the reduced size, fine for the second-order path).
     """
-    from . import shape as _shape
-    from .indexing import where
-    d = x._data
+    d = array_of(x)
     moved = _shape.movedim(x, list(dims), list(range(d.ndim - len(dims), d.ndim)))
-    lead = moved._data.shape[:d.ndim - len(dims)]
-    reduced = moved._data.shape[d.ndim - len(dims):]
+    lead = array_of(moved).shape[:d.ndim - len(dims)]
+    reduced = array_of(moved).shape[d.ndim - len(dims):]
     n = int(np.prod(reduced)) if reduced else 1
     flat = _shape.reshape(moved, lead + (n,))
     rows = _shape.expand(_shape.unsqueeze(flat, -2), lead + (n, n))
-    eye = _make(np.broadcast_to(np.eye(n, dtype=bool), lead + (n, n)))
-    others = prod(where(eye, _make(np.ones((), dtype=d.dtype)), rows), -1)
+    eye = wrap(np.broadcast_to(np.eye(n, dtype=bool), lead + (n, n)))
+    others = prod(where(eye, wrap(np.ones((), dtype=d.dtype)), rows), -1)
     others = _shape.reshape(others, lead + reduced)
     return _shape.movedim(others, list(range(d.ndim - len(dims), d.ndim)), list(dims))
 
@@ -281,7 +282,7 @@ ProdBackward1 = defop("ProdBackward1", saved=("self", "result"), vjps=(_prod_vjp
 
 
 def prod(input, dim=None, keepdim=False, *, dtype=None):
-    d = input._data
+    d = array_of(input)
     dims = _dims(dim, d.ndim)
     np_dtype = _dt.to_numpy_dtype(dtype) if dtype is not None else (
         np.int64 if d.dtype.kind in "biu" else None)
@@ -299,7 +300,7 @@ LogsumexpBackward0 = defop("LogsumexpBackward0", saved=("self", "result"), vjps=
 
 
 def logsumexp(input, dim, keepdim=False):
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind in "biu":
         d = d.astype(_dt.get_default_dtype().numpy)
     dims = _dims(dim, d.ndim)
@@ -313,39 +314,37 @@ def logsumexp(input, dim, keepdim=False):
 
 
 def argmax(input, dim=None, keepdim=False):
-    d = input._data
+    d = array_of(input)
     if dim is None:
-        return _make(np.asarray(np.argmax(d), dtype=np.int64))
-    return _make(np.asarray(np.argmax(d, axis=_wrap_dim(dim, d.ndim), keepdims=keepdim), np.int64))
+        return wrap(np.asarray(np.argmax(d), dtype=np.int64))
+    return wrap(np.asarray(np.argmax(d, axis=wrap_dim(dim, d.ndim), keepdims=keepdim), np.int64))
 
 
 def argmin(input, dim=None, keepdim=False):
-    d = input._data
+    d = array_of(input)
     if dim is None:
-        return _make(np.asarray(np.argmin(d), dtype=np.int64))
-    return _make(np.asarray(np.argmin(d, axis=_wrap_dim(dim, d.ndim), keepdims=keepdim), np.int64))
+        return wrap(np.asarray(np.argmin(d), dtype=np.int64))
+    return wrap(np.asarray(np.argmin(d, axis=wrap_dim(dim, d.ndim), keepdims=keepdim), np.int64))
 
 
 def all(input, dim=None, keepdim=False):  # noqa: A001
-    d = input._data
-    return _make(np.asarray(d.all(axis=None if dim is None else _dims(dim, d.ndim), keepdims=keepdim)))
+    d = array_of(input)
+    return wrap(np.asarray(d.all(axis=None if dim is None else _dims(dim, d.ndim), keepdims=keepdim)))
 
 
 def any(input, dim=None, keepdim=False):  # noqa: A001
-    d = input._data
-    return _make(np.asarray(d.any(axis=None if dim is None else _dims(dim, d.ndim), keepdims=keepdim)))
+    d = array_of(input)
+    return wrap(np.asarray(d.any(axis=None if dim is None else _dims(dim, d.ndim), keepdims=keepdim)))
 
 
 def count_nonzero(input, dim=None):
-    d = input._data
-    return _make(np.asarray(np.count_nonzero(d, axis=None if dim is None else _dims(dim, d.ndim)),
+    d = array_of(input)
+    return wrap(np.asarray(np.count_nonzero(d, axis=None if dim is None else _dims(dim, d.ndim)),
                             dtype=np.int64))
 
 
 def norm(input, p="fro", dim=None, keepdim=False):
     """Vector p-norms (and Frobenius), composed from primitives."""
-    from .unary import abs as _abs, sqrt
-    from .arithmetic import pow as _pow
     if p in ("fro", 2, 2.0):
         x = input
         sq = x * x.conj() if x.is_complex() else x * x
@@ -362,8 +361,20 @@ CumsumBackward0 = defop("CumsumBackward0", vjps=(
 
 
 def cumsum(input, dim, *, dtype=None):
-    d = input._data
-    axis = _wrap_dim(dim, d.ndim)
+    d = array_of(input)
+    axis = wrap_dim(dim, d.ndim)
     res = np.cumsum(d, axis=axis, dtype=_dt.to_numpy_dtype(dtype) if dtype is not None else (
         np.int64 if d.dtype.kind in "biu" else None))
     return record(CumsumBackward0, res, (input,), (), {"dim": axis})
+
+
+def sum_to_size(input, *size):
+    """Sum a broadcast tensor down to ``size`` (the inverse of ``expand``)."""
+    size = _shape._shape_arg(size)
+    d = array_of(input)
+    axes = reduction_axes(d.shape, size)
+    if axes is None:
+        raise RuntimeError(f"size {list(size)} is not expandable to size {list(d.shape)}")
+    if not axes:
+        return input
+    return _shape.reshape(sum(input, axes, keepdim=True), size)

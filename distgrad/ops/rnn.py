@@ -24,10 +24,9 @@ import numpy as np
 
 from ..autograd.engine import grad as _autograd_grad
 from ..autograd.grad_mode import is_grad_enabled
-from ..autograd.tensor import _make
 from . import linalg, shape, unary
 from .fused import require_floating
-from .registry import defop, record_multi
+from ..autograd._internal import array_of, wrap, defop, record_multi
 
 __all__ = ["rnn_layer", "MODES"]
 
@@ -290,13 +289,13 @@ def rnn_layer(mode, input, hx, cx, w_ih, w_hh, b_ih=None, b_hh=None, w_hr=None, 
         raise ValueError(f"Unrecognized RNN mode: {mode}")
     inputs = (input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr)
     require_floating(mode.lower(), *inputs)
-    if input._data.shape[0] == 0:
+    if array_of(input).shape[0] == 0:
         raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
-    arrays = [None if t is None else t._data for t in inputs]
+    arrays = [None if t is None else array_of(t) for t in inputs]
     (hs, *finals), acts = _KERNELS[mode][0](*arrays, reverse)
     if not (is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)):
-        return [_make(a) for a in (hs, *finals)]
-    saved = [t for t in inputs if t is not None] + [_make(a) for a in (*acts, hs)]
+        return [wrap(a) for a in (hs, *finals)]
+    saved = [t for t in inputs if t is not None] + [wrap(a) for a in (*acts, hs)]
     # The caller gets copies: changing an output in place must not change what backward reads.
     return record_multi(_NODES[mode], [a.copy() for a in (hs, *finals)], inputs, saved,
                         {"mode": mode, "reverse": reverse,

@@ -12,16 +12,16 @@ import warnings
 
 import numpy as np
 
-from ..autograd.tensor import Tensor, _wrap_dim
-from .inplace import _type_name
-from .registry import defop, record
+from ..autograd.tensor import Tensor
+from .fused import scalar_type_name as _type_name
+from ..autograd._internal import array_of, wrap_dim, defop, record
 
 __all__ = ["scatter", "scatter_add", "index_add", "index_fill", "index_copy"]
 
 
 def _index_array(index, message, error=RuntimeError):
     """``index`` as an integer ndarray; ``message`` (with ``{dtype}``) is the error otherwise."""
-    idx = index._data if isinstance(index, Tensor) else np.asarray(index)
+    idx = array_of(index) if isinstance(index, Tensor) else np.asarray(index)
     if idx.dtype.kind not in "iu":
         raise error(message.format(dtype=_type_name(idx.dtype)))
     return idx
@@ -109,15 +109,15 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
         src, value = None, src
     if src is None and value is None:
         raise TypeError("scatter() missing 1 required positional argument: 'src' or 'value'")
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
     idx = _index_array(index, "scatter(): Expected dtype int32/int64 for index")
     if reduce is not None and reduce not in _REDUCE_UFUNCS:
         raise RuntimeError("reduce argument must be either add or multiply.")
     if src is not None:
-        _check_same_dtype("scatter", d.dtype, src._data.dtype)
-        positions = _scatter_positions(d.shape, idx, dim, src._data.shape)
-        values = src._data[_extent(idx)]
+        _check_same_dtype("scatter", d.dtype, array_of(src).dtype)
+        positions = _scatter_positions(d.shape, idx, dim, array_of(src).shape)
+        values = array_of(src)[_extent(idx)]
     else:
         positions = _scatter_positions(d.shape, idx, dim, None)
         values = np.asarray(value, dtype=d.dtype)
@@ -136,7 +136,7 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
     if src is None:
         return record(ScatterBackward1, out, (input,), (), {"keep": keep})
     return record(ScatterBackward0, out, (input, src), (),
-                  {"keep": keep, "index": idx, "dim": dim, "src_shape": src._data.shape})
+                  {"keep": keep, "index": idx, "dim": dim, "src_shape": array_of(src).shape})
 
 
 def scatter_add(input, dim, index, src):
@@ -144,15 +144,15 @@ def scatter_add(input, dim, index, src):
     if not isinstance(src, Tensor):
         raise TypeError(f"scatter_add(): argument 'src' (position 3) must be Tensor, not "
                         f"{type(src).__name__}")
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
     idx = _index_array(index, "scatter(): Expected dtype int32/int64 for index")
-    _check_same_dtype("scatter", d.dtype, src._data.dtype)
-    positions = _scatter_positions(d.shape, idx, dim, src._data.shape)
+    _check_same_dtype("scatter", d.dtype, array_of(src).dtype)
+    positions = _scatter_positions(d.shape, idx, dim, array_of(src).shape)
     out = d.copy()
-    np.add.at(out, positions, src._data[_extent(idx)])
+    np.add.at(out, positions, array_of(src)[_extent(idx)])
     return record(ScatterAddBackward0, out, (input, src), (),
-                  {"index": idx, "dim": dim, "src_shape": src._data.shape})
+                  {"index": idx, "dim": dim, "src_shape": array_of(src).shape})
 
 
 # -- index_add, index_fill, index_copy: a vector of positions along dim --
@@ -195,8 +195,8 @@ def index_add(input, dim, index, source, *, alpha=1):
     >>> distgrad.zeros(3).index_add(0, distgrad.tensor([0, 0, 2]), distgrad.ones(3)).tolist()
     [2.0, 0.0, 1.0]
     """
-    d, s = input._data, source._data
-    dim = _wrap_dim(dim, d.ndim)
+    d, s = array_of(input), array_of(source)
+    dim = wrap_dim(dim, d.ndim)
     idx = _index_array(index, "index_add_(): Expected dtype int32/int64 for index but got: "
                              "{dtype}")
     idx = _check_index_vector(idx, "index_add_")
@@ -234,15 +234,15 @@ IndexFillBackward1 = defop("IndexFillBackward1", vjps=(
 
 def index_fill(input, dim, index, value):
     """``value`` in every slice ``index`` names along ``dim`` (negative indices count back)."""
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
     key, keep = _filled_positions(d, dim, index, "index_fill_", allow_negative=True)
     out = d.copy()
     if isinstance(value, Tensor):
-        if value._data.ndim != 0:
+        if array_of(value).ndim != 0:
             raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got "
-                               f"tensor with {value._data.ndim} dimension(s).")
-        out[key] = value._data
+                               f"tensor with {array_of(value).ndim} dimension(s).")
+        out[key] = array_of(value)
         return record(IndexFillBackward1, out, (input, value), (), {"keep": keep})
     out[key] = value
     return record(IndexFillBackward0, out, (input,), (), {"keep": keep})
@@ -255,8 +255,8 @@ IndexCopyBackward0 = defop("IndexCopyBackward0", vjps=(
 
 def index_copy(input, dim, index, source):
     """``out.select(dim, index[i]) = source.select(dim, i)``."""
-    d, s = input._data, source._data
-    dim = _wrap_dim(dim, d.ndim)
+    d, s = array_of(input), array_of(source)
+    dim = wrap_dim(dim, d.ndim)
     key, keep = _filled_positions(d, dim, index, "index_copy_", allow_negative=False)
     count = key[dim].size
     if s.ndim and s.shape[dim] != count:

@@ -5,14 +5,16 @@ View ops share the input's storage and version counter, as in PyTorch.
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor, _wrap_dim
-from .registry import defop, record, record_multi, record_view
+from ..autograd.tensor import Tensor
+from ..autograd._internal import (array_of, wrap_dim, defop, record, record_view,
+                                  record_multi)
+from .promotion import result_dtype
 
 __all__ = ["reshape", "view", "view_as", "transpose", "swapaxes", "swapdims", "permute", "t",
            "squeeze", "unsqueeze", "expand", "expand_as", "broadcast_to", "flatten", "unflatten",
            "cat", "concat", "concatenate", "stack", "split", "chunk", "unbind", "clone",
            "contiguous", "flip", "movedim", "narrow", "repeat", "tile", "hstack", "vstack",
-           "numel", "reshape_as", "sum_to_size"]
+           "numel", "reshape_as"]
 
 
 def _shape_arg(shape):
@@ -65,7 +67,7 @@ def _view_of(node, input, out, meta, view_fn):
 def view(input, *shape):
     if len(shape) == 1 and not isinstance(shape[0], (tuple, list, int)):
         raise TypeError("view(dtype) is not supported; use .to(dtype)")
-    d = input._data
+    d = array_of(input)
     new_shape = _infer(_shape_arg(shape), d.size)
     out = d.view()
     try:
@@ -79,7 +81,7 @@ def view(input, *shape):
 
 
 def reshape(input, *shape):
-    d = input._data
+    d = array_of(input)
     new_shape = _infer(_shape_arg(shape), d.size)
     out = d.reshape(new_shape)
     meta = {"self_sym_sizes": d.shape}
@@ -97,10 +99,10 @@ def reshape_as(input, other):
 
 
 def flatten(input, start_dim=0, end_dim=-1):
-    d = input._data
+    d = array_of(input)
     if d.ndim == 0:
         return reshape(input, 1)
-    s, e = _wrap_dim(start_dim, d.ndim), _wrap_dim(end_dim, d.ndim)
+    s, e = wrap_dim(start_dim, d.ndim), wrap_dim(end_dim, d.ndim)
     if s > e:
         raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
     if s == e:
@@ -112,8 +114,8 @@ def flatten(input, start_dim=0, end_dim=-1):
 
 
 def unflatten(input, dim, sizes):
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
     provided, sizes = list(sizes), list(sizes)
     if -1 in sizes:
         known = int(np.prod([s for s in sizes if s != -1]))
@@ -125,8 +127,8 @@ def unflatten(input, dim, sizes):
 
 
 def transpose(input, dim0, dim1):
-    d = input._data
-    d0, d1 = _wrap_dim(dim0, d.ndim), _wrap_dim(dim1, d.ndim)
+    d = array_of(input)
+    d0, d1 = wrap_dim(dim0, d.ndim), wrap_dim(dim1, d.ndim)
     out = np.swapaxes(d, d0, d1)
     return _view_of(TransposeBackward0, input, out, {"dim0": d0, "dim1": d1},
                     lambda a, i=d0, j=d1: np.swapaxes(a, i, j))
@@ -137,20 +139,20 @@ swapdims = transpose
 
 
 def t(input):
-    d = input._data
+    d = array_of(input)
     if d.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {d.ndim}D")
     return _view_of(TBackward0, input, d.T, None, lambda a: a.T)
 
 
 def permute(input, *dims):
-    d = input._data
+    d = array_of(input)
     dims = _shape_arg(dims)
     if len(dims) != d.ndim:
         raise RuntimeError(f"permute(sparse_coo): number of dimensions in the tensor input does "
                            f"not match the length of the desired ordering of dimensions i.e. "
                            f"input.dim() = {d.ndim} is not equal to len(dims) = {len(dims)}")
-    dims = tuple(_wrap_dim(x, d.ndim) for x in dims)
+    dims = tuple(wrap_dim(x, d.ndim) for x in dims)
     if len(set(dims)) != len(dims):
         raise RuntimeError("permute(): duplicate dims are not allowed.")
     return _view_of(PermuteBackward0, input, np.transpose(d, dims), {"dims": dims},
@@ -158,11 +160,11 @@ def permute(input, *dims):
 
 
 def movedim(input, source, destination):
-    d = input._data
+    d = array_of(input)
     src = [source] if isinstance(source, int) else list(source)
     dst = [destination] if isinstance(destination, int) else list(destination)
-    src = [_wrap_dim(s, d.ndim) for s in src]
-    dst = [_wrap_dim(s, d.ndim) for s in dst]
+    src = [wrap_dim(s, d.ndim) for s in src]
+    dst = [wrap_dim(s, d.ndim) for s in dst]
     order = [i for i in range(d.ndim) if i not in src]
     for to, frm in sorted(zip(dst, src)):
         order.insert(to, frm)
@@ -170,12 +172,12 @@ def movedim(input, source, destination):
 
 
 def squeeze(input, dim=None):
-    d = input._data
+    d = array_of(input)
     if dim is None:
         out = d.reshape(tuple(s for s in d.shape if s != 1))
     else:
         dims = dim if isinstance(dim, (tuple, list)) else (dim,)
-        dims = {_wrap_dim(x, d.ndim) for x in dims} if d.ndim else set()
+        dims = {wrap_dim(x, d.ndim) for x in dims} if d.ndim else set()
         out = d.reshape(tuple(s for i, s in enumerate(d.shape) if not (i in dims and s == 1)))
     shape = out.shape
     node = SqueezeBackward0 if dim is None else SqueezeBackward1
@@ -184,15 +186,15 @@ def squeeze(input, dim=None):
 
 
 def unsqueeze(input, dim):
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim + 1)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim + 1)
     out = np.expand_dims(d, dim)
     return _view_of(UnsqueezeBackward0, input, out, {"self_sym_sizes": d.shape, "dim": dim},
                     lambda a, k=dim: np.expand_dims(a, k))
 
 
 def expand(input, *sizes):
-    d = input._data
+    d = array_of(input)
     sizes = _shape_arg(sizes)
     if len(sizes) < d.ndim:
         raise RuntimeError(f"expand(...): the number of sizes provided ({len(sizes)}) must be "
@@ -217,34 +219,21 @@ def broadcast_to(input, size):
     return expand(input, size)
 
 
-def sum_to_size(input, *size):
-    """Sum a broadcast tensor down to ``size`` (the inverse of ``expand``)."""
-    from .reduction import sum as _sum
-    size = _shape_arg(size)
-    d = input._data
-    from ..autograd.broadcast import reduction_axes
-    axes = reduction_axes(d.shape, size)
-    if axes is None:
-        raise RuntimeError(f"size {list(size)} is not expandable to size {list(d.shape)}")
-    if not axes:
-        return input
-    return reshape(_sum(input, axes, keepdim=True), size)
-
 
 def clone(input, *, memory_format=None):
-    return record(CloneBackward0, input._data.copy(), (input,))
+    return record(CloneBackward0, array_of(input).copy(), (input,))
 
 
 def contiguous(input, memory_format=None):
-    if input._data.flags.c_contiguous:
+    if array_of(input).flags.c_contiguous:
         return input
-    return record(CloneBackward0, np.ascontiguousarray(input._data), (input,))
+    return record(CloneBackward0, np.ascontiguousarray(array_of(input)), (input,))
 
 
 def flip(input, dims):
-    d = input._data
+    d = array_of(input)
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    dims = tuple(_wrap_dim(x, d.ndim) for x in dims)
+    dims = tuple(wrap_dim(x, d.ndim) for x in dims)
     return record(FlipBackward0, np.flip(d, dims).copy(), (input,), (), {"dims": dims})
 
 
@@ -274,12 +263,11 @@ def _as_list(tensors, name):
 
 
 def cat(tensors, dim=0):
-    from .promotion import result_dtype
     tensors = _as_list(tensors, "cat")
     # PyTorch skips legacy empty 1-D tensors in cat.
-    arrays = [t._data for t in tensors]
+    arrays = [array_of(t) for t in tensors]
     ref = next((a for a in arrays if not (a.ndim == 1 and a.size == 0)), arrays[0])
-    dim = _wrap_dim(dim, ref.ndim)
+    dim = wrap_dim(dim, ref.ndim)
     dt = arrays[0].dtype
     for a in arrays[1:]:
         if a.dtype != dt:
@@ -304,13 +292,13 @@ concatenate = cat
 
 def stack(tensors, dim=0):
     tensors = _as_list(tensors, "stack")
-    shape = tensors[0]._data.shape
+    shape = array_of(tensors[0]).shape
     for i, t_ in enumerate(tensors):
-        if t_._data.shape != shape:
+        if array_of(t_).shape != shape:
             raise RuntimeError(f"stack expects each tensor to be equal size, but got "
-                               f"{list(shape)} at entry 0 and {list(t_._data.shape)} at entry {i}")
-    dim = _wrap_dim(dim, len(shape) + 1)
-    out = np.stack([t_._data for t_ in tensors], axis=dim)
+                               f"{list(shape)} at entry 0 and {list(array_of(t_).shape)} at entry {i}")
+    dim = wrap_dim(dim, len(shape) + 1)
+    out = np.stack([array_of(t_) for t_ in tensors], axis=dim)
     return record(StackBackward0, out, tuple(tensors), (),
                   {"dim": dim, "offsets": list(range(1, len(tensors)))})
 
@@ -349,8 +337,8 @@ UnbindBackward0 = defop("UnbindBackward0", vjp_all=_unbind_vjp)
 
 
 def split(tensor, split_size_or_sections, dim=0):
-    d = tensor._data
-    dim = _wrap_dim(dim, d.ndim)
+    d = array_of(tensor)
+    dim = wrap_dim(dim, d.ndim)
     n = d.shape[dim]
     if isinstance(split_size_or_sections, int):
         size = split_size_or_sections
@@ -373,35 +361,35 @@ def split(tensor, split_size_or_sections, dim=0):
 def chunk(input, chunks, dim=0):
     if chunks <= 0:
         raise RuntimeError("chunk expects `chunks` to be greater than 0")
-    n = input._data.shape[_wrap_dim(dim, input._data.ndim)]
+    n = array_of(input).shape[wrap_dim(dim, array_of(input).ndim)]
     size = -(-n // chunks) if n else 1
     return split(input, size, dim)
 
 
 def unbind(input, dim=0):
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
     parts = [d[(slice(None),) * dim + (i,)] for i in range(d.shape[dim])]
     return tuple(record_multi(UnbindBackward0, parts, (input,), (),
                               {"dim": dim, "shapes": [p.shape for p in parts]}, views_of=input))
 
 
 def narrow(input, dim, start, length):
-    d = input._data
-    dim = _wrap_dim(dim, d.ndim)
+    d = array_of(input)
+    dim = wrap_dim(dim, d.ndim)
     key = (slice(None),) * dim + (slice(start, start + length),)
     return input[key]
 
 
 def repeat(input, *sizes):
     sizes = _shape_arg(sizes)
-    d = input._data
+    d = array_of(input)
     if len(sizes) < d.ndim:
         raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of "
                            "dimensions of tensor")
     x = input.reshape((1,) * (len(sizes) - d.ndim) + d.shape)
     # repeat == expand over interleaved singleton axes, then reshape: gradients come for free.
-    shape = x._data.shape
+    shape = array_of(x).shape
     inter = []
     target = []
     for s, r in zip(shape, sizes):
@@ -413,7 +401,7 @@ def repeat(input, *sizes):
 
 def tile(input, dims):
     dims = tuple(dims)
-    d = input._data
+    d = array_of(input)
     if len(dims) < d.ndim:
         dims = (1,) * (d.ndim - len(dims)) + dims
     return repeat(input, dims)

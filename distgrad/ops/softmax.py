@@ -4,8 +4,7 @@ import warnings
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import _wrap_dim
-from .registry import defop, record
+from ..autograd._internal import array_of, wrap_dim, defop, record
 
 __all__ = ["softmax", "log_softmax"]
 
@@ -23,14 +22,14 @@ LogSoftmaxBackward0 = defop("LogSoftmaxBackward0", saved=("result",), vjps=(
 
 
 def _prepare(input, dim, dtype):
-    d = input._data
+    d = array_of(input)
     if dtype is not None:
         d = d.astype(_dt.to_numpy_dtype(dtype))
     elif d.dtype.kind in "biu":
         raise RuntimeError(f"\"softmax\" not implemented for '{input.dtype!r}'")
     if dim is None:
         dim = _legacy_dim(d.ndim)
-    axis = _wrap_dim(dim, d.ndim) if d.ndim else None
+    axis = wrap_dim(dim, d.ndim) if d.ndim else None
     shifted = d - d.max(axis=axis, keepdims=True) if d.size else d
     return d, axis, shifted
 

@@ -5,10 +5,10 @@ of its own and higher-order gradients follow.
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
 from . import arithmetic, complex as _complex, indexing, linalg, reduction, shape, unary
-from . import np_backend
-from .registry import defop, record
+from . import einsum as _einsum, np_backend
+from ..autograd._internal import array_of, wrap, defop, record
 
 exp = unary.exp
 log = unary.log
@@ -24,7 +24,7 @@ conj = _complex.conj
 
 
 def _t(x):
-    return x if isinstance(x, Tensor) else _make(np.asarray(x))
+    return x if isinstance(x, Tensor) else wrap(np.asarray(x))
 
 
 def tanh_backward(g, r):
@@ -32,12 +32,12 @@ def tanh_backward(g, r):
 
 
 def sgn(a):
-    if a._data.dtype.kind != "c":
+    if array_of(a).dtype.kind != "c":
         return unary.sign(a)
-    nonzero = a._data != 0
+    nonzero = array_of(a) != 0
     mag = unary.abs(a)  # differentiable, so second order through |z| is right
     if not nonzero.all():
-        mag = indexing.where(_make(nonzero), mag, 1.0)
+        mag = indexing.where(wrap(nonzero), mag, 1.0)
     return mask(a / mag, nonzero)
 
 
@@ -78,13 +78,13 @@ def flip(a, dims):
 
 
 def zeros(shape_, like):
-    return _make(np.zeros(shape_, dtype=like._data.dtype))
+    return wrap(np.zeros(shape_, dtype=array_of(like).dtype))
 
 
 
 def mask(a, cond):
     cond = np.asarray(cond)
-    return indexing.where(_make(np.broadcast_to(cond, np.broadcast_shapes(cond.shape, a._data.shape))),
+    return indexing.where(wrap(np.broadcast_to(cond, np.broadcast_shapes(cond.shape, array_of(a).shape))),
                           a, 0)
 
 
@@ -99,22 +99,22 @@ ScatterAlongBackward = defop("ScatterAddAlongBackward0", vjps=(
 
 
 def index_add(base_shape, key, g, accumulate):
-    out = np_backend.index_add(base_shape, key, g._data, accumulate)
+    out = np_backend.index_add(base_shape, key, array_of(g), accumulate)
     return record(IndexAddBackward, out, (g,), (), {"key": key})
 
 
 def index_put_zero(g, key):
-    keep = np.ones(g._data.shape, dtype=bool)
+    keep = np.ones(array_of(g).shape, dtype=bool)
     keep[key] = False
     return mask(g, keep)
 
 
 def take_along_axis(a, idx, axis):
-    return indexing.gather(a, axis, _make(idx))
+    return indexing.gather(a, axis, wrap(idx))
 
 
 def scatter_add_along(shape_, idx, g, axis):
-    out = np_backend.scatter_add_along(shape_, idx, g._data, axis)
+    out = np_backend.scatter_add_along(shape_, idx, array_of(g), axis)
     return record(ScatterAlongBackward, out, (g,), (), {"index": idx, "dim": axis})
 
 
@@ -123,7 +123,7 @@ def concatenate(arrays, axis):
 
 
 def split_at(a, offsets, axis):
-    n = a._data.shape[axis]
+    n = array_of(a).shape[axis]
     bounds = [0] + [int(o) for o in offsets] + [n]
     return shape.split(a, [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)], axis)
 
@@ -134,8 +134,7 @@ def flip_cumsum(g, axis):
 
 
 def einsum(equation, *operands):
-    from .einsum import einsum as _einsum
-    return _einsum(equation, *operands)
+    return _einsum.einsum(equation, *operands)
 
 
 def is_tensor_backend():

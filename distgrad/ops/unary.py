@@ -8,8 +8,10 @@ import math
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor, _make
-from .registry import defop, record
+from ..autograd.tensor import Tensor
+from ..autograd._internal import array_of, wrap, defop, record
+from . import np_backend
+from .indexing import where
 
 __all__ = ["exp", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "abs", "absolute",
            "sin", "cos", "tan", "tanh", "sigmoid", "relu", "gelu", "erf", "clamp", "clip",
@@ -24,7 +26,7 @@ _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 def _floating(x):
     """Integer inputs of floating ops compute in the default dtype, as in PyTorch."""
-    d = x._data
+    d = array_of(x)
     if d.dtype.kind in "biu":
         return d.astype(_dt.get_default_dtype().numpy)
     return d
@@ -87,15 +89,9 @@ ZeroGradBackward = {n: defop(n, vjps=(lambda xp, g, m: g * 0,))
 
 
 def _raw(x):
-    return x._data if isinstance(x, Tensor) else x
+    return array_of(x) if isinstance(x, Tensor) else x
 
 
-def _erf_array(a):
-    # NumPy has no erf; math.erf is exact in double precision, and gelu is not on a hot path.
-    return _ERF(a).astype(a.dtype, copy=False) if a.size else a.copy()
-
-
-_ERF = np.vectorize(math.erf, otypes=[np.float64])
 
 exp = _defunary("exp", np.exp, ExpBackward0)
 log = _defunary("log", np.log, LogBackward0)
@@ -109,7 +105,7 @@ sin = _defunary("sin", np.sin, SinBackward0)
 cos = _defunary("cos", np.cos, CosBackward0)
 tan = _defunary("tan", np.tan, TanBackward0)
 tanh = _defunary("tanh", np.tanh, TanhBackward0, quiet=True)
-erf = _defunary("erf", _erf_array, ErfBackward0)
+erf = _defunary("erf", np_backend.erf, ErfBackward0)
 
 
 def _sigmoid_array(a):
@@ -128,7 +124,7 @@ sigmoid = _defunary("sigmoid", _sigmoid_array, SigmoidBackward0, quiet=True)
 
 
 def abs(input):  # noqa: A001
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind == "b":
         raise RuntimeError("abs is not implemented for bool tensors")
     return record(AbsBackward0, np.abs(d), (input,), (input,))
@@ -138,7 +134,7 @@ absolute = abs
 
 
 def relu(input):
-    d = input._data
+    d = array_of(input)
     if d.dtype.kind == "c":
         raise RuntimeError("clamp is not supported for complex types")
     return record(ReluBackward0, np.maximum(d, 0), (input,))
@@ -164,11 +160,11 @@ GeluBackward0 = defop("GeluBackward0", saved=("self",), vjps=(_gelu_vjp,))
 def gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise RuntimeError(f"approximate argument must be either none or tanh, got {approximate!r}")
-    x = input._data
+    x = array_of(input)
     if approximate == "tanh":
         res = 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
     else:
-        res = 0.5 * x * (1 + _erf_array(x * _INV_SQRT_2))
+        res = 0.5 * x * (1 + np_backend.erf(x * _INV_SQRT_2))
     return record(GeluBackward0, res.astype(x.dtype, copy=False), (input,), (input,),
                   {"approximate": approximate})
 
@@ -184,7 +180,7 @@ def _clamp_self_vjp(xp, g, m, x, lo, hi):
 
 ClampBackward1 = defop("ClampBackward1", saved=("self",), vjps=(
     lambda xp, g, m, x: _clamp_self_vjp(xp, g, m, x, m["min"], m["max"]),))
-ClampBackward0 = defop("ClampBackward0", saved=("self", "min", "max"), vjps=(
+ClampBackward0 = defop("ClampBackward0", saved=("self", "min", "max"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, lo, hi: _clamp_self_vjp(xp, g, m, x, lo if m["has_min"] else None,
                                                 hi if m["has_max"] else None),
     lambda xp, g, m, x, lo, hi: xp.mask(g, _raw(x) < _raw(lo)),
@@ -194,17 +190,17 @@ ClampBackward0 = defop("ClampBackward0", saved=("self", "min", "max"), vjps=(
 def clamp(input, min=None, max=None):  # noqa: A002
     if min is None and max is None:
         raise RuntimeError("At least one of 'min' or 'max' must not be None")
-    x = input._data
+    x = array_of(input)
     if isinstance(min, Tensor) or isinstance(max, Tensor):
-        lo = min if isinstance(min, Tensor) else (_make(np.asarray(min, x.dtype)) if min is not None else None)
-        hi = max if isinstance(max, Tensor) else (_make(np.asarray(max, x.dtype)) if max is not None else None)
+        lo = min if isinstance(min, Tensor) else (wrap(np.asarray(min, x.dtype)) if min is not None else None)
+        hi = max if isinstance(max, Tensor) else (wrap(np.asarray(max, x.dtype)) if max is not None else None)
         res = x
         if lo is not None:
-            res = np.maximum(res, lo._data)
+            res = np.maximum(res, array_of(lo))
         if hi is not None:
-            res = np.minimum(res, hi._data)
+            res = np.minimum(res, array_of(hi))
         res = np.array(res, dtype=x.dtype, copy=True) if res is x else res.astype(x.dtype, copy=False)
-        dummy = _make(np.zeros((), x.dtype))
+        dummy = wrap(np.zeros((), x.dtype))
         return record(ClampBackward0, res, (input, lo, hi),
                       (input, lo if lo is not None else dummy, hi if hi is not None else dummy),
                       {"has_min": lo is not None, "has_max": hi is not None})
@@ -229,7 +225,7 @@ def _zero_grad_op(name, fn, node_name):
     node = ZeroGradBackward[node_name]
 
     def op(input):
-        return record(node, fn(input._data), (input,))
+        return record(node, fn(array_of(input)), (input,))
     op.__name__ = name
     return op
 
@@ -241,14 +237,13 @@ sign = _zero_grad_op("sign", np.sign, "SignBackward0")
 
 
 def round(input, *, decimals=0):  # noqa: A001
-    return record(ZeroGradBackward["RoundBackward0"], np.round(input._data, decimals), (input,))
+    return record(ZeroGradBackward["RoundBackward0"], np.round(array_of(input), decimals), (input,))
 
 
 def sgn(input):
-    from . import np_backend
-    if input._data.dtype.kind != "c":
+    if array_of(input).dtype.kind != "c":
         return sign(input)
-    return _make(np_backend.sgn(input._data))
+    return wrap(np_backend.sgn(array_of(input)))
 
 
 # Composite activations, written from the primitives above.
@@ -257,16 +252,13 @@ def silu(input):
 
 
 def softplus(input, beta=1.0, threshold=20.0):
-    from .indexing import where
     scaled = input * beta
     return where(scaled > threshold, input, log1p(exp(scaled)) / beta)
 
 
 def leaky_relu(input, negative_slope=0.01):
-    from .indexing import where
     return where(input > 0, input, input * negative_slope)
 
 
 def elu(input, alpha=1.0):
-    from .indexing import where
     return where(input > 0, input, alpha * expm1(input))

@@ -3,6 +3,7 @@ import numpy as np
 
 from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_nonnegative,
                         _init_step_and_buffers)
+from ..autograd._internal import array_of
 
 __all__ = ["Adadelta"]
 
@@ -22,10 +23,10 @@ class Adadelta(Optimizer):
         _init_step_and_buffers(p, state, "square_avg", "acc_delta")
 
     def _update(self, p, grad, state, group):
-        param, rho, eps = p._data, group["rho"], group["eps"]
+        param, rho, eps = array_of(p), group["rho"], group["eps"]
         _advance_step(state)
         grad = _apply_weight_decay(param, grad, group["weight_decay"])
-        square_avg, acc_delta = state["square_avg"]._data, state["acc_delta"]._data
+        square_avg, acc_delta = array_of(state["square_avg"]), array_of(state["acc_delta"])
         square_avg *= rho
         square_avg += (1 - rho) * grad * grad
         delta = np.sqrt(acc_delta + eps) / np.sqrt(square_avg + eps) * grad

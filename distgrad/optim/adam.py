@@ -3,6 +3,7 @@ import numpy as np
 
 from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_betas,
                         _check_nonnegative, _init_step_and_buffers, _lerp_, _zeros_state)
+from ..autograd._internal import array_of
 
 __all__ = ["Adam"]
 
@@ -15,11 +16,11 @@ def _update_moments(p, grad, state, group, scratch=None):
     """Weight decay (L2, or decoupled when the group says so), then one more step of the
     first and second moment estimates (intermediates in ``scratch``, shaped like ``p``,
     when given). Returns the step number and the decayed gradient."""
-    grad = _apply_weight_decay(p._data, grad, group["weight_decay"], group["lr"],
+    grad = _apply_weight_decay(array_of(p), grad, group["weight_decay"], group["lr"],
                                group.get("decoupled_weight_decay", False))
     beta1, beta2 = group["betas"]
     step = _advance_step(state)
-    exp_avg, exp_avg_sq = state["exp_avg"]._data, state["exp_avg_sq"]._data
+    exp_avg, exp_avg_sq = array_of(state["exp_avg"]), array_of(state["exp_avg_sq"])
     _lerp_(exp_avg, grad, 1 - beta1, scratch)
     exp_avg_sq *= beta2
     term = np.multiply(grad, 1 - beta2, out=scratch)  # addcmul's value * grad * grad
@@ -49,19 +50,19 @@ class Adam(Optimizer):
             state["max_exp_avg_sq"] = _zeros_state(p)
 
     def _update(self, p, grad, state, group):
-        scratch = self._scratch(p._data)
+        scratch = self._scratch(array_of(p))
         step, _ = _update_moments(p, grad, state, group, scratch)
         beta1, beta2 = group["betas"]
         bias_correction1 = 1 - beta1 ** step
         bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
-        second = state["exp_avg_sq"]._data
+        second = array_of(state["exp_avg_sq"])
         if group["amsgrad"]:
-            second = np.maximum(state["max_exp_avg_sq"]._data, second,
-                                out=state["max_exp_avg_sq"]._data)
+            second = np.maximum(array_of(state["max_exp_avg_sq"]), second,
+                                out=array_of(state["max_exp_avg_sq"]))
         # param.addcdiv_(exp_avg, sqrt(second) / bias_correction2_sqrt + eps, -step_size)
         update = np.sqrt(second, out=scratch)
         update /= bias_correction2_sqrt
         update += group["eps"]
-        np.divide(state["exp_avg"]._data, update, out=update)
+        np.divide(array_of(state["exp_avg"]), update, out=update)
         update *= group["lr"] / bias_correction1
-        p._data -= update
+        array_of(p)[...] -= update

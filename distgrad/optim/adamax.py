@@ -3,6 +3,7 @@ import numpy as np
 
 from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_betas,
                         _check_nonnegative, _init_step_and_buffers, _lerp_)
+from ..autograd._internal import array_of
 
 __all__ = ["Adamax"]
 
@@ -21,12 +22,12 @@ class Adamax(Optimizer):
         _init_step_and_buffers(p, state, "exp_avg", "exp_inf")
 
     def _update(self, p, grad, state, group):
-        param = p._data
+        param = array_of(p)
         scratch = self._scratch(param)
         beta1, beta2 = group["betas"]
         step = _advance_step(state)
         grad = _apply_weight_decay(param, grad, group["weight_decay"])
-        exp_avg, exp_inf = state["exp_avg"]._data, state["exp_inf"]._data
+        exp_avg, exp_inf = array_of(state["exp_avg"]), array_of(state["exp_inf"])
         _lerp_(exp_avg, grad, 1 - beta1, scratch)
         exp_inf *= beta2
         bound = np.abs(grad, out=scratch)

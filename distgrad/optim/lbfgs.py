@@ -10,7 +10,8 @@ import numpy as np
 
 from .optimizer import Optimizer, _check_nonnegative
 from ..autograd.grad_mode import enable_grad, no_grad
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
+from ..autograd._internal import array_of, wrap, bump_version
 
 __all__ = ["LBFGS"]
 
@@ -133,7 +134,7 @@ def _state_value(value):
     if isinstance(value, list):
         return [_state_value(v) for v in value]
     if isinstance(value, (np.ndarray, np.generic)):
-        return _make(np.asarray(value))
+        return wrap(np.asarray(value))
     return value
 
 
@@ -141,7 +142,7 @@ def _working_value(value):
     if isinstance(value, list):
         return [_working_value(v) for v in value]
     if isinstance(value, Tensor):
-        return value._data if value._data.ndim else value._data[()]
+        return array_of(value) if array_of(value).ndim else array_of(value)[()]
     return value
 
 
@@ -179,22 +180,22 @@ class LBFGS(Optimizer):
 
     # -- the flat view of the parameters --
     def _gather_flat_grad(self):
-        return np.concatenate([p._grad._data.reshape(-1) if p._grad is not None
-                               else np.zeros(p._data.size, dtype=p._data.dtype)
+        return np.concatenate([array_of(p.grad).reshape(-1) if p.grad is not None
+                               else np.zeros(array_of(p).size, dtype=array_of(p).dtype)
                                for p in self._params])
 
     def _add_grad(self, step_size, update):
         offset = 0
         for p in self._params:
-            n = p._data.size
-            p._data += step_size * update[offset:offset + n].reshape(p._data.shape)
-            p._vc[0] += 1
+            n = array_of(p).size
+            array_of(p)[...] += step_size * update[offset:offset + n].reshape(array_of(p).shape)
+            bump_version(p)
             offset += n
 
     def _set_param(self, params_data):
         for p, data in zip(self._params, params_data):
-            np.copyto(p._data, data)
-            p._vc[0] += 1
+            np.copyto(array_of(p), data)
+            bump_version(p)
 
     def _evaluate(self, closure):
         with enable_grad():
@@ -286,7 +287,7 @@ class LBFGS(Optimizer):
             if line_search_fn is not None:
                 if line_search_fn != "strong_wolfe":
                     raise RuntimeError("only 'strong_wolfe' is supported")
-                x_init = [p._data.copy() for p in self._params]
+                x_init = [array_of(p).copy() for p in self._params]
 
                 def obj_func(t, d):
                     return self._directional_evaluate(closure, x_init, t, d)

@@ -3,7 +3,7 @@ import numpy as np
 
 from .adam import _init_moments, _update_moments
 from .optimizer import Optimizer, _check_betas, _check_nonnegative
-from ..autograd.tensor import _make
+from ..autograd._internal import array_of, wrap, set_array
 
 __all__ = ["NAdam"]
 
@@ -24,18 +24,18 @@ class NAdam(Optimizer):
     def _init_state(self, p, state, group):
         _init_moments(p, state)
         # The running product of the momentum schedule, a float32 scalar as in PyTorch.
-        state["mu_product"] = _make(np.array(1.0, dtype=np.float32))
+        state["mu_product"] = wrap(np.array(1.0, dtype=np.float32))
 
     def _update(self, p, grad, state, group):
-        param, lr = p._data, group["lr"]
+        param, lr = array_of(p), group["lr"]
         beta1, beta2 = group["betas"]
         step, grad = _update_moments(p, grad, state, group)
         momentum_decay = group["momentum_decay"]
         mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
         mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))
         mu_t = state["mu_product"]
-        mu_t._data = np.asarray(mu_t._data * mu, dtype=np.float32)
-        mu_product = float(mu_t._data)
-        denom = np.sqrt(state["exp_avg_sq"]._data / (1 - beta2 ** step)) + group["eps"]
+        set_array(mu_t, np.asarray(array_of(mu_t) * mu, dtype=np.float32))
+        mu_product = float(array_of(mu_t))
+        denom = np.sqrt(array_of(state["exp_avg_sq"]) / (1 - beta2 ** step)) + group["eps"]
         param += (-lr * (1.0 - mu) / (1.0 - mu_product)) * grad / denom
-        param += (-lr * mu_next) / (1.0 - mu_product * mu_next) * state["exp_avg"]._data / denom
+        param += (-lr * mu_next) / (1.0 - mu_product * mu_next) * array_of(state["exp_avg"]) / denom

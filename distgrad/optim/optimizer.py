@@ -10,9 +10,10 @@ from itertools import chain
 import numpy as np
 
 from ..autograd.grad_mode import enable_grad, no_grad
-from ..autograd.tensor import Tensor, _make
+from ..autograd.tensor import Tensor
 from ..nn.parameter import zero_grads
 from ..utils.hooks import RemovableHandle
+from ..autograd._internal import array_of, wrap, bump_version, set_array
 
 __all__ = ["Optimizer", "required"]
 
@@ -160,11 +161,11 @@ class Optimizer:
         def cast(param, value, key=None):
             if isinstance(value, Tensor):
                 if key == "step":
-                    return _make(value._data.copy())
-                data = value._data
+                    return wrap(array_of(value).copy())
+                data = array_of(value)
                 if param.is_floating_point() and data.dtype.kind == "f":
-                    data = data.astype(param._data.dtype)
-                return _make(data.copy())
+                    data = data.astype(array_of(param).dtype)
+                return wrap(data.copy())
             if isinstance(value, dict):
                 return {k: cast(param, v, k) for k, v in value.items()}
             return copy.deepcopy(value)
@@ -187,7 +188,7 @@ class Optimizer:
         """Create the per-parameter state on first use."""
 
     def _update(self, p, grad, state, group):
-        """Update ``p._data`` in place from the NumPy gradient ``grad``."""
+        """Update ``array_of(p)`` in place from the NumPy gradient ``grad``."""
         raise NotImplementedError
 
     def _check_group(self, group):
@@ -203,6 +204,25 @@ class Optimizer:
         if flat is None or flat.size < like.size:
             flat = buffers[like.dtype] = np.empty(like.size, like.dtype)
         return flat[:like.size].reshape(like.shape)
+
+    #: Whether ``_update`` given the dense form of a sparse gradient makes PyTorch's
+    #: sparse update: true where entries without a gradient are left as they are (SGD,
+    #: Adagrad); the others refuse sparse gradients, as PyTorch's do.
+    _accepts_sparse_gradients = False
+
+    def _sparse_gradient(self, grad, group):
+        """The gradient ``_update`` gets for a sparse one: itself where
+        ``_updates_sparse(group)`` (the update touches only its entries), else its dense form."""
+        name = type(self).__name__
+        if not self._accepts_sparse_gradients:
+            hint = ", please consider SparseAdam instead" if name.startswith("Adam") else ""
+            raise RuntimeError(f"{name} does not support sparse gradients{hint}")
+        if group.get("weight_decay", 0):
+            raise RuntimeError("weight_decay option is not compatible with sparse gradients")
+        return grad if self._updates_sparse(group) else grad.to_dense()
+
+    def _updates_sparse(self, group):
+        return False
 
     def step(self, closure=None):
         """Update every parameter with a gradient; returns the closure's loss."""
@@ -232,14 +252,16 @@ class Optimizer:
                 for p in group["params"]:
                     if p.grad is None:
                         continue
-                    grad = p.grad._data
+                    grad = array_of(p.grad)
+                    if type(grad) is not np.ndarray:  # a sparse gradient (distgrad.sparse)
+                        grad = self._sparse_gradient(grad, group)
                     if group.get("maximize", False):
                         grad = -grad
                     state = self.state[p]
                     if not state:
                         self._init_state(p, state, group)
                     self._update(p, grad, state, group)
-                    p._vc[0] += 1
+                    bump_version(p)
         return loss
 
 
@@ -268,8 +290,8 @@ def _check_betas(betas):
 def _advance_step(state):
     """Count one more step in ``state["step"]`` (a float32 tensor, as PyTorch keeps it)."""
     step_t = state["step"]
-    step_t._data = np.asarray(step_t._data + np.float32(1))  # 0-d + scalar is a NumPy scalar
-    return float(step_t._data)
+    set_array(step_t, np.asarray(array_of(step_t) + np.float32(1)))  # 0-d + scalar is a NumPy scalar
+    return float(array_of(step_t))
 
 
 def _apply_weight_decay(param, grad, weight_decay, lr=None, decoupled=False):
@@ -302,8 +324,8 @@ def _init_step_and_buffers(p, state, *names):
 
 
 def _zeros_state(p):
-    return _make(np.zeros_like(p._data))
+    return wrap(np.zeros_like(array_of(p)))
 
 
 def _step_tensor():
-    return _make(np.array(0.0, dtype=np.float32))
+    return wrap(np.array(0.0, dtype=np.float32))

@@ -3,6 +3,7 @@ import numpy as np
 
 from .adam import _init_moments, _update_moments
 from .optimizer import Optimizer, _check_betas, _check_nonnegative
+from ..autograd._internal import array_of
 
 __all__ = ["RAdam"]
 
@@ -25,17 +26,17 @@ class RAdam(Optimizer):
 
     def _update(self, p, grad, state, group):
         step, _ = _update_moments(p, grad, state, group)
-        param, lr = p._data, group["lr"]
+        param, lr = array_of(p), group["lr"]
         beta1, beta2 = group["betas"]
         bias_correction2 = 1 - beta2 ** step
-        bias_corrected_exp_avg = state["exp_avg"]._data / (1 - beta1 ** step)
+        bias_corrected_exp_avg = array_of(state["exp_avg"]) / (1 - beta1 ** step)
         rho_inf = 2 / (1 - beta2) - 1
         rho_t = rho_inf - 2 * step * (beta2 ** step) / bias_correction2
         if rho_t > 5.0:
             # The variance of the adaptive rate is tractable: rectify it.
             rect = ((rho_t - 4) * (rho_t - 2) * rho_inf
                     / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) ** 0.5
-            adaptive_lr = bias_correction2 ** 0.5 / (np.sqrt(state["exp_avg_sq"]._data)
+            adaptive_lr = bias_correction2 ** 0.5 / (np.sqrt(array_of(state["exp_avg_sq"]))
                                                      + group["eps"])
             param -= bias_corrected_exp_avg * lr * adaptive_lr * rect
         else:

@@ -3,6 +3,7 @@ import numpy as np
 
 from .optimizer import (Optimizer, _advance_step, _apply_weight_decay, _check_nonnegative,
                         _init_step_and_buffers, _lerp_)
+from ..autograd._internal import array_of
 
 __all__ = ["RMSprop"]
 
@@ -24,17 +25,17 @@ class RMSprop(Optimizer):
                                *(["grad_avg"] if group["centered"] else []))
 
     def _update(self, p, grad, state, group):
-        param, alpha = p._data, group["alpha"]
+        param, alpha = array_of(p), group["alpha"]
         scratch = self._scratch(param)
         _advance_step(state)
         grad = _apply_weight_decay(param, grad, group["weight_decay"])
-        square_avg = state["square_avg"]._data
+        square_avg = array_of(state["square_avg"])
         square_avg *= alpha
         term = np.multiply(grad, 1 - alpha, out=scratch)  # addcmul's value * grad * grad
         term *= grad
         square_avg += term
         if group["centered"]:
-            grad_avg = state["grad_avg"]._data
+            grad_avg = array_of(state["grad_avg"])
             _lerp_(grad_avg, grad, 1 - alpha, scratch)
             avg = np.multiply(grad_avg, grad_avg, out=scratch)
             np.subtract(square_avg, avg, out=avg)
@@ -44,7 +45,7 @@ class RMSprop(Optimizer):
         avg += group["eps"]
         step = np.divide(grad, avg, out=avg)  # grad / avg: avg is not needed after this
         if group["momentum"] > 0:
-            buf = state["momentum_buffer"]._data
+            buf = array_of(state["momentum_buffer"])
             buf *= group["momentum"]
             buf += step
             step = np.multiply(buf, group["lr"], out=scratch)

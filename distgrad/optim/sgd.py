@@ -2,7 +2,7 @@
 import numpy as np
 
 from .optimizer import Optimizer, required
-from ..autograd.tensor import _make
+from ..autograd._internal import array_of, wrap
 
 __all__ = ["SGD"]
 
@@ -15,6 +15,8 @@ class SGD(Optimizer):
     >>> SGD([p], lr=0.5).step(); p.tolist()
     [0.5, 0.5]
     """
+
+    _accepts_sparse_gradients = True
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
                  *, maximize=False, foreach=None, differentiable=False, fused=None):
@@ -35,22 +37,28 @@ class SGD(Optimizer):
         if group["momentum"] != 0:
             state["momentum_buffer"] = None
 
+    def _updates_sparse(self, group):
+        return group["momentum"] == 0  # a momentum buffer is dense: it gets the dense form
+
     def _update(self, p, grad, state, group):
         weight_decay, momentum = group["weight_decay"], group["momentum"]
-        param = p._data
+        param = array_of(p)
+        if type(grad) is not np.ndarray:  # sparse: only the rows it has move
+            np.subtract.at(param, tuple(grad.indices), group["lr"] * grad.values)
+            return
         scratch = self._scratch(param)
         if weight_decay != 0:
             grad = grad + weight_decay * param
         if momentum != 0:
             buf = state.get("momentum_buffer")
             if buf is None:
-                buf = state["momentum_buffer"] = _make(grad.copy())
+                buf = state["momentum_buffer"] = wrap(grad.copy())
             else:
-                b = buf._data
+                b = array_of(buf)
                 b *= momentum
                 b += np.multiply(grad, 1 - group["dampening"], out=scratch)
             if group["nesterov"]:
-                grad = grad + momentum * buf._data
+                grad = grad + momentum * array_of(buf)
             else:
-                grad = buf._data
+                grad = array_of(buf)
         param -= np.multiply(grad, group["lr"], out=scratch)

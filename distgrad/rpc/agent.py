@@ -10,6 +10,7 @@ Layers, bottom to top, one job each:
 ``dispatch``              request -> handler -> reply, on a handler pool
 ``owner``                 RRef values held here and the owner operations
 ``barrier``               the shutdown barrier (rank 0)
+``bookkeeping``           notices for peers that ride along on other messages
 ``shm``                   the same-host shared-memory path for large arrays
 ``allowlist``             what peers may call here
 ========================  ==================================================
@@ -33,8 +34,9 @@ from ..utils.tempdirs import owned_tempdir
 from . import current, interceptors, wire
 from .allowlist import Allowlist, ref_of
 from .barrier import ShutdownBarrier
+from .bookkeeping import EXTRA as BOOKKEEPING, Bookkeeping
 from .calls import Pending, PendingCalls
-from .dispatch import Dispatcher, Request
+from .dispatch import SYSTEM_OPS, Dispatcher, Request
 from .errors import (ProtocolError, RpcError, RpcTimeoutError, UnknownWorkerError,
                      WorkerUnreachableError, rebuild_exception)
 from ..futures import Future
@@ -103,11 +105,12 @@ class Agent:
         self.calls = PendingCalls(world_size, options.max_inflight_per_worker)
         self.owner = OwnerTable(world_size, ttl=max(2 * (options.rpc_timeout or 60.0), 60.0))
         self.barrier = ShutdownBarrier(world_size) if rank == 0 else None
+        self.bookkeeping = Bookkeeping(world_size)
+        self.bookkeeping.register("rref.del", self._on_forks_dropped)
         self.dispatcher = Dispatcher(self)
         self.pool = None
         self.transport = None
         self.shm = None                           # the same-host path (made at start)
-        self._fork_releases = collections.deque()  # (owner, rid, fid) of dropped RRefs
         self._closing = None                      # why new calls are refused, once shutting down
         self._quiet = False                       # peers leaving is expected (after the barrier)
         self._ipc_dir = None
@@ -117,7 +120,8 @@ class Agent:
         owner_ops = OwnerOps(self.owner, self.allowlist, self.dispatcher.run_later,
                              options.rpc_timeout or None)
         self.internal_ops = {**owner_ops.operations(), "@barrier": self._op_barrier,
-                             "@shm.probe": self._op_shm_probe}
+                             "@shm.probe": self._op_shm_probe,
+                             "@bk": lambda request: None}  # its header carried it all
 
     # ------------------------------------------------------------------ startup
     def start(self, rendezvous_server=None):
@@ -180,7 +184,7 @@ class Agent:
             probe = self.shm.probe() if w.id != self.rank else None
             if probe is not None:
                 fut = self.call(w.id, "@shm.probe", probe, internal=True)
-                fut.add_done_callback(lambda f, r=w.id, p=probe: self.shm.probed(
+                fut._add_inline_callback(lambda f, r=w.id, p=probe: self.shm.probed(
                     r, p, f.exception() is None and f.value()))
 
     def _op_shm_probe(self, request, pid, name, token):
@@ -208,6 +212,12 @@ class Agent:
 
     def describe(self, rank):
         return f"worker {self.workers[rank].name!r} (rank {rank})"
+
+    def run_soon(self, fn, *args):
+        """Run ``fn(*args)`` on a handler thread (work that may block, handed off by code
+        running on the I/O thread)."""
+        self.stats["handoffs"] += 1
+        self.pool.submit(fn, *args)
 
     def add_peer_listener(self, fn):
         """Call ``fn(rank, why, left)`` (on a handler thread) when a peer dies or leaves."""
@@ -240,21 +250,26 @@ class Agent:
             raise WorkerUnreachableError(self._gone(dst, why))
 
     def _prepare(self, dst, target, args, kwargs, remote_ref, mid):
+        kind = Kind.CALL
         if not (isinstance(target, str) and target.startswith("@")):
             target = ref_of(target)
+        elif target in SYSTEM_OPS:
+            kind = Kind.SYSTEM
         args, kwargs, extras = interceptors.send_request(self.workers[dst], args, kwargs)
+        extras = self.with_bookkeeping(dst, extras)
         ctx = _MessageContext(self, dst)
         try:
             body, bufs = wire.encode([target, list(args), kwargs or {}, remote_ref], ctx)
         except BaseException:
             self.return_segments(dst, ctx)
             raise
-        header = wire.pack_header(Kind.CALL, mid, self.rank, extras, ctx.segments or None)
+        header = wire.pack_header(kind, mid, self.rank, extras, ctx.segments or None)
         return target, ctx, [header, body, *bufs]
 
     def call(self, to, target, args=(), kwargs=None, timeout=-1, remote_ref=None, internal=False):
         """Send a request; return a Future of its reply. ``target`` is a callable,
-        a ``module:qualname`` string or an internal ``@op``."""
+        a ``module:qualname`` string or an internal ``@op``. The request leaves from this
+        thread's own socket (no hand-off); the reply completes the Future on the I/O thread."""
         dst = self.worker_info(to).id
         fut = Future()
         try:
@@ -273,49 +288,22 @@ class Agent:
             fut.set_exception(e)
             return fut
         try:
-            self.calls.add(mid, Pending(fut, dst, deadline, what, timeout),
-                           block=self.options.backpressure == "block")
+            earliest = self.calls.add(mid, Pending(fut, dst, deadline, what, timeout),
+                                      block=self.options.backpressure == "block")
         except BaseException:
             self.return_segments(dst, ctx)
             raise
+        if earliest and not self.transport.on_io_thread():
+            self.transport.wake()  # the I/O thread expires calls: it must look at this deadline
         for _ in range(copies):
             self.transport.send(dst, frames)
         return fut
 
     def call_sync(self, to, target, args=(), kwargs=None, timeout=-1, internal=False):
-        """Blocking call on the caller's own socket: no thread hop on the hot path."""
-        dst = self.worker_info(to).id
-        self._check_open(dst, internal)
-        timeout = self._timeout_of(timeout)
-        deadline = time.monotonic() + timeout if timeout else float("inf")
-        mid = next(self._ids)
-        what, ctx, frames = self._prepare(dst, target, args, kwargs, None, mid)
-        try:
-            copies = self.copies(dst, "request", what, ctx)
-            self.calls.add(mid, Pending(None, dst, deadline, what, timeout),
-                           block=self.options.backpressure == "block")
-        except BaseException:
-            self.return_segments(dst, ctx)
-            raise
-
-        def check():
-            why = self.transport.down(dst)
-            if why is not None:
-                raise WorkerUnreachableError(self._gone(dst, why, what))
-            if not self.transport.running():
-                raise RpcError(f"RPC agent {self.name!r} stopped during a call to {what}"
-                               + (f": {self.transport.failure}" if self.transport.failure else ""))
-        try:
-            reply = self.transport.sync_exchange(dst, frames, mid, deadline, check, copies)
-        finally:
-            self.calls.pop(mid)
-        if reply is None:
-            raise RpcTimeoutError(f"RPC ran for more than set timeout ({timeout} s) calling "
-                                  f"{what} on {self.describe(dst)}")
-        value, exc = self._decode_reply(dst, *reply)
-        if exc is not None:
-            raise exc
-        return value
+        """Blocking call: :meth:`call`, then wait for its Future (completed by the reply, a
+        timeout, the peer's death or this agent's shutdown)."""
+        fut = self.call(to, target, args, kwargs, timeout, internal=internal)
+        return fut.wait()
 
     def remote(self, to, target, args=(), kwargs=None, timeout=-1):
         dst = self.worker_info(to).id
@@ -332,12 +320,49 @@ class Agent:
             self.return_segments(dst, ctx)
         return min(n, 1) if ctx.segments else n
 
-    def _send_no_reply(self, dst, target, args):
-        """A fire-and-forget call from the I/O thread (never blocks, reply dropped)."""
-        if self.transport.down(dst) is not None:
+    def notify(self, to, target, args=(), kwargs=None):
+        """A one-way call: ``target`` runs on ``to`` and nobody waits for it (it gets no
+        reply; an error there is only logged there). From any thread, never blocks. Returns
+        False when ``to`` is known to be gone."""
+        dst = self.worker_info(to).id
+        if self.transport.down(dst) is not None or not self.running:
+            return False
+        what, ctx, frames = self._prepare(dst, target, args, kwargs, None, _NO_REPLY)
+        for _ in range(self.copies(dst, "request", what, ctx)):
+            self.transport.send(dst, frames)
+        return True
+
+    # ------------------------------------------------------------------ bookkeeping
+    def post_notice(self, dst, kind, item, ack=None):
+        """Queue a notice for rank ``dst`` (see ``bookkeeping.py``): it rides along on the
+        next message there, or leaves on its own shortly."""
+        if self.bookkeeping.post(dst, kind, item, ack) and self.transport is not None:
+            self.transport.wake()  # a new deadline for the I/O thread
+
+    def with_bookkeeping(self, dst, extras):
+        """A message's header extras with the notices waiting for ``dst`` added."""
+        box = self.bookkeeping.take(dst)
+        if box is None:
+            return extras
+        extras = dict(extras) if extras else {}
+        extras[BOOKKEEPING] = box
+        return extras
+
+    def _receive_bookkeeping(self, src, extras):
+        box = extras.get(BOOKKEEPING) if type(extras) is dict else None
+        if box is None:
             return
-        _, _, frames = self._prepare(dst, target, args, None, None, _NO_REPLY)
-        self.transport.send(dst, frames)
+        try:
+            self.bookkeeping.receive(src, box)
+        except Exception as e:  # noqa: BLE001 - notices are lost, the message is not
+            self.stats["handler_errors"] += 1
+            log.warning("%s: bookkeeping from %s: %s: %s", self.name, self.describe(src),
+                        type(e).__name__, e)
+
+    def _on_forks_dropped(self, src, items):
+        for item in items:
+            if type(item) is list and len(item) == 2:
+                self.owner.add_fork(item[0], item[1], -1, src)
 
     # ------------------------------------------------------------------ codec contexts
     def decode_context(self, src, segments=()):
@@ -371,7 +396,7 @@ class Agent:
             self.owner.add_fork(rref._rid, fid, 1)
         else:  # registered before the receiver can use it; our RRef lives until acknowledged
             fut = self.call(rref._owner, "@rref.add", (rref._rid, fid), internal=True)
-            fut.add_done_callback(lambda f, _keep=rref: None)
+            fut._add_inline_callback(lambda f, _keep=rref: None)
         return [rref._owner, list(rref._rid), list(fid)]
 
     def decode_rref(self, meta):
@@ -392,18 +417,24 @@ class Agent:
         if owner == self.rank:
             self.owner.add_fork(rid, fid, -1)
         else:
-            self._fork_releases.append((owner, rid, fid))
-            self.transport.wake()
+            self.post_notice(owner, "rref.del", [list(rid), list(fid)])
 
     # ------------------------------------------------------------------ transport events
     # (all on the I/O thread; none blocks)
     def on_request(self, ident, mid, src, extras, segments, frames):
+        self._receive_bookkeeping(src, extras)
         self.dispatcher.submit(Request(ident, mid, src, self.workers[src], extras, segments),
                                frames)
 
+    def on_system_request(self, ident, mid, src, extras, segments, frames):
+        self._receive_bookkeeping(src, extras)
+        self.dispatcher.serve_here(Request(ident, mid, src, self.workers[src], extras,
+                                           segments), frames)
+
     def on_reply(self, rank, kind, mid, extras, segments, frames):
-        p = self.calls.pop(mid) if mid != _NO_REPLY else None
-        if p is None or p.fut is None:
+        self._receive_bookkeeping(rank, extras)
+        p = self.calls.pop(mid, rank) if mid != _NO_REPLY else None
+        if p is None:
             if mid != _NO_REPLY:
                 self.stats["late_replies"] += 1
             self.on_late(rank, segments)
@@ -420,6 +451,7 @@ class Agent:
     def on_peer_down(self, rank, why, left):
         failed = self.calls.fail_peer(rank)
         self.shm.peer_gone(rank)
+        self.bookkeeping.forget_peer(rank)
         self.owner.forget_peer(rank)
         level = logging.DEBUG if self._quiet else logging.WARNING
         pending = f"; {len(failed)} pending calls to it failed" if failed else ""
@@ -447,7 +479,7 @@ class Agent:
                 self._complete(p.fut, None, err)
 
     def next_deadline(self):
-        return min(self.calls.next_deadline, self.owner.next_expiry)
+        return min(self.calls.next_deadline, self.owner.next_expiry, self.bookkeeping.next_due)
 
     def on_tick(self, now):
         if now >= self.calls.next_deadline:  # read without the lock: a stale value only delays
@@ -459,18 +491,19 @@ class Agent:
         if now >= self.owner.next_expiry:
             self.owner.expire(now)
         self.shm.send_releases(self.transport, self.rank)
-        forks = self._fork_releases
-        while forks:
-            owner, rid, fid = forks.popleft()
-            try:
-                self._send_no_reply(owner, "@rref.del", (rid, fid))
-            except Exception:  # noqa: BLE001 - the owner is gone or shutting down
-                log.debug("%s: could not release RRef fork %s", self.name, fid, exc_info=True)
+        for dst, box in self.bookkeeping.due(now):  # nothing gave them a ride: on their own
+            if self.transport.down(dst) is None:
+                header = wire.pack_header(Kind.SYSTEM, _NO_REPLY, self.rank, {BOOKKEEPING: box})
+                body, _ = wire.encode(["@bk", [], {}, None])
+                self.transport.send(dst, [header, body])
 
     def _complete(self, fut, value, exc):
-        if fut.has_callbacks():  # user callbacks may block: never on the I/O thread
+        if fut.has_blocking_callbacks():  # user callbacks may block: never on the I/O thread
+            self.stats["handoffs"] += 1
             self.pool.submit(fut._complete, value, exc)
         else:
+            if fut.has_waiter():
+                self.stats["handoffs"] += 1  # the thread waiting for it runs on
             fut._complete(value, exc)
 
     def _decode_reply(self, rank, kind, extras, segments, frames):

@@ -36,7 +36,14 @@ from .. import codec
 from .errors import RefusedCallError
 
 __all__ = ["Allowlist", "ref_of", "entry_point", "default_entry_points", "module_allowed",
-           "program_module"]
+           "program_module", "ADVICE_ENV"]
+
+#: How a refusal tells to allow a module ("{module}": the refused one). A harness that
+#: starts worlds its own way (the pytest plugin) says what its users set instead: in
+#: this variable for the workers it starts, in ``Allowlist.advice`` for its own process.
+ADVICE_ENV = "DISTGRAD_ALLOW_ADVICE"
+_ADVICE = ("RpcBackendOptions(allowed_modules=['{module}']) in init_rpc, or "
+           "`distgrad worker --allow {module}` (env DISTGRAD_ALLOWED_MODULES)")
 
 #: Modules whose functions marked with :func:`entry_point` peers may call; importing
 #: them to resolve a reference is safe.
@@ -50,7 +57,8 @@ ENTRY_POINT_MODULES = (
 
 #: Namespaces whose public functions and classes are the default entry points.
 _PUBLIC_NAMESPACES = ("distgrad", "distgrad.nn", "distgrad.nn.functional", "distgrad.nn.init",
-                      "distgrad.optim", "distgrad.optim.lr_scheduler", "distgrad.distributions")
+                      "distgrad.optim", "distgrad.optim.lr_scheduler", "distgrad.distributions",
+                      "distgrad.linalg", "distgrad.sparse")
 
 #: Never callable by default, even when re-exported by a public namespace: they write
 #: files, start processes, read the environment or drive tests.
@@ -225,6 +233,7 @@ class Allowlist:
 
     def __init__(self, allowed_modules=()):
         self.modules = tuple(dict.fromkeys(_canonical(m) for m in allowed_modules))
+        self.advice = os.environ.get(ADVICE_ENV) or _ADVICE
         self._cache = {}
         self._lock = threading.Lock()
 
@@ -326,8 +335,7 @@ class Allowlist:
                           "program imports them (at the top of the script, say).")
         return (f"{ref!r} refused: module {module!r} is not on this worker's allowlist "
                 f"{sorted(self.modules)}.{unimported} Allow it on every worker of the world: "
-                f"RpcBackendOptions(allowed_modules=[{module!r}]) in init_rpc, or "
-                f"`distgrad worker --allow {module}` (env DISTGRAD_ALLOWED_MODULES)")
+                + self.advice.replace("{module}", module))
 
     # -------------------------------------------------------------- RRef values
     def class_allowed(self, cls):

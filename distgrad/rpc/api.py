@@ -1,4 +1,5 @@
 """The process-level RPC API (``torch.distributed.rpc``'s functions)."""
+import dataclasses
 import enum
 import os
 import sys
@@ -100,6 +101,23 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=-1):
 def rpc_sync(to, func, args=None, kwargs=None, timeout=-1):
     """Run ``func(*args, **kwargs)`` on worker ``to`` and return its result."""
     return _need().call_sync(to, func, args or (), kwargs, timeout)
+
+
+def _set_rpc_timeout(rpcTimeoutSeconds):  # noqa: N803 - PyTorch's parameter name
+    """Set the default timeout, in seconds, of this process's later RPCs (0: none), as
+    PyTorch's ``rpc._set_rpc_timeout``; calls given a ``timeout`` keep theirs."""
+    agent = _need()
+    if isinstance(rpcTimeoutSeconds, bool) or not isinstance(rpcTimeoutSeconds, (int, float)) \
+            or rpcTimeoutSeconds < 0:
+        raise ValueError(f"rpc._set_rpc_timeout: the timeout must be a number of seconds >= 0, "
+                         f"not {rpcTimeoutSeconds!r}")
+    # a copy: the options object is the caller's (init_rpc's rpc_backend_options)
+    agent.options = dataclasses.replace(agent.options, rpc_timeout=float(rpcTimeoutSeconds))
+
+
+def _get_rpc_timeout():
+    """The default timeout, in seconds, of this process's RPCs (0: none)."""
+    return _need().options.rpc_timeout
 
 
 def remote(to, func, args=None, kwargs=None, timeout=-1):

@@ -19,7 +19,7 @@ _FOREVER = float("inf")
 
 
 class Pending:
-    """One call in flight. ``fut`` is None for a blocking call (its thread waits itself)."""
+    """One call in flight: the Future its reply completes, its destination and deadline."""
 
     __slots__ = ("fut", "dst", "deadline", "what", "timeout")
 
@@ -45,7 +45,8 @@ class PendingCalls:
 
     # ------------------------------------------------------------------ admission
     def add(self, mid, pending, block=True):
-        """Register a call, waiting for a slot of its destination (backpressure)."""
+        """Register a call, waiting for a slot of its destination (backpressure). Returns
+        whether its deadline is now the earliest (whoever expires calls should look again)."""
         dst = pending.dst
         with self._lock:
             while self._closed is None and self._inflight[dst] >= self._max:
@@ -65,18 +66,23 @@ class PendingCalls:
             self._calls[mid] = pending
             if pending.deadline < self.next_deadline:
                 self.next_deadline = pending.deadline
+                return True
+            return False
 
     def _release(self, p):  # with the lock held
         self._inflight[p.dst] -= 1
         self._slot_freed.notify()
 
     # ------------------------------------------------------------------ completion
-    def pop(self, mid):
-        """The call ``mid`` is answered: remove and return it (None if unknown or late)."""
+    def pop(self, mid, src=None):
+        """The call ``mid`` is answered by rank ``src``: remove and return it (None if unknown,
+        late, or not a call to ``src``)."""
         with self._lock:
-            p = self._calls.pop(mid, None)
-            if p is not None:
-                self._release(p)
+            p = self._calls.get(mid)
+            if p is None or (src is not None and p.dst != src):
+                return None
+            del self._calls[mid]
+            self._release(p)
             return p
 
     def expire(self, now):

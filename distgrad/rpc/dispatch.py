@@ -6,6 +6,12 @@ on another thread, by a Future (``@rpc.functions.async_execution``): whatever a
 reply needs (the caller, the message id, the interceptors' state such as the
 autograd context) is on the request, never in a thread-local.
 
+The reply leaves from the thread that produced it, on that thread's own socket
+(``Transport.send``): one hand-off per request (the I/O thread to a handler).
+Short internal operations that never block (:data:`SYSTEM_OPS`: RRef forks and
+fetches, the shutdown barrier, the shared-memory probe, notices that had no ride) arrive as SYSTEM messages
+and are served right on the I/O thread: no hand-off at all.
+
 Every CALL whose header could be read gets a REPLY or an ERROR, whatever its
 body holds: the error path needs nothing but the request's identity and message
 id, and cannot itself fail.
@@ -18,7 +24,11 @@ from . import interceptors, wire
 from .errors import ProtocolError, RefusedCallError, describe_exception
 from ..futures import Future
 
-__all__ = ["Request", "Dispatcher"]
+__all__ = ["Request", "Dispatcher", "SYSTEM_OPS"]
+
+#: Internal operations that never block (a value not there yet is a Future, not a wait):
+#: callers send them as SYSTEM messages, served on the receiver's I/O thread.
+SYSTEM_OPS = frozenset(("@rref.add", "@rref.fetch", "@shm.probe", "@barrier", "@bk"))
 
 log = logging.getLogger("distgrad.rpc")
 Kind = wire.Kind
@@ -66,10 +76,16 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ arrival (I/O thread)
     def submit(self, request, frames):
+        """A CALL: serve it on a handler thread (the one hand-off of a request)."""
+        self.agent.stats["handoffs"] += 1
         self.agent.pool.submit(self.serve, request, frames)
 
+    def serve_here(self, request, frames):
+        """A SYSTEM call: serve it on this (the I/O) thread; only :data:`SYSTEM_OPS`."""
+        self.serve(request, frames, system=True)
+
     # ------------------------------------------------------------------ a handler thread
-    def serve(self, req, frames):
+    def serve(self, req, frames, system=False):
         agent = self.agent
         try:
             size = sum(len(f) for f in frames)
@@ -78,6 +94,9 @@ class Dispatcher:
                                     f"({agent.options.max_message_size})")
             target, args, kwargs, remote = self._decode(req, frames)
             req.target = target
+            if system and target not in SYSTEM_OPS:
+                raise RefusedCallError(f"{target!r} may not be sent as a SYSTEM message (only "
+                                       f"{sorted(SYSTEM_OPS)})")
             if remote is not None:
                 agent.owner.add_fork(remote[0], remote[1], 1, req.src)
                 req.remote = (tuple(remote[0]), tuple(remote[1]))
@@ -92,7 +111,8 @@ class Dispatcher:
             with self._scopes(req):
                 result = fn(*args, **kwargs)
             if isinstance(result, Future) and (_is_async(fn) or target.startswith("@")):
-                result.add_done_callback(lambda f: self._finish(req, f))
+                # replying never blocks: on whichever thread completes the Future
+                result._add_inline_callback(lambda f: self._finish(req, f))
                 return
         except BaseException as e:  # noqa: BLE001 - every error goes back to the caller
             self.reply_error(req, e)
@@ -141,7 +161,8 @@ class Dispatcher:
         else:
             self.reply(req, fut.value())
 
-    # ------------------------------------------------------------------ replies (any thread)
+    # ------------------------------------------------------------------ replies (any thread:
+    # the one that produced the value sends it, on its own socket)
     def reply(self, req, value):
         agent = self.agent
         ctx = None
@@ -150,7 +171,10 @@ class Dispatcher:
                 agent.allowlist.check_value(value, f"{req.target!r}")
                 agent.owner.set_value(req.remote[0], value)
                 req.remote, value = None, None
+            if req.msg_id == 0:  # a one-way call: nobody waits for an answer
+                return
             value, extras = interceptors.send_response(req, value)
+            extras = agent.with_bookkeeping(req.src, extras)
             ctx = agent.encode_context(req.src)
             body, bufs = wire.encode(value, ctx)
             header = wire.pack_header(Kind.REPLY, req.msg_id, agent.rank, extras,
@@ -162,7 +186,7 @@ class Dispatcher:
             self.reply_error(req, e)
             return
         for _ in range(copies):
-            agent.transport.reply(req.ident, [header, body, *bufs])
+            agent.transport.reply(req.ident, req.src, [header, body, *bufs])
 
     def reply_error(self, req, exc):
         agent = self.agent
@@ -172,6 +196,11 @@ class Dispatcher:
                 req.remote = None
         except Exception:  # noqa: BLE001 - the error reply matters more
             log.debug("could not record the failure of an RRef value", exc_info=True)
+        if req.msg_id == 0:  # a one-way call: its error has nobody to go to
+            log.warning("%s: one-way call %s from %s failed: %s: %s", agent.name, req.target,
+                        req.worker.name, type(exc).__name__, exc)
+            agent.stats["one_way_errors"] += 1
+            return
         try:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             body, _ = wire.encode(describe_exception(exc, tb))
@@ -180,5 +209,5 @@ class Dispatcher:
                                    f"an exception of type {type(exc).__name__} was raised "
                                    "(its text could not be sent)", ""])
         agent.stats["errors_replied"] += 1
-        agent.transport.reply(req.ident, [wire.pack_header(Kind.ERROR, req.msg_id, agent.rank),
-                                          body])
+        agent.transport.reply(req.ident, req.src,
+                              [wire.pack_header(Kind.ERROR, req.msg_id, agent.rank), body])

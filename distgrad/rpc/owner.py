@@ -203,14 +203,10 @@ class OwnerOps:
         self.run_later, self.timeout = run_later, timeout
 
     def operations(self):
-        return {"@rref.fetch": self.fetch, "@rref.call": self.call, "@rref.add": self.add,
-                "@rref.del": self.delete}
+        return {"@rref.fetch": self.fetch, "@rref.call": self.call, "@rref.add": self.add}
 
     def add(self, request, rid, fid):
         self.table.add_fork(rid, fid, 1, request.src)
-
-    def delete(self, request, rid, fid):
-        self.table.add_fork(rid, fid, -1, request.src)
 
     def fetch(self, request, rid):
         return self.table.fetch(rid, request.src, self.timeout)
@@ -236,5 +232,5 @@ class OwnerOps:
                 out.set_exception(exc)
             else:
                 self.run_later(request, run, f.value())
-        value_fut.add_done_callback(ready)
+        value_fut._add_inline_callback(ready)  # ready() only queues the call
         return out

@@ -4,6 +4,8 @@ An RRef names a value held by its owner (see ``owner.py`` for the owner's table
 and the fork-counting lifetime protocol). It travels as ``[owner, rref id,
 fork id]``; sending one registers a new fork with the owner first.
 """
+import types
+
 from .. import codec
 from .current import current_agent
 
@@ -38,8 +40,11 @@ class RRef:
     """A reference to a value owned by one worker (``torch.distributed.rpc.RRef``).
 
     ``RRef(value)`` makes an owner RRef in this process; ``rpc.remote`` returns
-    RRefs to values created on other workers.
+    RRefs to values created on other workers. ``RRef[Tensor]`` is a type annotation,
+    as PyTorch's RRef is generic.
     """
+
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     def __init__(self, value=_NOVALUE, type_hint=None):
         self._agent_ref = None

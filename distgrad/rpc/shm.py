@@ -39,6 +39,7 @@ import numpy as np
 
 from .. import codec
 from ..utils.tempdirs import owned_name, sweep_stale
+from .wire import Kind, pack_header
 
 __all__ = ["SegmentPool", "SegmentMaps", "SameHost", "LendingContext", "shm_root", "PREFIX"]
 
@@ -349,7 +350,6 @@ class SameHost:
 
     def send_releases(self, transport, rank):
         """Send the queued releases, one RELEASE per peer (on the socket owner's thread)."""
-        from .wire import Kind, pack_header
         releases = self._releases
         if not releases:
             return

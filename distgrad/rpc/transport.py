@@ -5,20 +5,26 @@ Sockets and the one thread that owns each:
 ==================  =====================================================  ==============
 socket              job                                                    owner thread
 ==================  =====================================================  ==============
-``router``          bound endpoint: CALLs and one-way messages in,         the I/O thread
-                    replies out
-``dealers[r]``      to peer ``r``: asynchronous CALLs out, their replies   the I/O thread
-                    in, one-way messages out
+``router``          bound endpoint: every message addressed to this        the I/O thread
+                    process comes in here (CALLs, replies, one-way)
+``dealers[r]``      to peer ``r``: what the I/O thread itself sends        the I/O thread
+                    (replies of calls it serves, RRef releases, LEAVE)
 ``monitors[r]``     connection events of ``dealers[r]`` (liveness)         the I/O thread
-sync sockets        to peer ``r`` for ``rpc_sync``: the calling thread     that calling
-                    sends and waits on its own socket (no thread hop)      thread
+own sockets         a thread's own DEALER to peer ``r``: the CALLs this    that thread
+                    thread makes and the replies of the calls it serves
 ==================  =====================================================  ==============
 
-Every other thread hands frames to the I/O thread through the outbox: a deque
-plus an eventfd (a pipe where there is none). A producer appends, then signals;
-the I/O thread clears the signal, then drains. So a frame appended after the
-drain has signalled again and cannot be forgotten (no flag that could swallow
-a wake-up).
+A message leaves from the thread that produced it, on a socket that thread owns
+(:meth:`Transport.send`): a caller's request from the caller's own socket, a
+handler's reply from the handler's own socket. Nothing is handed to another thread
+to be sent, and a socket is never shared: a thread's own sockets live in its
+thread-local storage and are closed when the thread ends. Replies therefore come
+in on the router, not on the socket their request left from, and the I/O thread
+routes them to the pending call (``calls.py``). The hand-off count of each path is
+in ``PROTOCOL.md``. The one exception: a request that did not come from a peer's
+own socket (a client of another kind) is answered on the connection it came on,
+which only the router's owner can do: such replies go through the outbox, a deque
+plus an eventfd (a pipe where there is none) that wakes the I/O thread.
 
 Liveness does not need the GIL: ZeroMQ's own ZMTP heartbeats
 (``HEARTBEAT_IVL``/``_TIMEOUT``/``_TTL``) are answered by libzmq's I/O thread, so
@@ -41,6 +47,7 @@ peers are told it is leaving.
 """
 import collections
 import errno
+import itertools
 import logging
 import os
 import threading
@@ -52,15 +59,15 @@ from zmq.utils.monitor import parse_monitor_message
 from . import wire
 from .errors import ProtocolError
 
-__all__ = ["Transport", "send_frames"]
+__all__ = ["Transport", "send_frames", "frames_nbytes"]
 
 log = logging.getLogger("distgrad.rpc")
 Kind = wire.Kind
 
 _ZERO_COPY_MIN = 1 << 16  # below this, copying is cheaper than pyzmq's zero-copy bookkeeping
 _BATCH = 64               # messages taken from one socket before looking at the others
-_SYNC_SLICE = 0.05        # how often a blocking call looks at its peer's liveness
 _LEAVE_LINGER = 100       # ms a LEAVE may take to reach a live peer when we close
+_OWN_LINGER = 1000        # ms a thread's last messages may take to leave after it ends
 _MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
               | zmq.EVENT_CONNECTED)
 
@@ -76,6 +83,10 @@ def _received_frame(a):
     return None
 
 
+_SNDMORE, _NOBLOCK, _POLLIN, _EVENTS = (int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.POLLIN),
+                                        int(zmq.EVENTS))  # plain ints: enum arithmetic is slow
+
+
 def send_frames(sock, frames, flags=0):
     """Send a multipart message; large buffers go zero-copy."""
     last = len(frames) - 1
@@ -88,11 +99,30 @@ def send_frames(sock, frames, flags=0):
             if received is not None:
                 f = received
             copy = False
-        sock.send(f, flags | (zmq.SNDMORE if i < last else 0), copy=copy)
+        sock.send(f, flags | _SNDMORE if i < last else flags, copy=copy)
+
+
+def frames_nbytes(frames):
+    """Bytes of a message's frames (bytes, arrays or zmq Frames)."""
+    n = 0
+    for f in frames:
+        n += len(f) if type(f) is bytes or type(f) is zmq.Frame else f.nbytes
+    return n
+
+
+def _recv_frames(sock):
+    """One waiting multipart message as zmq Frames (the caller knows one is waiting)."""
+    f = sock.recv(_NOBLOCK, copy=False)
+    frames = [f]
+    while f.more:
+        f = sock.recv(0, copy=False)
+        frames.append(f)
+    return frames
 
 
 class _Wake:
-    """The outbox's signal: edge-safe (clear, then drain) and never blocking a producer."""
+    """Wakes the I/O thread (work was queued for its ``on_tick``): edge-safe (the I/O
+    thread clears it before it looks at the work) and never blocking the signaller."""
 
     def __init__(self):
         if hasattr(os, "eventfd"):
@@ -124,12 +154,14 @@ class _Wake:
 
 
 class _ThreadSockets(dict):
-    """A thread's own sync sockets, closed when the thread ends (its locals die with it)."""
+    """A thread's own sockets (peer rank -> DEALER), closed when the thread ends (its
+    thread-local storage dies with it, on that thread). What they still hold leaves
+    within the linger."""
 
     def __del__(self):
         for s in self.values():
             try:
-                s.close(linger=0)
+                s.close(linger=_OWN_LINGER)
             except Exception:  # noqa: BLE001 - the context is already gone
                 pass
 
@@ -138,7 +170,9 @@ class Transport:
     """Sockets and liveness of one process. Callbacks run on the I/O thread:
 
     ``on_request(ident, msg_id, src, extra, segments, frames)`` a CALL arrived;
-    ``on_reply(rank, kind, msg_id, extra, segments, frames)`` a reply to an async call;
+    ``on_system_request(...)`` (same arguments, optional) a SYSTEM call arrived: an
+    internal operation served right there, on the I/O thread;
+    ``on_reply(rank, kind, msg_id, extra, segments, frames)`` a REPLY or ERROR arrived;
     ``on_release(src, names)`` a peer released shared-memory segments;
     ``on_peer_down(rank, why, left)`` a peer died (``left=False``) or left;
     ``on_peer_up(rank)`` a peer reported down answers again;
@@ -151,9 +185,12 @@ class Transport:
         self.handlers = handlers
         self.ctx = zmq.Context()
         self.stats = collections.Counter()
-        self._outbox = collections.deque()
+        self._on_system = getattr(handlers, "on_system_request", None)
+        self._outbox = collections.deque()  # (router identity, frames) for the I/O thread
         self._wake = _Wake()
-        self._tls = threading.local()
+        self._tls = threading.local()      # .socks: the calling thread's own sockets
+        self._own_ids = itertools.count(1)  # routing identities of own sockets
+        self._io_ident = None               # thread id of the I/O thread, once running
         self._down = {}            # rank -> why (dead or left); read by any thread
         self._left = set()
         self._suspect = {}         # rank -> deadline (I/O thread only)
@@ -245,14 +282,73 @@ class Transport:
 
     # ------------------------------------------------------------------ any thread
     def send(self, dst, frames):
-        """Queue a message to peer ``dst`` (asynchronous CALLs, one-way messages)."""
-        self._outbox.append((dst, frames))
-        self._wake.signal()
+        """Send a message to peer ``dst`` now, from the calling thread and on a socket it
+        owns: the I/O thread's dealer on the I/O thread, else this thread's own socket to
+        ``dst`` (made on first use). No thread hand-off. Returns False if it could not be
+        sent (this side is closing, or the peer is gone)."""
+        if threading.get_ident() == self._io_ident:
+            sock = self.dealers[dst]
+        else:
+            socks = getattr(self._tls, "socks", None)
+            if socks is None:
+                socks = self._tls.socks = _ThreadSockets()
+            sock = socks.get(dst)
+            if sock is None:
+                if self._closed.is_set() or self._stop:
+                    self.stats["send_failed"] += 1
+                    return False
+                sock = socks[dst] = self._own_socket(dst)
+        try:
+            send_frames(sock, frames)
+        except zmq.ZMQError as e:  # closing, or a peer that vanished: an expected event
+            self.stats["send_failed"] += 1
+            if e.errno != errno.EHOSTUNREACH:
+                log.debug("%s: send to rank %d failed: %s", self.name, dst, e)
+            return False
+        self._count(frames)
+        return True
 
-    def reply(self, ident, frames):
-        """Queue a reply to the peer socket ``ident`` of a CALL."""
-        self._outbox.append((ident, frames))
-        self._wake.signal()
+    def _count(self, frames):
+        # what crossed the wire (arrays in shared memory travel as a reference)
+        stats = self.stats
+        stats["messages_sent"] += 1
+        stats["bytes_sent"] += frames_nbytes(frames)
+
+    def reply(self, ident, src, frames):
+        """Send a reply to the request that came on connection ``ident`` from rank ``src``:
+        from this thread to ``src``'s router when ``ident`` is one of ``src``'s own sockets
+        (the normal case, no hand-off), else back on that connection (through the outbox:
+        only the I/O thread may use the router)."""
+        if ident is not None and (ident == b"%d" % src or ident.startswith(b"%d:" % src)):
+            return self.send(src, frames)
+        if threading.get_ident() == self._io_ident:
+            self._send_router(ident, frames)
+        else:
+            self._outbox.append((ident, frames))
+            self._wake.signal()
+        return True
+
+    def _send_router(self, ident, frames):  # on the I/O thread
+        try:
+            send_frames(self.router, [ident, *frames])
+        except zmq.ZMQError as e:  # a peer that vanished is an expected event
+            self.stats["send_failed"] += 1
+            if e.errno != errno.EHOSTUNREACH:
+                log.debug("%s: reply on a connection failed: %s", self.name, e)
+            return
+        self._count(frames)
+
+    def _own_socket(self, dst):
+        s = self.socket(zmq.DEALER)
+        # a distinct identity per connection (the router would hand one identity over to
+        # the newest connection); the rank in front names the sender in logs
+        s.identity = b"%d:%d" % (self.rank, next(self._own_ids))
+        s.connect(self.endpoints[dst])
+        return s
+
+    def on_io_thread(self):
+        """Whether the calling thread is the I/O thread."""
+        return threading.get_ident() == self._io_ident
 
     def wake(self):
         """Make the I/O thread run its ``on_tick`` soon (work was queued for it)."""
@@ -269,49 +365,13 @@ class Transport:
     def running(self):
         return self._thread is not None and not self._closed.is_set()
 
-    def sync_socket(self, dst):
-        """The calling thread's own dealer to ``dst`` (created on first use)."""
-        socks = getattr(self._tls, "socks", None)
-        if socks is None:
-            socks = self._tls.socks = _ThreadSockets()
-        s = socks.get(dst)
-        if s is None:
-            s = socks[dst] = self.socket(zmq.DEALER)
-            s.connect(self.endpoints[dst])
-        return s
-
-    def sync_exchange(self, dst, frames, mid, deadline, check, copies=1):
-        """Send a CALL (``copies`` times: 0 drops it) on this thread's socket and wait for
-        its reply; ``check()`` runs between slices of the wait and raises to abandon it
-        (dead peer, shutdown). Returns (kind, extra, segments, frames) of the reply, or
-        None on timeout."""
-        sock = self.sync_socket(dst)
-        for _ in range(copies):
-            send_frames(sock, frames)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            if sock.poll(int(min(left, _SYNC_SLICE) * 1000) + 1):
-                reply = sock.recv_multipart(copy=False)
-                try:
-                    kind, rmid, _, extra, segments = wire.unpack_header(reply[0].bytes)
-                except ProtocolError as e:
-                    self.drop(str(e))
-                    continue
-                if rmid != mid:  # the late reply of an earlier, timed-out call
-                    self.stats["late_replies"] += 1
-                    self.handlers.on_late(dst, segments)
-                    continue
-                return kind, extra, segments, reply[1:]
-            check()
-
     def drop(self, why):
         self.stats["dropped"] += 1
         log.debug("%s: dropped a message: %s", self.name, why)
 
     # ------------------------------------------------------------------ the I/O thread
     def _run(self):
+        self._io_ident = threading.get_ident()
         try:
             self._loop()
         except BaseException as e:  # noqa: BLE001 - never die silently: say why, fail calls
@@ -334,7 +394,8 @@ class Transport:
     def _loop(self):
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        poller.register(self._wake.fd, zmq.POLLIN)
+        wake_fd = self._wake.fd
+        poller.register(wake_fd, zmq.POLLIN)
         dealer_rank = {}
         for r, d in enumerate(self.dealers):
             poller.register(d, zmq.POLLIN)
@@ -347,8 +408,10 @@ class Transport:
             wait = min([handlers.next_deadline(), now + 1.0, *self._suspect.values(),
                         *(t for t, _ in self._leaving.values())]) - now
             events = poller.poll(max(0, int(wait * 1000) + 1))
-            self._wake.clear()  # clear first, then drain: a later send signals again
-            self._flush()
+            if any(s == wake_fd for s, _ in events):
+                self._wake.clear()  # clear first, then look at the work: a later wake signals
+            while self._outbox:
+                self._send_router(*self._outbox.popleft())
             for sock, _ in events:
                 if sock is router:
                     self._guarded(self._on_router)
@@ -367,7 +430,8 @@ class Transport:
                     del self._leaving[r]
                     handlers.on_peer_down(r, why, True)
             handlers.on_tick(now)
-        self._flush()
+        while self._outbox:
+            self._send_router(*self._outbox.popleft())
         if self._announce is not None:
             self._send_leave(self._announce)
 
@@ -383,27 +447,13 @@ class Transport:
             log.warning("%s: a message could not be handled and was dropped: %s: %s", self.name,
                         type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
 
-    def _flush(self):
-        out = self._outbox
-        while out:
-            target, frames = out.popleft()
-            try:
-                if type(target) is int:
-                    send_frames(self.dealers[target], frames)
-                else:
-                    send_frames(self.router, [target, *frames])
-            except zmq.ZMQError as e:  # a peer that vanished is an expected event
-                self.stats["send_failed"] += 1
-                if e.errno != errno.EHOSTUNREACH:
-                    log.debug("%s: send failed: %s", self.name, e)
-
     def _incoming(self, sock, header_at):
         """(frames, kind, msg_id, src, extra, segments) of up to _BATCH waiting messages."""
         for _ in range(_BATCH):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            # asking is cheaper than the exception an empty socket raises
+            if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
+            frames = _recv_frames(sock)
             if len(frames) < header_at + 2:
                 self.drop(f"{len(frames)} frames")
                 continue
@@ -421,7 +471,11 @@ class Transport:
                 self.drop(f"source rank {src} is not in the world")
                 h.on_late(None, segments)
             elif kind == Kind.CALL:
-                h.on_request(frames[0], mid, src, extra, segments, frames[2:])
+                h.on_request(frames[0].bytes, mid, src, extra, segments, frames[2:])
+            elif kind == Kind.REPLY or kind == Kind.ERROR:
+                h.on_reply(src, kind, mid, extra, segments, frames[2:])
+            elif kind == Kind.SYSTEM and self._on_system is not None:
+                self._on_system(frames[0].bytes, mid, src, extra, segments, frames[2:])
             elif kind in (Kind.RELEASE, Kind.LEAVE) and frames[0].bytes != b"%d" % src:
                 # one-way messages come from the peer's own dealer, whose identity is its rank
                 self.drop(f"{Kind.NAMES[kind]} claiming rank {src} from another connection")
@@ -436,11 +490,11 @@ class Transport:
                 h.on_late(src, segments)
 
     def _on_dealer(self, sock, rank):
-        for frames, kind, mid, _, extra, segments in self._incoming(sock, 0):
-            if kind in (Kind.REPLY, Kind.ERROR):
-                self.handlers.on_reply(rank, kind, mid, extra, segments, frames[1:])
-            else:
-                self.drop(f"{Kind.NAMES.get(kind, kind)} on a reply socket")
+        # Peers send everything to the router; a router sends nothing back on a
+        # connection, so whatever arrives here is not from a peer that follows the protocol.
+        for frames, kind, _, _, _, segments in self._incoming(sock, 0):
+            self.drop(f"{Kind.NAMES.get(kind, kind)} on a dealer socket")
+            self.handlers.on_late(rank, segments)
 
     def _on_monitor(self, mon, rank):
         for _ in range(_BATCH):

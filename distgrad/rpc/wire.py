@@ -18,7 +18,7 @@ from .errors import ProtocolError, UnsendableError
 
 __all__ = ["VERSION", "Kind", "pack_header", "unpack_header", "encode", "decode"]
 
-VERSION = 2
+VERSION = 3
 MAX_HEADER = 64 * 1024
 
 
@@ -26,10 +26,12 @@ class Kind:
     CALL = 1      # request: body = [target, args, kwargs, remote_ref or None]; gets REPLY or ERROR
     REPLY = 2     # response: body = value
     ERROR = 3     # response: body = [type name, module, message, traceback]
+    SYSTEM = 4    # request of a short internal operation, served on the receiver's I/O thread
     LEAVE = 6     # one-way: the sender is leaving the world (body: the reason, text)
     RELEASE = 7   # one-way: shared-memory segments (named in the header) the sender released
-    ALL = frozenset((CALL, REPLY, ERROR, LEAVE, RELEASE))
-    NAMES = {CALL: "CALL", REPLY: "REPLY", ERROR: "ERROR", LEAVE: "LEAVE", RELEASE: "RELEASE"}
+    ALL = frozenset((CALL, REPLY, ERROR, SYSTEM, LEAVE, RELEASE))
+    NAMES = {CALL: "CALL", REPLY: "REPLY", ERROR: "ERROR", SYSTEM: "SYSTEM", LEAVE: "LEAVE",
+             RELEASE: "RELEASE"}
 
 
 _packb = msgpack.packb

@@ -12,6 +12,7 @@ the input tensors, so one lambda serves both.
 import numpy as np
 
 import distgrad
+from ..autograd._internal import array_of
 
 try:  # PyTorch is the oracle, never a dependency.
     import torch
@@ -83,7 +84,7 @@ def check_op(fn, shapes, torch_fn=None, *, dtype=np.float64, seed=0, low=-2.0, h
     th_out = _flat((torch_fn or fn)(torch, *th_in))
     assert len(dg_out) == len(th_out), f"{len(dg_out)} outputs vs torch's {len(th_out)}"
     for i, (d, t) in enumerate(zip(dg_out, th_out)):
-        dv = d._data if isinstance(d, distgrad.Tensor) else np.asarray(d)
+        dv = array_of(d) if isinstance(d, distgrad.Tensor) else np.asarray(d)
         tv = from_torch(t) if isinstance(t, torch.Tensor) else np.asarray(t)
         assert dv.shape == tv.shape, f"output {i}: shape {dv.shape} vs torch {tv.shape}"
         assert dv.dtype == tv.dtype, f"output {i}: dtype {dv.dtype} vs torch {tv.dtype}"
@@ -95,10 +96,10 @@ def check_op(fn, shapes, torch_fn=None, *, dtype=np.float64, seed=0, low=-2.0, h
     dg_roots, th_roots, dg_grads, th_grads = [], [], [], []
     for d, t in zip(dg_out, th_out):
         if isinstance(d, distgrad.Tensor) and d.requires_grad:
-            g = rng.standard_normal(d._data.shape)
-            if d._data.dtype.kind == "c":
-                g = g + 1j * rng.standard_normal(d._data.shape)
-            g = g.astype(d._data.dtype)
+            g = rng.standard_normal(array_of(d).shape)
+            if array_of(d).dtype.kind == "c":
+                g = g + 1j * rng.standard_normal(array_of(d).shape)
+            g = g.astype(array_of(d).dtype)
             dg_roots.append(d)
             th_roots.append(t)
             dg_grads.append(distgrad.tensor(g))
@@ -113,11 +114,11 @@ def check_op(fn, shapes, torch_fn=None, *, dtype=np.float64, seed=0, low=-2.0, h
         tg = t.grad
         dgv = d.grad
         if tg is None:
-            assert dgv is None or not np.any(dgv._data), f"input {i}: torch has no grad"
+            assert dgv is None or not np.any(array_of(dgv)), f"input {i}: torch has no grad"
             continue
         assert dgv is not None, f"input {i}: distgrad produced no gradient, torch did"
-        assert dgv._data.dtype == from_torch(tg).dtype, f"input {i} grad dtype"
-        np.testing.assert_allclose(dgv._data, from_torch(tg), atol=atol, rtol=rtol,
+        assert array_of(dgv).dtype == from_torch(tg).dtype, f"input {i} grad dtype"
+        np.testing.assert_allclose(array_of(dgv), from_torch(tg), atol=atol, rtol=rtol,
                                    equal_nan=True, err_msg=f"gradient of input {i}")
     return dg_out
 

@@ -25,7 +25,7 @@ leave it as it found it. Faults: ``world.kill/pause/resume(name)`` and
 
 Workers run the test modules (and conftest modules) of the test and the modules in
 ``allowed_modules`` or the ini option ``distgrad_allowed_modules``; everything else
-is refused as usual.
+is refused as usual, with an error that names those two (:data:`ALLOW_ADVICE`).
 """
 import os
 import sys
@@ -41,6 +41,10 @@ _TIMEOUT = pytest.StashKey()        # item -> (deadline, method) of pytest-timeo
 _REGISTRY = pytest.StashKey()       # config -> harness.Registry
 _WORLD_MODULES = pytest.StashKey()  # config -> {module: file} of the tests that use worlds
 _HANG_SECTION = "distgrad: stacks and pending calls of every rank"
+#: How a refused module is allowed in a test world: what a refusal on any rank says
+ALLOW_ADVICE = ("add {module} to distgrad_allowed_modules in the pytest ini file (pytest.ini, "
+                "or [tool.pytest.ini_options] in pyproject.toml), or pass "
+                "allowed_modules=['{module}'] to rpc_world(...) or @pytest.mark.world(...)")
 
 
 def pytest_addoption(parser):
@@ -174,8 +178,11 @@ def _scope_id(item, scope):
 
 
 def _allowed(config, options):
-    return list(dict.fromkeys([*config.getini("distgrad_allowed_modules"),
-                               *options.get("allowed_modules", ())]))
+    """``options`` with the modules a world allows, and how to allow another."""
+    options["allowed_modules"] = list(dict.fromkeys([*config.getini("distgrad_allowed_modules"),
+                                                     *options.get("allowed_modules", ())]))
+    options.setdefault("allow_advice", ALLOW_ADVICE)
+    return options
 
 
 def _finish(request, tw):
@@ -200,9 +207,8 @@ def rpc_world(request):
     tw = _test_worlds(request)
 
     def start(n=2, transport="ipc", *, scope="function", leak_check=None, **options):
-        options["allowed_modules"] = _allowed(request.config, options)
         return tw.open(n, transport, scope, _scope_id(request.node, scope), leak_check,
-                       **options)
+                       **_allowed(request.config, options))
     yield start
     _finish(request, tw)
 
@@ -235,11 +241,10 @@ def spmd_world(request, world_size):
     scope = options.pop("scope", "function")
     transport = options.pop("transport", "ipc")
     leak_check = options.pop("leak_check", None)
-    options["allowed_modules"] = _allowed(request.config, options)
     tw = _test_worlds(request)
     try:
         world = tw.open(world_size - 1, transport, scope, _scope_id(request.node, scope),
-                        leak_check, **options)
+                        leak_check, **_allowed(request.config, options))
     except BaseException:
         tw.finish(failed=True)  # what did start is closed
         raise

@@ -33,6 +33,7 @@ from distgrad.rpc import api
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.rendezvous import RendezvousServer
 from distgrad.rpc.agent import IPC_DIR_PREFIX
+from distgrad.rpc.allowlist import ADVICE_ENV
 from distgrad.utils.tempdirs import owned_tempdir, sweep_stale
 
 from . import forkserver
@@ -68,12 +69,16 @@ class World:
     ``test_modules`` ({module name: file}) are trusted on every rank; ``import_paths``
     go on the workers' import path after this process's; ``start_method`` is "fork"
     (through the fork server) or "spawn" (default: fork, unless ``worker_env`` sets
-    variables read at import time).
+    variables read at import time); ``allow_advice`` is what a refused module's error
+    tells to do, on every rank ("{module}" stands for the module; default: init_rpc's
+    options, see :data:`distgrad.rpc.allowlist.ADVICE_ENV`).
     """
 
     def __init__(self, n, transport="ipc", worker_env=None, init_driver=True, grace=10.0,
-                 test_modules=None, import_paths=(), start_method=None, **options):
+                 test_modules=None, import_paths=(), start_method=None, allow_advice=None,
+                 **options):
         self.n, self.transport, self.grace = n, transport, grace
+        self.allow_advice = allow_advice
         self.worker_env = dict(worker_env or {})
         self.init_driver = init_driver
         self.test_modules = dict(test_modules or {})
@@ -125,6 +130,9 @@ class World:
                                          ipc_dir=self.dir, **options)
                 api.init_rpc("worker0", rank=0, world_size=self.n + 1, rpc_backend_options=opts,
                              _rendezvous_server=server)
+                if self.allow_advice:
+                    from distgrad.rpc import current_agent
+                    current_agent().allowlist.advice = self.allow_advice
                 self._end_rendezvous(server)
         except BaseException:
             self.close(show_logs=True, graceful=False)
@@ -159,6 +167,8 @@ class World:
         e.pop("RANK", None), e.pop("WORLD_SIZE", None)
         if self.test_modules:
             e[TEST_MODULES_ENV] = json.dumps(self.test_modules)
+        if self.allow_advice:
+            e[ADVICE_ENV] = self.allow_advice
         if self.options.get("curve_public_key"):
             e["DISTGRAD_CURVE_PUBLIC_KEY"] = self.options["curve_public_key"].decode()
             e["DISTGRAD_CURVE_SECRET_KEY"] = self.options["curve_secret_key"].decode()

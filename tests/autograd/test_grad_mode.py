@@ -91,3 +91,20 @@ def test_inference_mode_decorator_and_disabled():
     assert f()
     with distgrad.inference_mode(False):
         assert not distgrad.ones(1).is_inference()
+
+
+def test_one_mode_object_entered_twice_restores_each_level():
+    # The previous mode lives on the thread's stack, not on the object (PyTorch keeps it
+    # on the object, so there the outer exit restores the inner entry's value).
+    ng = distgrad.no_grad()
+    with ng:
+        with ng:
+            pass
+        assert not distgrad.is_grad_enabled()
+    assert distgrad.is_grad_enabled()
+    im = distgrad.inference_mode()
+    with im:
+        with im:
+            pass
+        assert distgrad.is_inference_mode_enabled()
+    assert not distgrad.is_inference_mode_enabled() and distgrad.is_grad_enabled()

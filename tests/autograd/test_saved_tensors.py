@@ -200,3 +200,29 @@ def test_register_hooks_twice_raises():
     y.grad_fn._raw_saved_self.register_hooks(lambda t: t, lambda t: t)
     with pytest.raises(RuntimeError):
         y.grad_fn._raw_saved_self.register_hooks(lambda t: t, lambda t: t)
+
+
+def test_disable_saved_tensors_hooks_entered_twice():
+    blocker = disable_saved_tensors_hooks("no hooks here")
+    with blocker:
+        with blocker:
+            pass
+        with pytest.raises(RuntimeError, match="no hooks here"):
+            with saved_tensors_hooks(lambda t: t, lambda t: t):
+                pass
+    with saved_tensors_hooks(lambda t: t, lambda t: t):  # allowed again after the outer exit
+        pass
+
+
+def test_same_saved_tensors_hooks_object_nested():
+    log = []
+    hooks = saved_tensors_hooks(lambda t: (log.append("pack"), t)[1],
+                                lambda t: (log.append("unpack"), t)[1])
+    x = distgrad.ones(2, requires_grad=True)
+    with hooks:
+        with hooks:
+            y = x * x
+        z = y.exp()
+    w = x.sin()  # outside both: no hooks
+    (z.sum() + w.sum()).backward()
+    assert log.count("pack") == 3 and log.count("unpack") == 3

@@ -1,10 +1,10 @@
 """Running ``distgrad launch`` as a user would, in a temp directory, reaping everything.
 
 ``launcher(*args)`` starts ``python -m distgrad launch ARGS --no-progress --no-plot``
-with the temp directory as its working directory and its output in a file; the
-fixture kills every launcher that is still running when the test ends, and every
-process any launch recorded in ``processes*.json``, so a failing test leaves
-nothing behind either.
+(``progress=True``: with progress lines) with the temp directory as its working
+directory and its output in a file; the fixture kills every launcher that is still
+running when the test ends, and every process any launch recorded in
+``processes*.json``, so a failing test leaves nothing behind either.
 """
 import os
 import subprocess
@@ -27,7 +27,7 @@ def tiny_config(tmp_path):
 def launcher(tmp_path):
     started = []
 
-    def start(*args, env=None, cwd=None):
+    def start(*args, env=None, cwd=None, progress=False):
         cwd = Path(cwd or tmp_path)
         output = cwd / f"launch-{len(started)}.out"
         e = dict(os.environ)
@@ -37,8 +37,9 @@ def launcher(tmp_path):
         e.update(env or {})
         with open(output, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "distgrad", "launch", *map(str, args), "--no-progress",
-                 "--no-plot"], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", "distgrad", "launch", *map(str, args), "--no-plot",
+                 *([] if progress else ["--no-progress"])], cwd=cwd, stdout=out,
+                stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=e)
         launch = Launch(proc, cwd, output)
         started.append(launch)

@@ -174,7 +174,82 @@ def test_unreadable_and_invalid_files(tmp_path):
 def test_scheduler_world_size_must_match_the_config(tmp_path, monkeypatch):
     from distgrad.launch.environment import detect
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7",
-           "SLURM_JOB_NODELIST": "localhost"}
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_ID": "0"}
     with pytest.raises(ValueError, match="SLURM_NTASKS=4 but the config's world.workers "
                                          "needs 3 processes"):
         detect(2, env)
+
+
+def test_a_launch_in_a_slurm_batch_script_outside_srun_says_so_instead_of_waiting():
+    """The batch script of ``sbatch --ntasks=3`` has SLURM_PROCID=0 and SLURM_NTASKS=3 but
+    no step: as rank 0 it would wait for two tasks nobody starts."""
+    from distgrad.launch.environment import detect
+    batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "7",
+             "SLURM_JOB_NODELIST": "localhost"}
+    with pytest.raises(ValueError, match=r"batch script of Slurm job 7, not a task of an srun "
+                                         r"step: .*`srun --overcommit distgrad launch"):
+        detect(2, batch)
+    assert detect(2, batch, force_local=True).kind == "local"
+    assert detect(2, dict(batch, SLURM_STEP_ID="0")).kind == "slurm"
+
+
+def test_a_misspelled_name_in_an_override_is_blamed_on_the_override_with_the_right_name(
+        tmp_path):
+    path = write(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["optimizer.lr=0.1"])
+    assert (info.value.key, info.value.source, info.value.line) == (
+        "optimizer", "command line override 'optimizer.lr=0.1'", None)
+    assert "optimizer: unknown table or key (did you mean 'optim'?); known: run, world" \
+        in str(info.value)
+    with pytest.raises(ConfigError, match=r"^command line override 'run.stepz=3': run.stepz: "
+                                          r"unknown key \(did you mean 'steps'\?\)"):
+        load_config(path, ["run.stepz=3"])
+    # the same mistake in the file is the file's, at its line
+    in_file = write(tmp_path, TINY + "[optimizer]\nlr = 0.1\n", "o.toml")
+    with pytest.raises(ConfigError, match=rf"^{in_file}:22: optimizer: unknown table or key "
+                                          r"\(did you mean 'optim'\?\)"):
+        load_config(in_file)
+    with pytest.raises(ConfigError, match="unknown table or key; known"):  # nothing close
+        load_config(path, ["zzz.lr=0.1"])
+
+
+def _command(*args, cwd):
+    import subprocess
+    import sys
+    from launch_support import ROOT
+    return subprocess.run([sys.executable, "-W", "error", "-m", "distgrad", "launch", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=60,
+                          env={**__import__("os").environ, "PYTHONPATH": ROOT})
+
+
+def test_help_config_lists_every_key_of_every_table_offload_too(tmp_path):
+    from distgrad.launch.config import SCHEMA
+    from distgrad.offload.config import KEYS, KEY_DOCS, POLICY_DOCS
+    from distgrad.offload.policy import OffloadPolicy
+    assert set(KEY_DOCS) == {"kind", *(k for keys in KEYS.values() for k in keys)}
+    assert tuple(POLICY_DOCS) == OffloadPolicy.KEYS          # every key the checks accept
+    done = _command("--help-config", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = {}
+    table = None
+    for line in done.stdout.splitlines():
+        if line.startswith("["):
+            table = line.split()[0].strip("[]")
+            listed[table] = set()
+        else:
+            listed[table].add(line.split()[0])
+    for name, fields in SCHEMA.items():
+        assert set(fields) <= listed[name], name
+    assert listed["offload"] == set(KEY_DOCS)
+    assert listed["offload.policy"] == set(OffloadPolicy.KEYS)
+
+
+def test_a_launch_without_overrides_warns_of_nothing(tmp_path):
+    path = write(tmp_path)
+    done = _command("--check", path, cwd=tmp_path)   # options first: no override follows
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr
+    done = _command(path, "optim.lr=0.5", "--check", "run.steps=3", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert '"lr": 0.5' in done.stdout and '"steps": 3' in done.stdout

@@ -73,6 +73,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one_bit_for_bit(launcher, tiny_c
     cut = tmp_path / "cut"
     shutil.copytree(whole.run_dir, cut)
     shutil.rmtree(ckpt.step_dir(cut, 8))
+    (cut / "result.json").unlink()                            # killed: it has none
     resumed = launcher(tiny_config, *DDP, "run.steps=8", "checkpoint.every=4", "--resume",
                        "--run-dir", cut)
     assert resumed.wait() == 0, resumed.output

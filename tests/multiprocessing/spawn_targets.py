@@ -40,7 +40,13 @@ def sleep_forever(i, path):
 
 
 def parent_main(path, nprocs):
-    """A parent process for the orphan tests: spawns sleeping children and joins them."""
+    """A parent process for the orphan tests: spawns sleeping children and joins them.
+
+    Ctrl-C raises KeyboardInterrupt here, as in a program run from a terminal, also when
+    the suite runs where SIGINT is ignored (a background job of a script, nohup): an
+    ignored SIGINT is inherited, Python then installs no KeyboardInterrupt, and the
+    interrupt test would wait out the children's 60 s sleep."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import distgrad.multiprocessing as mp
     mp.spawn(sleep_forever, args=(path,), nprocs=nprocs)
 

@@ -156,28 +156,6 @@ def test_bytes_in_flight_are_bounded():
         tier.get(2)
 
 
-def test_experiment_config_errors_name_the_key_and_file(tmp_path):
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "offload_experiment.py")
-    spec = importlib.util.spec_from_file_location("offload_experiment", path)
-    runner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runner)
-    cfg = tmp_path / "exp.toml"
-    base = '[model]\nbatch = 8\nwidth = 8\nlayers = 1\n[[run]]\nname = "none"\nkind = "none"\n'
-    cfg.write_text(base)
-    assert runner.load_config(str(cfg))["run"][0]["name"] == "none"
-    for extra, message in (('[experiment]\nstepz = 3\n', "unknown key 'stepz' in \\[experiment\\]"),
-                           ('[[run]]\nname = "d"\nkind = "disk"\nreed = "mmap"\n',
-                            "\\[\\[run\\]\\] 'd': unknown key 'reed'"),
-                           ('[[run]]\nname = "t"\nkind = "tiered"\n', "needs key 'memory_bytes'"),
-                           ('[modle]\n', "unknown table \\[modle\\]")):
-        cfg.write_text(base + extra)
-        with pytest.raises(ValueError, match=message) as info:
-            runner.load_config(str(cfg))
-        assert str(cfg) in str(info.value)
-
-
 def test_an_observer_sees_each_write_and_each_read_that_costs_io(tmp_path):
     events = []
     tier = MemoryTier(1000, DiskTier(str(tmp_path)))  # observing reaches the disk tier

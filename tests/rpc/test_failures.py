@@ -71,7 +71,7 @@ def test_garbage_is_dropped_counted_and_serving_goes_on(rpc_world, transport):
             [msgpack.packb([99, 1, 1, 0, None]), GOOD_BODY],               # unknown version
             [msgpack.packb([1, 77, 1, 0, None]), GOOD_BODY],               # unknown kind
             [b"\x91" + b"\x00" * 70000, GOOD_BODY],                        # oversized header
-            [wire.pack_header(wire.Kind.REPLY, 1, 0), b""],                # reply on request port
+            [wire.pack_header(wire.Kind.RELEASE, 0, 0, None, ["x"]), b""],  # forged one-way
         ]
         for frames in bad:
             s.send_multipart(frames)

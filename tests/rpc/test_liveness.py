@@ -88,7 +88,7 @@ def test_the_io_thread_never_dies_silently(rpc_world):
 
     def broken(*a):
         raise MemoryError("injected")
-    agent.transport._on_dealer = broken  # the next reply kills the I/O thread
+    agent.transport._on_router = broken  # the next reply (replies come to the router) kills it
     with pytest.raises(rpc.RpcError, match="I/O thread failed with MemoryError: injected"):
         pending.wait(10)
     with pytest.raises(rpc.RpcError, match="I/O thread failed"):

@@ -28,7 +28,9 @@ def test_remote_object_and_proxies(rpc_world):
     assert r.rpc_async().increment().wait() == 16
     r2 = r.remote().get()
     assert r2.to_here() == 16
-    assert r.confirmed_by_owner()
+    # the owner's confirmation travels apart from the calls' replies (as in PyTorch, where
+    # it is asynchronous too): it comes, but not necessarily before them
+    assert wait_for(r.confirmed_by_owner)
     with pytest.raises(RuntimeError, match="local_value"):
         r.local_value()
     assert rpc.rpc_sync("worker2", f.rref_increment, (r, 4)) == 20  # passed to a third worker

@@ -256,3 +256,26 @@ def keep(key, value):
     """Hold ``value`` on this worker (arrays received through shared memory stay mapped)."""
     _kept[key] = value
     return True
+
+
+_reply_probe = {}
+
+
+def reply_thread_probe_start():
+    """Record this handler's thread, and the thread that sends the next reply from here."""
+    from distgrad.rpc import current_agent
+    transport = current_agent().transport
+    original = transport.reply
+
+    def reply(ident, src, frames):
+        _reply_probe.setdefault("sent", threading.get_ident())
+        transport.reply = original
+        return original(ident, src, frames)
+    _reply_probe.clear()
+    _reply_probe["ran"] = threading.get_ident()
+    transport.reply = reply
+    return True
+
+
+def reply_thread_probe_result():
+    return [_reply_probe.get("ran"), _reply_probe.get("sent")]

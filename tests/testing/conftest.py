@@ -18,6 +18,12 @@ import distgrad.distributed.rpc  # noqa: F401
 import distgrad.testing.harness  # noqa: F401
 import distgrad.testing.hangs  # noqa: F401
 import distgrad.testing.remote  # noqa: F401
+from distgrad.rpc.allowlist import default_entry_points
+
+# the allowlist caches distgrad's entry points once per process, importing the modules
+# that define them: done inside an example run, the run would forget those modules and
+# a later test of this process would import new objects the cache does not know
+default_entry_points()
 
 pytest_plugins = ["pytester"]
 

@@ -28,8 +28,9 @@ def is_available():
 class context:
     """``with context() as context_id:``: a distributed autograd context on this thread.
 
-    Leaving the block releases the context here and sends its release to every worker
-    that took part, without waiting for them (as PyTorch; a failed release is logged).
+    Leaving the block releases the context here and tells every worker that took part,
+    without waiting for them (as PyTorch); the release rides along on the next message
+    to each, and one not acknowledged within the RPC timeout is logged.
     """
 
     def __enter__(self):
@@ -40,7 +41,7 @@ class context:
 
     def __exit__(self, exc_type, exc, tb):
         self._scope.__exit__(exc_type, exc, tb)
-        _engine.release_everywhere(self.context_id)
+        _context.release_everywhere(self.context_id)
         return False
 
 

@@ -28,7 +28,8 @@ from distgrad.autograd.tensor import Tensor
 from distgrad.rpc import current_agent, entry_point, interceptors
 
 __all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id",
-           "get_context", "install", "scope", "admit_context", "add_extension", "backward_starts"]
+           "get_context", "install", "scope", "admit_context", "add_extension", "backward_starts",
+           "release_everywhere", "RELEASE"]
 
 log = logging.getLogger("distgrad.distributed.autograd")
 
@@ -223,6 +224,50 @@ def scope(context_id):
         yield
     finally:
         _tls.current = prev
+
+
+# ---------------------------------------------------------------------- context release
+RELEASE = "autograd.release"  # the notice (rpc bookkeeping) that releases a context on a peer
+
+
+def release_everywhere(context_id, exclude=()):
+    """Forget ``context_id`` here and tell every peer that took part, without waiting for
+    them (as PyTorch's context release): the release rides along on the next message to
+    each peer (or leaves on its own shortly after), and one not acknowledged within the
+    RPC timeout is logged. A peer releases in turn on the peers it exchanged with."""
+    ctx = release_local(context_id)
+    if ctx is None:
+        return
+    agent = _agent()
+    if agent is None or not agent.running:
+        return
+    timeout = agent.options.rpc_timeout or 60.0
+    for peer in sorted(ctx.workers - set(exclude) - {agent.name}):
+        rank = agent.worker_info(peer).id
+        if agent.unreachable(rank) is None:
+            agent.post_notice(rank, RELEASE, context_id, ack=(timeout, _log_unacknowledged))
+
+
+def _on_release(src, context_ids):
+    """Notices from ``src``: it released these contexts. They arrive on the I/O thread;
+    releasing may close extensions (offloaded files), so it runs on a handler thread."""
+    agent = _agent()
+    ids = [cid for cid in context_ids if type(cid) is int]
+    if ids:
+        agent.run_soon(_release_all, ids, agent.workers[src].name)
+
+
+def _release_all(context_ids, src_name):
+    for cid in context_ids:
+        release_everywhere(cid, exclude={src_name})
+
+
+def _log_unacknowledged(rank, kind, context_id):
+    """Nobody waits for a release: say which one a peer did not confirm in time."""
+    agent = _agent()
+    log.warning("releasing autograd context %s on %s: not acknowledged within %.1f s (the "
+                "worker is stalled or gone)", context_id, agent.workers[rank].name,
+                agent.options.rpc_timeout or 60.0)
 
 
 # ---------------------------------------------------------------------- graph nodes
@@ -473,4 +518,5 @@ def install():
         with _install_lock:
             if _listening[0]() is not agent:
                 agent.add_peer_listener(_on_peer_down)
+                agent.bookkeeping.register(RELEASE, _on_release, acknowledge=True)
                 _listening[0] = weakref.ref(agent)

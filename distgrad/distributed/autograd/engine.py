@@ -17,13 +17,22 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    nodes (plus, on the coordinator, the roots), so nodes shared by several of them
    wait for all their gradients and nobody waits for a gradient that cannot come.
 3. Gradients flow: when an engine runs a recv node it ships the gradient to the
-   sender (``_deliver``), whose pass adds it at the send node and executes what
-   became ready. Gradients that arrive before their ``_run_pass`` are kept.
-4. A process's part is complete when all its expected send nodes were fed, its
-   engine is idle and every gradient it shipped was acknowledged. ``backward``
-   returns once the coordinator's part and every ``_run_pass`` reply are in; the
-   first error (a worker's, with its name; or a dead worker's heartbeat error)
-   aborts the pass everywhere else and is raised.
+   sender (``_deliver``, a one-way call), whose pass adds it at the send node and
+   executes what became ready. Gradients for one peer that become ready together (a
+   wave: the engine's next node is another recv node) travel as one message.
+   Gradients that arrive before their ``_run_pass`` are kept.
+4. A process's part is complete when all its expected send nodes were fed and its
+   engine is idle. ``backward`` returns once the coordinator's part and every
+   ``_run_pass`` reply are in; the first error (a worker's, with its name; or a dead
+   worker's heartbeat error) aborts the pass everywhere else and is raised.
+
+The message economy of a pass, per peer and wave: one message with its gradients
+(the first one to a peer the roots feed directly also starts its part), plus one
+reply per part (its completion). Deliveries need no acknowledgement: a part
+completes only once all its gradients arrived, so the completions cover them, and a
+peer that dies fails the coordinator's call to it. Releasing a context afterwards
+costs no message of its own: the release is a notice that rides along on the next
+message to each peer (``distgrad.rpc.bookkeeping``), acknowledged the same way.
 
 No handler thread ever blocks waiting for another process inside a pass: gradient
 shipping is asynchronous and whoever delivers a gradient runs the ready nodes,
@@ -35,7 +44,7 @@ from collections import defaultdict
 
 from distgrad.autograd.engine import GraphTask, execute, make_root_grads
 from distgrad.autograd.tensor import Tensor
-from distgrad.rpc import Future, entry_point
+from distgrad.rpc import Future, WorkerUnreachableError, entry_point
 from distgrad.rpc.functions import async_execution
 
 from . import container as _c
@@ -69,7 +78,7 @@ class _Pass:
         self.inbox = []
         self.running = False
         self.finished = False
-        self.outstanding = 0
+        self.outgoing = {}     # rank -> [[recv msg id, gradient], ...] of the wave being shipped
         self.unstarted = None  # coordinator: {rank: send ids} of parts its first gradient starts
         self.parts = None
         self.deferred = None   # coordinator: starts held back until the roots' execute() returns
@@ -95,11 +104,16 @@ class _Pass:
 
     # -- feeding (any thread) --
     def feed(self, msg_id, g):
+        self.feed_all([(msg_id, g)])
+
+    def feed_all(self, grads):
+        """Add ``[(send msg id, gradient), ...]`` (msg id None: the roots) and run what
+        became ready, unless another thread runs this pass already (it will)."""
         with self.lock:
             if self.finished:
                 return
-            self.inbox.append((msg_id, g))
-            if self.running:
+            self.inbox.extend(grads)
+            if self.running or not self.inbox:
                 return
             self.running = True
         self._drain()
@@ -125,6 +139,7 @@ class _Pass:
                     task.add_gradient(node, 0, g)
                     task.mark_ready(node)
                 execute(task)
+                self._flush()  # what the last wave left (nothing ran after its recv nodes)
             except BaseException as e:  # noqa: BLE001 - the pass fails with the node's error
                 self.fail(e)
                 with self.lock:
@@ -144,39 +159,43 @@ class _Pass:
 
     # -- shipping (called by RecvNode.apply inside execute) --
     def ship(self, recv, g):
-        agent = _c._agent()
-        rank = recv.src_rank
+        """Queue ``g`` for the peer that sent ``recv``'s tensor; the wave leaves once the
+        engine's next node is not another recv node (or it has none)."""
         with self.lock:
-            ids = self.unstarted.pop(rank, None) if self.unstarted else None
-            if ids is None:
-                self.outstanding += 1
+            self.outgoing.setdefault(recv.src_rank, []).append([recv.msg_id, g])
+        if type(self.task.peek_ready()) is not _c.RecvNode:
+            self._flush()
+
+    def _flush(self):
+        with self.lock:
+            out, self.outgoing = self.outgoing, {}
+            starts = {r: self.unstarted.pop(r) for r in out
+                      if self.unstarted and r in self.unstarted}
+        if not out:
+            return
+        agent = _c._agent()
         with _c.scope(None):  # gradients are plain data: no recording
-            if ids is not None:  # the coordinator starts that worker's part with this gradient
-                args = (self.ctx.id, self.id, ids, self.retain, [recv.msg_id, g])
+            for rank, grads in out.items():
+                if rank not in starts:
+                    if not agent.notify(rank, _deliver, (self.ctx.id, self.id, grads)):
+                        raise WorkerUnreachableError(
+                            f"cannot ship gradients to {agent.describe(rank)}: "
+                            f"{agent.unreachable(rank) or 'it left the world'}")
+                    continue
+                # the coordinator starts that worker's part with its first gradients
+                args = (self.ctx.id, self.id, starts[rank], self.retain, grads)
                 if self.deferred is not None and threading.get_ident() == self.defer_thread \
                         and not self.task.has_ready_nodes():
                     # Nothing local is left to run: start it once execute() returns (maybe
                     # with a blocking call, the cheapest round trip; see backward()).
                     self.deferred.append((rank, args))
-                    return
+                    continue
                 self.parts[rank] = agent.call(rank, _run_pass, args, None, -1)
-                return
-            fut = agent.call(rank, _deliver, (self.ctx.id, self.id, recv.msg_id, g), None, -1)
-        fut.add_done_callback(self._shipped)
-
-    def _shipped(self, fut):
-        exc = fut.exception()
-        if exc is not None:
-            self.fail(exc)
-            return
-        with self.lock:
-            self.outstanding -= 1
-        self._maybe_complete()
 
     # -- completion --
     def _maybe_complete(self):
         with self.lock:
-            if self.finished or self.running or self.inbox or self.expected or self.outstanding:
+            if self.finished or self.running or self.inbox or self.expected:
                 return
             self.finished = True
         if not self.retain:
@@ -202,9 +221,9 @@ class _Pass:
 # ---------------------------------------------------------------------- remote handlers
 @entry_point
 @async_execution
-def _run_pass(context_id, pass_id, send_ids, retain_graph, first=None):
-    """Runs on a worker: set up its part of a pass (``first``: [msg id, gradient] to start
-    with); the reply is its completion."""
+def _run_pass(context_id, pass_id, send_ids, retain_graph, first=()):
+    """Runs on a worker: set up its part of a pass (``first``: [[msg id, gradient], ...] to
+    start with); the reply is its completion."""
     ctx = _c.get_context(context_id)
     if ctx is None:
         raise RuntimeError(f"worker '{_c.my_name()}' has no autograd context {context_id} "
@@ -219,10 +238,7 @@ def _run_pass(context_id, pass_id, send_ids, retain_graph, first=None):
     except BaseException as e:
         raise _named(e) from None
     _c.backward_starts(ctx)
-    if first is not None:
-        early.append(tuple(first))
-    for mid, g in early:
-        p.feed(mid, g)
+    p.feed_all([*early, *first])
     p._maybe_complete()
     out = Future()
 
@@ -232,25 +248,24 @@ def _run_pass(context_id, pass_id, send_ids, retain_graph, first=None):
             out.set_result(None)
         else:
             out.set_exception(_named(exc))
-    p.done.add_done_callback(relay)
+    p.done._add_inline_callback(relay)
     return out
 
 
 @entry_point
-def _deliver(context_id, pass_id, msg_id, grad):
-    """A gradient for send node ``msg_id``; late ones (released context, abandoned pass) drop."""
+def _deliver(context_id, pass_id, grads):
+    """A one-way call: gradients ``[[send msg id, gradient], ...]`` for this process's part;
+    late ones (a released context, an abandoned pass) are dropped."""
     ctx = _c.get_context(context_id)
     if ctx is None:
-        return False
+        return
     with ctx.lock:
         p = ctx.passes.get(pass_id)
         if p is None:
-            if pass_id in ctx.aborted:
-                return False
-            ctx.early.setdefault(pass_id, []).append((msg_id, grad))
-            return True
-    p.feed(msg_id, grad)
-    return True
+            if pass_id not in ctx.aborted:
+                ctx.early.setdefault(pass_id, []).extend(grads)
+            return
+    p.feed_all(grads)
 
 
 @entry_point
@@ -421,38 +436,6 @@ def _wait_all(agent, context_id, pass_id, parts, local):
         except Exception:  # noqa: BLE001 - best effort: the error below is what matters
             pass
     raise error
-
-
-# ---------------------------------------------------------------------- context release
-@entry_point
-def _release_remote(context_id, caller):
-    """Runs on a worker: release here, then on the peers it exchanged with."""
-    release_everywhere(context_id, exclude={caller})
-    return True
-
-
-def release_everywhere(context_id, exclude=()):
-    """Forget ``context_id`` here and tell every peer that took part, without waiting for
-    them (as PyTorch's context release: a failed release is only logged). A peer releases
-    in turn on the peers it exchanged with."""
-    ctx = _c.release_local(context_id)
-    if ctx is None:
-        return
-    agent = _c._agent()
-    if agent is None or not agent.running:
-        return
-    me = agent.name
-    with _c.scope(None):  # release messages belong to no context
-        for peer in sorted(ctx.workers - set(exclude) - {me}):
-            fut = agent.call(peer, _release_remote, (context_id, me))
-            fut.add_done_callback(lambda f, peer=peer: _log_failed_release(f, context_id, peer))
-
-
-def _log_failed_release(fut, context_id, peer):
-    """Nobody waits for a release: say what failed."""
-    if fut.exception() is not None:
-        log.warning("releasing autograd context %s on %s: %s", context_id, peer,
-                    fut.exception())
 
 
 @entry_point

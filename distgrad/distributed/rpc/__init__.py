@@ -5,6 +5,7 @@
 from distgrad.rpc import functions  # noqa: F401
 from distgrad.rpc.api import (BackendType, get_worker_info, init_rpc, is_available, remote,
                               rpc_async, rpc_sync, shutdown)
+from distgrad.rpc.api import _get_rpc_timeout, _set_rpc_timeout  # noqa: F401 - PyTorch's too
 from distgrad.rpc.errors import (BackpressureError, RefusedCallError, RemoteError, RpcError,
                                  RpcTimeoutError, WorkerUnreachableError)
 from distgrad.futures import Future

@@ -15,6 +15,7 @@ from .normalization import LayerNorm
 from .sparse import Embedding
 from .loss import CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
 from .conv import Conv1d, Conv2d
+from .conv_transpose import ConvTranspose1d, ConvTranspose2d
 from .pooling import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d,
                       MaxPool2d)
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
@@ -32,3 +33,4 @@ __all__ += ["Dropout1d", "Dropout2d", "Conv1d", "Conv2d", "AdaptiveAvgPool1d", "
             "AvgPool1d", "AvgPool2d", "MaxPool1d", "MaxPool2d", "BatchNorm1d", "BatchNorm2d",
             "BatchNorm3d", "RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell",
             "GRUCell"]
+__all__ += ["ConvTranspose1d", "ConvTranspose2d"]

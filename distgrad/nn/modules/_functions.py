@@ -27,9 +27,9 @@ class BackwardHookFunction(Function):
 
 def _mark_custom_view(tensors):
     # PyTorch makes these outputs views created inside a custom Function, and forbids
-    # modifying them in place (ops/inplace.py::check_inplace reads this mark).
+    # modifying them in place (autograd/inplace.py::check_inplace reads this mark).
     for nr, t in enumerate(tensors):
-        if isinstance(t, Tensor) and t._grad_fn is not None:
+        if isinstance(t, Tensor) and t.grad_fn is not None:
             t._custom_function_view = (nr, "BackwardHookFunction")
 
 

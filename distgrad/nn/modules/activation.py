@@ -1,5 +1,5 @@
 """Activation modules, as ``torch.nn`` (MultiheadAttention lives here too, as in PyTorch)."""
-from ... import empty
+from ...ops.creation import empty
 from .. import functional as F
 from .. import init
 from ..multi_head_attention import canonical_mask, multi_head_attention_forward, none_or_dtype

@@ -13,8 +13,8 @@ none and always uses the batch's statistics.
 >>> int(bn.num_batches_tracked)
 1
 """
-from ... import empty, ones, tensor, zeros
-from ... import int64
+from ...ops.creation import empty, ones, tensor, zeros
+from ...autograd.dtype import int64
 from ...ops.batchnorm import batch_norm
 from .. import init
 from ..parameter import Parameter

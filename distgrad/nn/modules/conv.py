@@ -1,10 +1,10 @@
-"""``Conv1d`` and ``Conv2d``, as ``torch.nn``.
+"""``Conv1d`` and ``Conv2d``, as ``torch.nn`` (``ConvTranspose*d``: ``conv_transpose.py``).
 
 Weight (out_channels, in_channels / groups, *kernel_size) and bias start as
 PyTorch's (kaiming uniform with a=sqrt(5); bias uniform in +-1/sqrt(fan_in)).
 ``padding_mode`` other than ``'zeros'`` pads with ``F.pad`` first, as PyTorch does.
 """
-from ... import empty
+from ...ops.creation import empty
 from ...ops.conv import expand_param
 from .. import functional as F
 from ..parameter import Parameter
@@ -37,8 +37,6 @@ class _ConvNd(Module):
         if padding_mode not in valid_padding_modes:
             raise ValueError(f"padding_mode must be one of {valid_padding_modes}, but got "
                              f"padding_mode='{padding_mode}'")
-        if transposed:
-            raise NotImplementedError("transposed convolutions are not supported by distgrad")
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = kernel_size
@@ -62,8 +60,10 @@ class _ConvNd(Module):
             self._reversed_padding_repeated_twice[2 * i:2 * i + 2] = [before, after]
         if not isinstance(padding, str):  # PyTorch keeps a tuple here, a list for the strings
             self._reversed_padding_repeated_twice = tuple(self._reversed_padding_repeated_twice)
-        self.weight = Parameter(empty(out_channels, in_channels // groups, *kernel_size,
-                                      dtype=dtype))
+        # a transposed convolution's weight is (in, out / groups, *kernel), as PyTorch's
+        channels = (in_channels, out_channels // groups) if transposed else \
+            (out_channels, in_channels // groups)
+        self.weight = Parameter(empty(*channels, *kernel_size, dtype=dtype))
         if bias:
             self.bias = Parameter(empty(out_channels, dtype=dtype))
         else:

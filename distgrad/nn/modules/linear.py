@@ -1,7 +1,7 @@
 """``Linear`` and ``Identity``, as ``torch.nn``."""
 import math
 
-from ... import empty
+from ...ops.creation import empty
 from ...ops.linalg import linear as _linear
 from .. import init
 from ..parameter import Parameter

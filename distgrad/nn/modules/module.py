@@ -10,6 +10,7 @@ import itertools
 import warnings
 from collections import OrderedDict, namedtuple
 
+from ...autograd import dtype as _dt
 from ...autograd.grad_mode import no_grad
 from ...autograd.tensor import Tensor
 from ...multiprocessing.sharing import share_memory as _share_memory
@@ -499,10 +500,9 @@ class Module:
         return self
 
     def to(self, *args, **kwargs):
-        from ...autograd.dtype import dtype as _dtype
         dtype = kwargs.get("dtype")
         for a in args:
-            if isinstance(a, _dtype):
+            if isinstance(a, _dt.dtype):
                 dtype = a
             elif isinstance(a, Tensor):
                 dtype = a.dtype
@@ -515,16 +515,13 @@ class Module:
                            else t)
 
     def float(self):
-        from ... import float32
-        return self._apply(lambda t: t.to(float32) if t.is_floating_point() else t)
+        return self._apply(lambda t: t.to(_dt.float32) if t.is_floating_point() else t)
 
     def double(self):
-        from ... import float64
-        return self._apply(lambda t: t.to(float64) if t.is_floating_point() else t)
+        return self._apply(lambda t: t.to(_dt.float64) if t.is_floating_point() else t)
 
     def half(self):
-        from ... import float16
-        return self._apply(lambda t: t.to(float16) if t.is_floating_point() else t)
+        return self._apply(lambda t: t.to(_dt.float16) if t.is_floating_point() else t)
 
     def cpu(self):
         return self

@@ -43,6 +43,7 @@ from ...autograd.tensor import Tensor
 from ...references import reference_of
 from ..parameter import Parameter
 from .module import Module, empty_module_state
+from ...autograd._internal import array_of, set_array
 
 __all__ = ["MODULE_CODE"]
 
@@ -166,9 +167,9 @@ def _tensor(entry):
     t, is_param = entry
     if not isinstance(t, Tensor) or type(is_param) is not bool:
         raise codec.CodecError("malformed module tensor")
-    if not t._data.flags.writeable:  # a view of the message or the file: give it its own bytes
-        t._data = t._data.copy()
-    return Parameter(t, requires_grad=t._requires_grad) if is_param else t
+    if not array_of(t).flags.writeable:  # a view of the message or the file: give it its own bytes
+        set_array(t, array_of(t).copy())
+    return Parameter(t, requires_grad=t.requires_grad) if is_param else t
 
 
 def _decode(payload, dec):

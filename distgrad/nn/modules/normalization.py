@@ -1,7 +1,7 @@
 """``LayerNorm``, as ``torch.nn.LayerNorm``."""
 import numbers
 
-from ... import empty
+from ...ops.creation import empty
 from .. import functional as F
 from .. import init
 from ..parameter import Parameter

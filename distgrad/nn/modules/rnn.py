@@ -15,7 +15,7 @@ import math
 import numbers
 import warnings
 
-from ... import empty, zeros
+from ...ops.creation import empty, zeros
 from ...autograd.tensor import Tensor
 from ...ops import shape as _shape
 from ...ops.fused import scalar_type_name
@@ -24,6 +24,7 @@ from .. import functional as F
 from .. import init
 from ..parameter import Parameter
 from .module import Module
+from ...autograd._internal import array_of
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 
@@ -371,8 +372,8 @@ class RNNCellBase(Module):
                                    f"expected {self.hidden_size}")
         if input.dtype != self.weight_ih.dtype:
             raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got "
-                               f"{scalar_type_name(input._data.dtype)} and "
-                               f"{scalar_type_name(self.weight_ih._data.dtype)}")
+                               f"{scalar_type_name(array_of(input).dtype)} and "
+                               f"{scalar_type_name(array_of(self.weight_ih).dtype)}")
         res = rnn_layer(mode, input.unsqueeze(0), states[0], states[1] if mode == "LSTM" else None,
                         self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         finals = res[1:]

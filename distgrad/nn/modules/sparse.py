@@ -1,9 +1,10 @@
 """``Embedding`` and ``EmbeddingBag``, as ``torch.nn``."""
-from ... import empty
+from ...ops.creation import empty
 from .. import functional as F
 from .. import init
 from ..parameter import Parameter
 from .module import Module
+from ...autograd._internal import array_of
 
 __all__ = ["Embedding", "EmbeddingBag"]
 
@@ -36,7 +37,7 @@ class Embedding(Module):
     def reset_parameters(self):
         init.normal_(self.weight)
         if self.padding_idx is not None:
-            self.weight._data[self.padding_idx] = 0
+            array_of(self.weight)[self.padding_idx] = 0
 
     def forward(self, input):
         return F.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
@@ -99,7 +100,7 @@ class EmbeddingBag(Module):
     def reset_parameters(self):
         init.normal_(self.weight)
         if self.padding_idx is not None:
-            self.weight._data[self.padding_idx] = 0
+            array_of(self.weight)[self.padding_idx] = 0
 
     def forward(self, input, offsets=None, per_sample_weights=None):
         return F.embedding_bag(input, self.weight, offsets, self.max_norm, self.norm_type,

@@ -12,7 +12,6 @@ import copy
 import numpy as np
 
 from ...autograd import dtype as _dt
-from ...autograd.tensor import _make
 from .. import functional as F
 from .. import init
 from ..multi_head_attention import canonical_mask, none_or_dtype
@@ -22,6 +21,7 @@ from .dropout import Dropout
 from .linear import Linear
 from .module import Module
 from .normalization import LayerNorm
+from ...autograd._internal import array_of, wrap
 
 __all__ = ["Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
            "TransformerDecoderLayer"]
@@ -30,7 +30,7 @@ __all__ = ["Transformer", "TransformerEncoder", "TransformerDecoder", "Transform
 def _generate_square_subsequent_mask(sz, device=None, dtype=None):
     """``(sz, sz)`` float mask: ``-inf`` above the diagonal, ``0`` elsewhere."""
     np_dtype = _dt.to_numpy_dtype(dtype if dtype is not None else _dt.get_default_dtype())
-    return _make(np.triu(np.full((sz, sz), -np.inf, dtype=np_dtype), k=1))
+    return wrap(np.triu(np.full((sz, sz), -np.inf, dtype=np_dtype), k=1))
 
 
 def _get_seq_len(src, batch_first):
@@ -46,7 +46,7 @@ def _detect_is_causal_mask(mask, is_causal=None, size=None):
         sz = size if size is not None else mask.shape[-2]
         causal = _generate_square_subsequent_mask(sz, dtype=mask.dtype)
         if tuple(mask.shape) == tuple(causal.shape):
-            make_causal = bool(np.array_equal(mask._data, causal._data))
+            make_causal = bool(np.array_equal(array_of(mask), array_of(causal)))
         else:
             make_causal = False
     return make_causal

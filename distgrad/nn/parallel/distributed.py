@@ -31,12 +31,13 @@ import warnings
 
 import numpy as np
 
-from distgrad.autograd.engine import current_graph_task
-from distgrad.autograd.grad_mode import _state, no_grad
+from distgrad.autograd.grad_mode import no_grad
 from distgrad.autograd.node import AccumulateGrad
-from distgrad.autograd.tensor import Tensor, _make
+from distgrad.autograd.tensor import Tensor
 
 from ..modules.module import Module
+from ...autograd._internal import (array_of, wrap, grad_mode_state, current_graph_task, grad_edge,
+                                   bump_version)
 
 __all__ = ["DistributedDataParallel"]
 
@@ -53,10 +54,10 @@ class _Bucket:
     def __init__(self, index, params, dtype):
         self.index, self.params = index, params
         self.ids = []  # each parameter's index in the module's parameter list
-        sizes = [p._data.size for p in params]
+        sizes = [array_of(p).size for p in params]
         self.offsets = list(itertools.accumulate([0] + sizes))
         self.flat = np.zeros(self.offsets[-1], dtype=dtype)
-        self.views = [self.flat[a:b].reshape(p._data.shape)
+        self.views = [self.flat[a:b].reshape(array_of(p).shape)
                       for p, a, b in zip(params, self.offsets, self.offsets[1:])]
 
 
@@ -80,7 +81,7 @@ def _units(buckets, segment_bytes):
     for b in buckets:
         lo, size = 0, 0
         for k, p in enumerate(b.params):
-            size += p._data.nbytes
+            size += array_of(p).nbytes
             if segment_bytes and size >= segment_bytes and k + 1 < len(b.params):
                 units.append(_Unit(b, lo, k + 1))
                 lo, size = k + 1, 0
@@ -94,10 +95,10 @@ def _assign_buckets(params, cap_bytes, first_bytes):
     open_buckets, done = {}, []
     limit = {}
     for p in reversed(params):
-        dt = p._data.dtype
+        dt = array_of(p).dtype
         cur = open_buckets.setdefault(dt, [])
         cur.append(p)
-        size = sum(q._data.nbytes for q in cur)
+        size = sum(array_of(q).nbytes for q in cur)
         if size >= limit.get(dt, first_bytes):
             done.append((dt, cur))
             open_buckets[dt] = []
@@ -116,16 +117,13 @@ def _leaf_gradient_sink():
 
 def _reachable_params(outputs, params):
     """The parameters (of ``params``) whose gradient the graph of ``outputs`` reaches."""
-    wanted = {id(p._grad_accumulator): i for i, p in enumerate(params)
-              if p._grad_accumulator is not None}
+    wanted = {id(grad_edge(p)[0]): i for i, p in enumerate(params)}
     found, seen, stack = set(), set(), []
 
     def collect(x):
         if isinstance(x, Tensor):
-            if x._grad_fn is not None:
-                stack.append(x._grad_fn)
-            elif x._requires_grad and x._grad_accumulator is not None:
-                stack.append(x._grad_accumulator)
+            if x.requires_grad:
+                stack.append(grad_edge(x)[0])
         elif isinstance(x, (list, tuple)):
             for y in x:
                 collect(y)
@@ -143,7 +141,7 @@ def _reachable_params(outputs, params):
             if i is not None:
                 found.add(i)
             continue
-        for nxt, _ in node._next:
+        for nxt, _ in node.next_functions:
             if nxt is not None:
                 stack.append(nxt)
     return found
@@ -189,7 +187,7 @@ class DistributedDataParallel(Module):
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
         self._comm_hook = None
-        named = [(n, p) for n, p in module.named_parameters() if p._requires_grad]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
         if not self._params:
@@ -207,14 +205,16 @@ class DistributedDataParallel(Module):
             b.ids = [index[id(p)] for p in b.params]
         self._plan_units(_SEGMENT_BYTES)
         self._hooks = []
-        for i, p in enumerate(self._params):
-            acc = p._grad_edge()[0]  # the leaf keeps its AccumulateGrad alive
+        # Held here, as PyTorch's Reducer holds them: a leaf refers to its accumulator
+        # weakly, and the hooks must stay on the one its forward passes use.
+        self._grad_accumulators = [grad_edge(p)[0] for p in self._params]
+        for i, acc in enumerate(self._grad_accumulators):
             self._hooks.append(acc.register_hook(self._make_hook(i)))
         self._reset_iteration(active=False)
 
     # ------------------------------------------------------------------ construction
     def _verify_same_model(self):
-        mine = [[n, list(p._data.shape), p._data.dtype.name]
+        mine = [[n, list(array_of(p).shape), array_of(p).dtype.name]
                 for n, p in zip(self._param_names, self._params)]
         every = [None] * self.world_size
         self._dist.all_gather_object(every, mine, group=self.process_group)
@@ -236,23 +236,23 @@ class DistributedDataParallel(Module):
             if self.process_group is not self._dist.group.WORLD else 0
         by_dtype = {}
         for t in tensors:
-            by_dtype.setdefault(t._data.dtype, []).append(t)
+            by_dtype.setdefault(array_of(t).dtype, []).append(t)
         for dt, ts in by_dtype.items():
-            flat = np.concatenate([np.ascontiguousarray(t._data).reshape(-1) for t in ts])
-            self._dist.broadcast(_make(flat), src=src, group=self.process_group)
+            flat = np.concatenate([np.ascontiguousarray(array_of(t)).reshape(-1) for t in ts])
+            self._dist.broadcast(wrap(flat), src=src, group=self.process_group)
             if self.rank != 0:
                 at = 0
                 for t in ts:
-                    n = t._data.size
-                    t._data[...] = flat[at:at + n].reshape(t._data.shape)
-                    t._vc[0] += 1
+                    n = array_of(t).size
+                    array_of(t)[...] = flat[at:at + n].reshape(array_of(t).shape)
+                    bump_version(t)
                     at += n
 
     # ------------------------------------------------------------------ forward
     def forward(self, *inputs, **kwargs):
         if self._active and self._started:
             self._raise_unfinished()
-        sync = self.require_backward_grad_sync and _state.grad_enabled
+        sync = self.require_backward_grad_sync and grad_mode_state.grad_enabled
         if self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1:
             buffers = list(self.module.buffers())
             if buffers:
@@ -346,8 +346,8 @@ class DistributedDataParallel(Module):
         if sink is not None:
             with sink.lock:
                 return sink.grads.get(p)
-        g = p._grad
-        return g._data if g is not None else None
+        g = p.grad
+        return array_of(g) if g is not None else None
 
     def _fill(self, bucket, k, sink, unused):
         view = bucket.views[k]
@@ -363,7 +363,7 @@ class DistributedDataParallel(Module):
             unit.work = hook(state, GradBucket(unit.bucket, len(self._buckets)))
             return
         # AVG divides on the communicator's thread, each rank only its share of the ring
-        unit.work = self._dist.all_reduce(_make(unit.flat), op=self._dist.ReduceOp.AVG,
+        unit.work = self._dist.all_reduce(wrap(unit.flat), op=self._dist.ReduceOp.AVG,
                                           group=self.process_group, async_op=True).get_future()
 
     def _finalize(self):
@@ -374,14 +374,14 @@ class DistributedDataParallel(Module):
         if self.find_unused_parameters:
             used = np.zeros(len(self._params), dtype=np.int64)
             used[sorted(self._locally_used)] = 1
-            self._dist.all_reduce(_make(used), group=self.process_group)
+            self._dist.all_reduce(wrap(used), group=self.process_group)
             used_anywhere = used
         for u in self._units:
             result = u.work.wait()
             if isinstance(result, list):
                 result = result[0]
-            if isinstance(result, Tensor) and result._data is not u.flat:
-                u.flat[...] = result._data.reshape(-1)
+            if isinstance(result, Tensor) and array_of(result) is not u.flat:
+                u.flat[...] = array_of(result).reshape(-1)
             b = u.bucket
             for k in range(u.lo, u.hi):
                 if used_anywhere is not None and not used_anywhere[b.ids[k]]:
@@ -394,17 +394,17 @@ class DistributedDataParallel(Module):
             with sink.lock:
                 sink.grads[p] = view.copy()
             return
-        g = p._grad
+        g = p.grad
         if self.gradient_as_bucket_view:
-            if g is None or g._data is not view:
-                p._grad = _make(view)
+            if g is None or array_of(g) is not view:
+                p.grad = wrap(view)
             else:
-                g._vc[0] += 1
+                bump_version(g)
         elif g is None:
-            p._grad = _make(view.copy())
+            p.grad = wrap(view.copy())
         else:
-            g._data[...] = view
-            g._vc[0] += 1
+            array_of(g)[...] = view
+            bump_version(g)
 
     # ------------------------------------------------------------------ comm hooks
     def register_comm_hook(self, state, hook):
@@ -439,10 +439,10 @@ class GradBucket:
         return self._b.index
 
     def buffer(self):
-        return _make(self._b.flat)
+        return wrap(self._b.flat)
 
     def gradients(self):
-        return [_make(v) for v in self._b.views]
+        return [wrap(v) for v in self._b.views]
 
     def parameters(self):
         return list(self._b.params)
@@ -451,4 +451,4 @@ class GradBucket:
         return self._b.index == self._count - 1
 
     def set_buffer(self, tensor):
-        self._b.flat[...] = tensor._data.reshape(-1)
+        self._b.flat[...] = array_of(tensor).reshape(-1)

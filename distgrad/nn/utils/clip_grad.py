@@ -2,7 +2,8 @@
 import numpy as np
 
 from ...autograd.grad_mode import no_grad
-from ...autograd.tensor import Tensor, _make
+from ...autograd.tensor import Tensor
+from ...autograd._internal import array_of, wrap
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
@@ -25,14 +26,14 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     max_norm = float(max_norm)
     norm_type = float(norm_type)
     if not grads:
-        return _make(np.array(0.0, dtype=np.float32))
+        return wrap(np.array(0.0, dtype=np.float32))
     if norm_type == float("inf"):
-        norms = [np.abs(g._data).max() if g._data.size else np.float64(0) for g in grads]
+        norms = [np.abs(array_of(g)).max() if array_of(g).size else np.float64(0) for g in grads]
         total = max(norms)
     else:
-        total = sum(float(np.sum(np.abs(g._data.astype(np.float64)) ** norm_type))
+        total = sum(float(np.sum(np.abs(array_of(g).astype(np.float64)) ** norm_type))
                     for g in grads) ** (1.0 / norm_type)
-    total_norm = _make(np.array(total, dtype=grads[0]._data.dtype))
+    total_norm = wrap(np.array(total, dtype=array_of(grads[0]).dtype))
     if error_if_nonfinite and not np.isfinite(total):
         raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` "
                            "is non-finite, so it cannot be clipped. To disable this error and "

@@ -25,6 +25,7 @@ import numpy as np
 
 from ... import codec
 from ...autograd.tensor import Tensor
+from ...autograd._internal import array_of, set_array
 
 __all__ = ["send", "receive", "capture_exception", "raise_exception", "WorkerDied"]
 
@@ -134,7 +135,7 @@ def _writable_array(a):
 def _writable(obj):
     """The decoded batch with writable tensors and arrays, as a batch from PyTorch is."""
     if isinstance(obj, Tensor):
-        obj._data = _writable_array(obj._data)
+        set_array(obj, _writable_array(array_of(obj)))
         return obj
     if type(obj) is np.ndarray:
         return _writable_array(obj)

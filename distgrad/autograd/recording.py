@@ -1,4 +1,5 @@
-"""Op nodes as tables: one Node class per op, its saved tensors and one VJP per input.
+"""How a built-in op joins the graph: op nodes as tables, one Node class per op, its saved
+tensors and one VJP per input.
 
 In the spirit of HIPS/autograd's ``defvjp``: an op is declared with
 
@@ -8,28 +9,35 @@ In the spirit of HIPS/autograd's ``defvjp``: an op is declared with
 
 A VJP takes ``(xp, g, meta, *saved)``. ``xp`` is a namespace of array functions:
 NumPy's in an ordinary backward, and differentiable tensor ops under
-``create_graph=True``, so one rule serves first and higher order. Rules return
-gradients of the *output's* shape where broadcasting happened; the engine reduces
-and casts them (see ``autograd/broadcast.py``). A VJP is only called for inputs
-that need a gradient.
+``create_graph=True``, so one rule serves first and higher order. Both namespaces
+live in ``distgrad.ops``, a layer above this one, which installs them with
+:func:`install_backends` (the lower layer offers the slot; nothing here imports up).
+Rules return gradients of the *output's* shape where broadcasting happened; the
+engine reduces and casts them (see ``autograd/broadcast.py``). A VJP is only called
+for inputs that need a gradient.
 """
-from ..autograd.grad_mode import _state
-from ..autograd.node import Node, init_node, next_sequence_nr
-from ..autograd.saved import SavedTensor, RELEASED_MESSAGE
-from ..autograd.tensor import Tensor, _make
-from . import np_backend
+from .grad_mode import _state
+from .node import Node, init_node, next_sequence_nr
+from .saved import SavedTensor, RELEASED_MESSAGE
+from .tensor import Tensor, _make
 
-__all__ = ["OpNode", "defop", "record", "record_view", "record_multi"]
-
-_tensor_backend = None
+__all__ = ["OpNode", "defop", "record", "record_view", "record_multi", "new_node",
+           "install_backends"]
 
 
-def _xp():
-    global _tensor_backend
-    if _tensor_backend is None:
-        from . import tensor_backend
-        _tensor_backend = tensor_backend
-    return _tensor_backend
+class _Backends:
+    """The array namespaces VJP rules run on, installed by ``distgrad.ops``."""
+    array = None    # NumPy functions: an ordinary backward
+    tensor = None   # differentiable tensor ops: backward under create_graph=True
+
+
+_backends = _Backends()
+
+
+def install_backends(array_namespace, tensor_namespace):
+    """Give op nodes the namespaces their VJP rules use (``distgrad.ops`` calls this once)."""
+    _backends.array = array_namespace
+    _backends.tensor = tensor_namespace
 
 
 class OpNode(Node):
@@ -40,17 +48,18 @@ class OpNode(Node):
     _vjps = ()
     _vjp_all = None
     _result_saved = False
+    _pack_reversed = False
 
     def apply(self, grads):
         saved = self._saved
         if self._released and saved:
             raise RuntimeError(RELEASED_MESSAGE)
         if _state.grad_enabled:
-            xp = _xp()
+            xp = _backends.tensor
             vals = [s.unpack(self) for s in saved]
             grads = [g if (g is None or isinstance(g, Tensor)) else _make(g) for g in grads]
         else:
-            xp = np_backend
+            xp = _backends.array
             vals = []
             for s in saved:  # SavedTensor.data, inlined: this runs for every node
                 if s._has_hooks or s._vc[0] != s._version:
@@ -93,6 +102,16 @@ class OpNode(Node):
                 return tuple(value) if isinstance(value, list) else value
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
+    def __dir__(self):
+        # The introspection attributes that resolve, as PyTorch lists them on its nodes.
+        names = set(super().__dir__())
+        for key in type(self)._saved_names:
+            names.update((f"_saved_{key}", f"_raw_saved_{key}"))
+        meta = self._meta
+        if isinstance(meta, dict):
+            names.update(f"_saved_{key}" for key in meta)
+        return sorted(names)
+
 
 def _saved_index(cls, key):
     try:
@@ -101,10 +120,15 @@ def _saved_index(cls, key):
         return None
 
 
-def defop(name, saved=(), vjps=(), vjp_all=None):
-    """Make the Node class of an op. ``saved`` names may include ``"result"`` (the output)."""
+def defop(name, saved=(), vjps=(), vjp_all=None, pack_reversed=False):
+    """Make the Node class of an op. ``saved`` names may include ``"result"`` (the output).
+
+    ``pack_reversed``: PyTorch saves this op's inputs last to first, so saved-tensor
+    pack hooks see them in that order (``mul`` packs ``other`` before ``self``); the
+    result, when saved, always comes last.
+    """
     attrs = {"__slots__": (), "_saved_names": tuple(saved), "_vjps": tuple(vjps),
-             "_result_saved": "result" in saved}
+             "_result_saved": "result" in saved, "_pack_reversed": pack_reversed}
     if vjp_all is not None:
         attrs["_vjp_all"] = staticmethod(vjp_all)
     cls = type(name, (OpNode,), attrs)
@@ -126,14 +150,15 @@ def _edges(inputs):
             edges.append((x._grad_fn, x._output_nr))
             any_grad = True
         else:
-            acc = x._grad_accumulator
+            ref = x._grad_accumulator
+            acc = ref() if ref is not None else None
             edges.append((acc, 0) if acc is not None and acc._out_meta[0][0] == x._data.shape
                          else x._grad_edge())
             any_grad = True
     return tuple(edges), any_grad
 
 
-def _new_node(cls, edges, meta, out_meta):
+def new_node(cls, edges, meta, out_meta):
     node = object.__new__(cls)
     init_node(node, edges, next_sequence_nr(), out_meta)
     node._meta = meta
@@ -153,13 +178,15 @@ def record(cls, out, inputs, saved=(), meta=None):
     edges, any_grad = _edges(inputs)
     if not any_grad:
         return t
-    node = _new_node(cls, edges, meta, ((out.shape, out.dtype),))
+    node = new_node(cls, edges, meta, ((out.shape, out.dtype),))
     t._grad_fn = node
     t._requires_grad = True
     if saved or cls._result_saved:
-        kept = []
-        for s in saved:
-            kept.append(SavedTensor(s, False))
+        if cls._pack_reversed:
+            kept = [SavedTensor(s, False) for s in reversed(saved)]
+            kept.reverse()
+        else:
+            kept = [SavedTensor(s, False) for s in saved]
         if cls._result_saved:
             kept.append(SavedTensor(t, True))
         node._saved = kept
@@ -197,7 +224,7 @@ def record_multi(cls, outs, inputs, saved=(), meta=None, views_of=None):
     edges, any_grad = _edges(inputs)
     if not any_grad or not _state.grad_enabled:
         return tensors
-    node = _new_node(cls, edges, meta, tuple((o.shape, o.dtype) for o in outs))
+    node = new_node(cls, edges, meta, tuple((o.shape, o.dtype) for o in outs))
     node._saved = tuple(SavedTensor(s, False) for s in saved)
     for i, t in enumerate(tensors):
         t._grad_fn = node

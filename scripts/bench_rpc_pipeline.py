@@ -1,0 +1,259 @@
+"""Benchmark: the RPC pipeline of pytorch/examples (``distributed/rpc/pipeline``), import swapped.
+
+Two stages, each a shard of an MLP held by an RRef on its own worker (``rpc.remote``);
+the coordinator cuts every batch into micro-batches, sends each through the stages
+with ``RRef.remote()`` / ``rpc_async()`` (stage 2 fetches stage 1's output with
+``to_here()``, as the example does), runs one ``dist_autograd.backward`` per step
+and steps a ``DistributedOptimizer`` (SGD). The model: 8 layers of Linear(1024, 1024)
++ ReLU, 4 per stage, batch 256, one BLAS thread per process. The same program runs
+on PyTorch (``torch``) and on distgrad (``import distgrad as torch``), against the
+same model trained in one process with one BLAS thread (the floor each framework
+has to beat). Prints samples/s and the ratio to one process per micro-batch count,
+then one JSON line.
+
+Targets (issue "Distribution that pays"): distgrad at least 1.3x its one-process
+rate with 4 micro-batches, and more micro-batches never slower than fewer by more
+than the extra bubble.
+
+    python scripts/bench_rpc_pipeline.py [--quick] [--no-torch] [--micro 1 2 4 8]
+"""
+import argparse
+import importlib
+import json
+import multiprocessing as mp
+import os
+import queue
+import statistics
+import sys
+import threading
+import time
+
+# One BLAS thread per process, set before NumPy or torch load (both sides alike).
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_v] = "1"
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+DIM, LAYERS, BATCH, CLASSES = 1024, 8, 256, 16
+# The framework of this process, chosen by the parent before it spawns (the classes below
+# derive from its nn.Module, and workers resolve them by name in this module).
+FRAMEWORK_ENV = "BENCH_RPC_PIPELINE_FRAMEWORK"
+FRAMEWORK = os.environ.get(FRAMEWORK_ENV, "distgrad")
+T = importlib.import_module(FRAMEWORK)
+for _sub in ("distributed.rpc", "distributed.autograd", "distributed.optim", "futures"):
+    importlib.import_module(f"{FRAMEWORK}.{_sub}")  # as the example's imports do
+if FRAMEWORK == "torch":
+    T.set_num_threads(1)
+
+
+def _layers(n, head=False):
+    mods = []
+    for _ in range(n):
+        mods += [T.nn.Linear(DIM, DIM), T.nn.ReLU()]
+    if head:
+        mods.append(T.nn.Linear(DIM, CLASSES))
+    return mods
+
+
+# ---------------------------------------------------------------------- the example's shape
+class Shard(T.nn.Module):
+    """One stage: a slice of the layers (the example's ResNetShard1/2)."""
+
+    def __init__(self, index):
+        super().__init__()
+        T.manual_seed(index)
+        self.seq = T.nn.Sequential(*_layers(LAYERS // 2, head=index == 1))
+        self._lock = threading.Lock()
+
+    def forward(self, x_rref):
+        x = x_rref.to_here()
+        with self._lock:
+            out = self.seq(x)
+        return out
+
+    def parameter_rrefs(self):
+        return [T.distributed.rpc.RRef(p) for p in self.parameters()]
+
+
+class DistNet:
+    """The example's DistResNet50: micro-batches through two remote shards."""
+
+    def __init__(self, split_size, workers):
+        rpc = T.distributed.rpc
+        self.split_size = split_size
+        self.p1_rref = rpc.remote(workers[0], Shard, args=(0,))
+        self.p2_rref = rpc.remote(workers[1], Shard, args=(1,))
+
+    def __call__(self, xs):
+        rpc = T.distributed.rpc
+        out_futures = []
+        for x in iter(xs.split(self.split_size, dim=0)):
+            x_rref = rpc.RRef(x)
+            y_rref = self.p1_rref.remote().forward(x_rref)
+            z_fut = self.p2_rref.rpc_async().forward(y_rref)
+            out_futures.append(z_fut)
+        return T.cat(T.futures.wait_all(out_futures))
+
+    def parameter_rrefs(self):
+        return (self.p1_rref.remote().parameter_rrefs().to_here()
+                + self.p2_rref.remote().parameter_rrefs().to_here())
+
+
+# ---------------------------------------------------------------------- processes
+def _worker(rank, port, allowed):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rpc = T.distributed.rpc
+    opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=300)
+    if FRAMEWORK != "torch":
+        opts.allowed_modules = allowed
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=3, rpc_backend_options=opts)
+    rpc.shutdown()
+
+
+def _data():
+    T.manual_seed(0)
+    return T.randn(BATCH, DIM), T.randint(0, CLASSES, (BATCH,))
+
+
+def _rate(times, warmup):
+    """Median samples/s over three windows of the steps after ``warmup``."""
+    times = times[warmup:]
+    n = len(times) - 1
+    edges = [round(i * n / 3) for i in range(4)]
+    return statistics.median(BATCH * (b - a) / (times[b] - times[a])
+                             for a, b in zip(edges[:-1], edges[1:]))
+
+
+def one_process(steps, warmup, out):
+    """The floor: the same model and step in one process, one BLAS thread."""
+    T.manual_seed(0)
+    model = T.nn.Sequential(*_layers(LAYERS // 2), *_layers(LAYERS // 2, head=True))
+    opt = T.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = T.nn.CrossEntropyLoss()
+    x, y = _data()
+    times = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter())
+    out.put(_rate(times, warmup))
+
+
+def pipeline(micro_list, steps, warmup, out):
+    """The example's training loop, once per micro-batch count, in one world."""
+    from distgrad.utils.ports import free_port
+    port = free_port()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    allowed = [__name__]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(r, port, allowed), daemon=True)
+             for r in (1, 2)]
+    for p in procs:
+        p.start()
+    rpc = T.distributed.rpc
+    dist_autograd = T.distributed.autograd
+    opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=300)
+    if FRAMEWORK != "torch":
+        opts.allowed_modules = allowed
+    rpc.init_rpc("master", rank=0, world_size=3, rpc_backend_options=opts)
+    results = {}
+    try:
+        x, y = _data()
+        loss_fn = T.nn.CrossEntropyLoss()
+        for micro in micro_list:
+            model = DistNet(BATCH // micro, ["worker1", "worker2"])
+            opt = T.distributed.optim.DistributedOptimizer(
+                T.optim.SGD, model.parameter_rrefs(), lr=0.05)
+            times = []
+            for _ in range(steps):
+                with dist_autograd.context() as context_id:
+                    outputs = model(x)
+                    dist_autograd.backward(context_id, [loss_fn(outputs, y)])
+                    opt.step(context_id)
+                times.append(time.perf_counter())
+            results[micro] = _rate(times, warmup)
+            del model, opt
+    finally:
+        rpc.shutdown()
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    out.put(results)
+
+
+def _in_child(framework, fn, *args):
+    """Run ``fn`` in a fresh spawned process of ``framework`` (each run alone in its own)."""
+    os.environ[FRAMEWORK_ENV] = framework
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=fn, args=(*args, q))
+    p.start()
+    try:
+        while True:
+            try:
+                return q.get(timeout=1.0)
+            except queue.Empty:
+                if not p.is_alive():
+                    raise RuntimeError(f"{fn.__name__} on {framework} failed (exit code "
+                                       f"{p.exitcode}); its error is above") from None
+    finally:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke test)")
+    ap.add_argument("--no-torch", action="store_true", help="distgrad only")
+    ap.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--rounds", type=int, default=3, help="repetitions; medians reported")
+    args = ap.parse_args()
+    steps, warmup = (12, 3) if args.quick else (30, 5)
+    frameworks = ["distgrad"]
+    if not args.no_torch:
+        try:
+            importlib.import_module("torch")
+            frameworks.append("torch")
+        except ImportError:
+            pass
+    rates = {f: {"single": [], **{m: [] for m in args.micro}} for f in frameworks}
+    for _ in range(args.rounds):  # rounds alternate, so a burst of load hits all alike
+        for f in frameworks:
+            rates[f]["single"].append(_in_child(f, one_process, steps, warmup))
+            for m, r in _in_child(f, pipeline, args.micro, steps, warmup).items():
+                rates[f][m].append(r)
+            print(f"# {f}: one process {rates[f]['single'][-1]:.0f} samples/s, pipeline "
+                  + ", ".join(f"{m}: {rates[f][m][-1]:.0f}" for m in args.micro),
+                  file=sys.stderr, flush=True)
+    med = {f: {k: statistics.median(v) for k, v in r.items()} for f, r in rates.items()}
+    print(f"RPC pipeline (pytorch/examples shape): 2 stages x {LAYERS // 2} layers of {DIM}, "
+          f"batch {BATCH}, one BLAS thread per process; samples/s, medians of {args.rounds}")
+    header = f"{'micro-batches':<16}" + "".join(f"{m:>10}" for m in args.micro) + f"{'1 process':>12}"
+    print(header)
+    result = {"bench": "rpc_pipeline", "micro_batches": args.micro, "frameworks": {}}
+    for f in frameworks:
+        single = med[f]["single"]
+        ratios = {m: med[f][m] / single for m in args.micro}
+        print(f"{f + ' samples/s':<16}" + "".join(f"{med[f][m]:10.0f}" for m in args.micro)
+              + f"{single:12.0f}")
+        print(f"{f + ' ratio':<16}" + "".join(f"{ratios[m]:9.2f}x" for m in args.micro)
+              + f"{'1.00x':>12}")
+        result["frameworks"][f] = {"single": single, "rates": {str(m): med[f][m]
+                                                               for m in args.micro},
+                                   "ratios": {str(m): ratios[m] for m in args.micro}}
+    dg = result["frameworks"]["distgrad"]["ratios"]
+    ok = dg.get("4", 0) >= 1.3
+    result["targets_met"] = bool(ok)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    # run as the module "bench_rpc_pipeline", so that workers (and pickle, for PyTorch)
+    # find Shard and the process targets under that name
+    import bench_rpc_pipeline
+    bench_rpc_pipeline.main()

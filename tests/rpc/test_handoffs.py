@@ -1,0 +1,99 @@
+"""How many times a request changes threads, per path (PROTOCOL.md's table), counted.
+
+Every place where the RPC layer hands work to another thread counts one hand-off in
+``agent.stats["handoffs"]``: a request handed to a handler thread, a Future completed
+on the I/O thread while a thread waits for it, callbacks handed to the pool. Sending
+never hands off: a message leaves from the thread that produced it.
+"""
+import threading
+
+import pytest
+
+from distgrad.distributed import rpc
+from distgrad.rpc import current_agent
+from support import rpc_funcs as f
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 20
+
+
+def _handoffs_here():
+    return current_agent().stats["handoffs"]
+
+
+def _handoffs_on(worker):
+    # the snapshot call is itself a request served on a handler: counted before it reads
+    return rpc.rpc_sync(worker, f.agent_stats)["handoffs"]
+
+
+@pytest.fixture(params=["ipc", "tcp"])
+def world(request, rpc_world):
+    return rpc_world(1, transport=request.param)
+
+
+def test_rpc_sync_costs_one_handoff_on_each_side(world):
+    there = _handoffs_on("worker1")
+    here = _handoffs_here()  # after: that call woke this thread too
+    for i in range(N):
+        assert rpc.rpc_sync("worker1", f.add, (i, 1)) == i + 1
+    # there: N requests handed to a handler, plus the second snapshot; here: at most the
+    # N waits woken plus the snapshot's (a reply that beats its caller to the wait wakes
+    # nobody)
+    assert _handoffs_on("worker1") - there == N + 1
+    assert _handoffs_here() - here <= N + 1
+
+
+def test_rpc_async_then_wait_costs_the_same(world):
+    there = _handoffs_on("worker1")
+    here = _handoffs_here()  # after: that call woke this thread too
+    futs = [rpc.rpc_async("worker1", f.add, (i, 1)) for i in range(N)]
+    assert [fut.wait() for fut in futs] == [i + 1 for i in range(N)]
+    assert _handoffs_on("worker1") - there == N + 1
+    # a Future completed before anyone waits for it wakes nobody: at most one per call
+    assert _handoffs_here() - here <= N + 1
+
+
+def test_system_calls_are_served_on_the_io_thread(world):
+    counter = rpc.remote("worker1", f.Counter, args=(5,))
+    assert counter.rpc_sync().increment(0) == 5  # created and ready
+    value = rpc.remote("worker1", f.add, (2, 3))
+    assert value.to_here() == 5
+    there = _handoffs_on("worker1")
+    here = _handoffs_here()  # after: that call woke this thread too
+    for _ in range(N):
+        assert value.to_here() == 5  # @rref.fetch: a SYSTEM message
+    assert _handoffs_on("worker1") - there == 1  # the snapshot only: fetches never left I/O
+    # here a reply can even beat the caller to its wait (then nobody is woken)
+    assert _handoffs_here() - here <= N + 1
+
+
+def test_requests_and_replies_leave_from_the_thread_that_made_them(world):
+    transport = current_agent().transport
+    senders = []
+    original = transport.send
+
+    def send(dst, frames):
+        senders.append(threading.get_ident())
+        return original(dst, frames)
+    transport.send = send
+    try:
+        rpc.rpc_sync("worker1", f.add, (1, 2))
+        rpc.rpc_async("worker1", f.add, (1, 2)).wait()
+        results = []
+        t = threading.Thread(target=lambda: results.append(rpc.rpc_sync("worker1", f.add,
+                                                                         (3, 4))))
+        t.start()
+        t.join(30)
+    finally:
+        transport.send = original
+    assert results == [7]
+    assert senders == [threading.get_ident()] * 2 + [t.ident]
+    assert not transport._outbox  # nothing was handed to the I/O thread to send
+
+
+def test_a_reply_leaves_from_the_handler_that_produced_it(world):
+    # the worker records the thread that ran the first call and the one that sent its reply
+    assert rpc.rpc_sync("worker1", f.reply_thread_probe_start)
+    ran, sent = rpc.rpc_sync("worker1", f.reply_thread_probe_result)
+    assert ran is not None and ran == sent
