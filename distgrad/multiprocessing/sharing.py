@@ -48,7 +48,7 @@ from multiprocessing.reduction import DupFd, ForkingPickler
 
 import numpy as np
 
-from ..autograd.tensor import Tensor, _make
+from ..autograd._internal import Tensor, array_of, mark_requires_grad, set_array, wrap
 
 __all__ = ["share_memory", "is_shared", "SharedSegment"]
 
@@ -140,11 +140,11 @@ def _segment_of(array):
 
 def is_shared(tensor):
     """Whether ``tensor``'s array lives in a shared-memory segment."""
-    return _segment_of(tensor._data) is not None
+    return _segment_of(array_of(tensor)) is not None
 
 
 def _check_dense(t):
-    if getattr(t, "is_sparse", False) is True or not isinstance(t._data, np.ndarray):
+    if getattr(t, "is_sparse", False) is True or not isinstance(array_of(t), np.ndarray):
         raise RuntimeError(f"share_memory_(): a {type(t).__name__} whose data is not one dense "
                            "array cannot be moved into shared memory by distgrad")
 
@@ -194,7 +194,7 @@ def _expected_references(tensors):
         return known
 
     for t in tensors:
-        chain = _owners(t._data)
+        chain = _owners(array_of(t))
         if count(chain[0]):
             continue  # another tensor holds this very array: its chain is counted
         for parent in chain[1:]:
@@ -210,13 +210,13 @@ _BASELINE = _reference_counts({0: np.empty(1)})[0]
 def _tensors_overlapping(tensors):
     """Every live tensor (besides ``tensors``) whose bytes overlap theirs, transitively."""
     known = {id(t) for t in tensors}
-    spans = [_bounds(t._data) for t in tensors]
+    spans = [_bounds(array_of(t)) for t in tensors]
     candidates = []
     for obj in gc.get_objects():
         # type(), not isinstance: some objects answer __class__ lookups with warnings
         if issubclass(type(obj), Tensor) and id(obj) not in known \
-                and isinstance(obj._data, np.ndarray) and _segment_of(obj._data) is None:
-            candidates.append((obj, _bounds(obj._data)))
+                and isinstance(array_of(obj), np.ndarray) and _segment_of(array_of(obj)) is None:
+            candidates.append((obj, _bounds(array_of(obj))))
     found, grew = [], True
     while grew:
         grew = False
@@ -265,7 +265,7 @@ def share_memory(tensors):
                       f"of the tensor(s) of shape {shapes} are not tensors (NumPy arrays from "
                       "from_numpy() or numpy(), ...); they keep the old, unshared memory, as "
                       "in PyTorch", RuntimeWarning, stacklevel=3)
-    spans = [_bounds(t._data) for t in batch]
+    spans = [_bounds(array_of(t)) for t in batch]
     regions = _regions(spans)
     placement, size = [], 0
     for lo, hi in regions:
@@ -274,7 +274,7 @@ def share_memory(tensors):
     segment = _new_segment(size)
     starts = [lo for lo, _ in regions]
     for t, (lo, _) in zip(batch, spans):
-        old = t._data
+        old = array_of(t)
         i = _region_index(starts, lo)
         address = old.__array_interface__["data"][0]
         offset = placement[i] + (address - starts[i])
@@ -282,7 +282,7 @@ def share_memory(tensors):
                          strides=old.strides)
         np.copyto(new, old, casting="no")
         new.flags.writeable = old.flags.writeable
-        t._data = new
+        set_array(t, new)
 
 
 def _region_index(starts, lo):
@@ -295,24 +295,24 @@ def _rebuild_tensor(cls, handle, offset, shape, strides, dtype, writeable, requi
     array = np.ndarray(tuple(shape), np.dtype(dtype), buffer=segment, offset=offset,
                        strides=tuple(strides))
     array.flags.writeable = writeable
-    t = _make(array, cls=cls)
-    t._requires_grad = requires_grad
+    t = wrap(array, cls=cls)
+    mark_requires_grad(t, requires_grad)
     return t
 
 
 def _reduce_tensor(t):
-    if t._requires_grad and t._grad_fn is not None:
+    if t.requires_grad and t.grad_fn is not None:
         raise RuntimeError("Cowardly refusing to serialize non-leaf tensor which requires_grad, "
                            "since autograd does not support crossing process boundaries.  If you "
                            "just want to transfer the data, call detach() on the tensor before "
                            "serializing (e.g., putting it on the queue).")
     share_memory([t])
-    array = t._data
+    array = array_of(t)
     segment = _segment_of(array)
     offset = array.__array_interface__["data"][0] - _address(segment)
     return (_rebuild_tensor, (type(t), _handle(segment), offset, array.shape, array.strides,
                               array.dtype.str, bool(array.flags.writeable),
-                              bool(t._requires_grad)))
+                              bool(t.requires_grad)))
 
 
 # The handles made for the child being started, per file descriptor: the child gets
