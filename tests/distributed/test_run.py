@@ -16,6 +16,7 @@ import pytest
 
 from distgrad.utils.ports import free_port
 from distgrad.utils.tempdirs import pid_alive
+from support.sessions import run_in_session
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -71,18 +72,7 @@ def _env(tmp_path, as_torch):
 
 def _launch(args, tmp_path, as_torch=True, timeout=150):
     """Run a launcher command in a session of its own; killed with whatever it started."""
-    proc = subprocess.Popen(args, cwd=tmp_path, env=_env(tmp_path, as_torch),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return proc.returncode, out, err
+    return run_in_session(args, _env(tmp_path, as_torch), tmp_path, timeout)
 
 
 def _reports(out, tag):

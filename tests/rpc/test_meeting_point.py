@@ -1,9 +1,7 @@
 """One address, one server: a process group's store and the RPC rendezvous share
 MASTER_ADDR/MASTER_PORT in either order (as PyTorch's multi-tenant TCPStore lets them)."""
 import os
-import signal
 import socket
-import subprocess
 import sys
 import textwrap
 import threading
@@ -18,6 +16,7 @@ from distgrad.distributed import TCPStore
 from distgrad.distributed.errors import DistNetworkError
 from distgrad.rpc.rendezvous import RendezvousError, RendezvousServer, join
 from distgrad.utils.ports import free_port
+from support.sessions import run_in_session
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -188,21 +187,6 @@ _PROGRAM = textwrap.dedent("""
 """)
 
 
-def _run_in_session(argv, env, cwd, timeout=100):
-    """Run a program; whatever it started is killed with its session at the end."""
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return proc.returncode, out, err
-
-
 @pytest.mark.parametrize("order", ["pg-first", "rpc-first"])
 def test_init_process_group_and_init_rpc_on_one_master_port(tmp_path, order):
     """Both orders on distgrad. PyTorch runs the same program (checked by hand); in the
@@ -212,7 +196,7 @@ def test_init_process_group_and_init_rpc_on_one_master_port(tmp_path, order):
     env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_PORT=str(free_port()),
                PYTHONWARNINGS="ignore")
     env.pop("DISTGRAD_AS_TORCH", None)
-    code, out, err = _run_in_session([sys.executable, "-m", "distgrad.compat.as_torch",
+    code, out, err = run_in_session([sys.executable, "-m", "distgrad.compat.as_torch",
                                       str(program), order], env, tmp_path)
     assert code == 0, err[-3000:]
     assert sorted(line for line in out.splitlines() if line.startswith("RESULT")) == \

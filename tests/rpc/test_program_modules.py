@@ -2,8 +2,6 @@
 the script is under PyTorch), without reopening what the hardening closed; class methods
 travel bound to their class."""
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 import types
@@ -14,6 +12,7 @@ import pytest
 from distgrad.rpc.allowlist import Allowlist, program_module, ref_of
 from distgrad.rpc.errors import RefusedCallError
 from distgrad.utils.ports import free_port
+from support.sessions import run_in_session
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -164,17 +163,8 @@ def test_an_rpc_program_calls_functions_of_its_own_module_as_on_pytorch(tmp_path
         env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_PORT=str(free_port()),
                    PYTHONWARNINGS="ignore")
         env.pop("DISTGRAD_AS_TORCH", None)
-        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=150)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        assert proc.returncode == 0, (name, err[-3000:])
+        code, out, err = run_in_session(argv, env, tmp_path)
+        assert code == 0, (name, err[-3000:])
         results[name] = [line for line in out.splitlines() if line.startswith("RESULT")]
     assert results["distgrad"] == ["RESULT [3.0, 3.0] [2.0, 2.0] ('MoreOps', 10)"]
     assert len({tuple(r) for r in results.values()}) == 1
