@@ -198,8 +198,13 @@ class GraphTask:
         self.exec_needed = None      # None: run everything; else the set of nodes to run
         self.captures = None         # node -> [(input_nr, result_index)]
         self.captured = None
-        # How a leaf's gradient is stored; distributed contexts substitute their own.
+        # How a leaf's gradient is stored; distributed contexts substitute their own. Their
+        # passes run nodes in the order gradients arrive from other processes, so a leaf's
+        # contributions are kept apart and summed in forward order (the producers' sequence
+        # numbers) once all are in: the same sum, bit for bit, whatever the timing.
         self.accumulate = accumulate
+        self.leaf_parts = {} if accumulate is not None else None
+        self._shared = set()  # ids of gradients seen shared by two leaves (copied by both)
         # State of engines built on this one, by name (the distributed engine's pass).
         self.extensions = {}
         self._heap = []
@@ -300,6 +305,7 @@ class GraphTask:
         tiebreak = self._tiebreak
         pop, push = heapq.heappop, heapq.heappush
         inline_leaves = needed is None and self.accumulate is None
+        leaf_parts = self.leaf_parts
         # VJP rules divide by zero where PyTorch does (sqrt'(0) = inf) and stay silent as it
         # does; one errstate for the whole pass, since one per node would cost more than the node.
         errstate = np.errstate(divide="ignore", invalid="ignore", over="ignore")
@@ -323,6 +329,7 @@ class GraphTask:
                     if node._pre_hooks:
                         grads = _call_node_pre_hooks(node, grads)
                 if is_leaf:
+                    outputs = g = buf = None  # the previous node's: not references to keep
                     outputs = self._accumulate(node, grads)
                 elif grads[0] is not None or any(g is not None for g in grads) or \
                         getattr(node, "_materialize_grads", False):
@@ -349,11 +356,16 @@ class GraphTask:
                         if create_graph or type(g) is not np.ndarray or g.shape != shape or \
                                 g.dtype != dtype:
                             g = _validate(node, nxt, input_nr, g, create_graph)
-                        old = buf[input_nr]
-                        buf[input_nr] = g if old is None else sum_grads(old, g)
+                        if leaf_parts is not None and type(nxt) is AccumulateGrad:
+                            leaf_parts.setdefault(nxt, []).append((node._seq, g))
+                        else:
+                            old = buf[input_nr]
+                            buf[input_nr] = g if old is None else sum_grads(old, g)
                     remaining = deps[nxt] - 1
                     deps[nxt] = remaining
                     if remaining == 0:
+                        if leaf_parts is not None and nxt in leaf_parts:
+                            buf[0] = _in_forward_order(leaf_parts.pop(nxt))
                         var = nxt._variable if type(nxt) is AccumulateGrad else None
                         if var is not None and inline_leaves and nxt._pre_hooks is None and \
                                 nxt._post_hooks is None and not var._hooks and \
@@ -402,10 +414,28 @@ class GraphTask:
     def _accumulate(self, node, grads):
         if self.accumulate is not None:
             variable = node.variable
-            if grads[0] is not None and variable is not None:
-                self.accumulate(variable, grads[0])
+            g = grads[0]
+            if g is not None and variable is not None:
+                grads[0] = None
+                # PyTorch's rule: a gradient nothing else refers to is taken over; one that
+                # another leaf of this pass also receives is copied by both (their buffers
+                # hold it until accumulated, as PyTorch's engine holds its vector)
+                owned = _getrefcount(g) <= 2 and id(g) not in self._shared
+                if not owned:
+                    self._shared.add(id(g))
+                self.accumulate(variable, g, owned)
             return ()
         return node.apply(grads)
+
+
+def _in_forward_order(parts):
+    """The sum of a leaf's ``[(producer sequence number, gradient)]``, earliest producer
+    first (stable: one producer's several gradients keep their order)."""
+    parts.sort(key=lambda part: part[0])
+    total = parts[0][1]
+    for _, g in parts[1:]:
+        total = sum_grads(total, g)
+    return total
 
 
 def _validate(node, nxt, input_nr, g, create_graph):

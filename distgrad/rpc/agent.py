@@ -30,6 +30,7 @@ import uuid
 import weakref
 
 from .. import codec
+from ..utils.allocator import keep_freed_memory
 from ..utils.tempdirs import owned_tempdir
 from . import current, interceptors, wire
 from .allowlist import Allowlist, ref_of
@@ -126,6 +127,9 @@ class Agent:
     # ------------------------------------------------------------------ startup
     def start(self, rendezvous_server=None):
         opts = self.options
+        # peers' requests run on handler threads: keep the memory they free for the next
+        # one instead of page-faulting it in again (see utils/allocator.py)
+        keep_freed_memory()
         self.transport = t = Transport(self.name, self.rank, self.world_size, opts, self)
         self.stats = t.stats
         try:

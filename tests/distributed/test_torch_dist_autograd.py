@@ -71,9 +71,6 @@ TESTS = [_DIST + name for name in (
     "test_backwards_nested_python_udf_sparse", "test_mixed_requires_grad_sparse",
     "test_multiple_backward_sparse", "test_embedding_bag_with_no_grad_tensors")]
 
-_ACCUMULATE = ("distributed/autograd/container.py: DistAutogradContext.accumulate keeps the "
-               "gradient array it is given, where PyTorch's AccumulateGrad copies one it cannot "
-               "steal (non-contiguous, or the same array for two inputs)")
 _CLASSMETHOD = ("rpc/allowlist.py: a classmethod passed as the RPC function resolves to its "
                 "plain function and is called without its class (\"missing 1 required "
                 "positional argument\")")
@@ -101,16 +98,6 @@ XFAIL_ON_DISTGRAD = {
         "by design: distgrad's distributed backward finishes once every gradient that can "
         "still arrive has (DESIGN.md, known pitfalls), where PyTorch's FAST mode waits for "
         "the gradient of an unused RPC result forever; the test asserts that hang",
-    _DIST + "test_backward_autograd_engine_error":
-        "distributed/autograd/engine.py: an exception raised in a backward function reaches "
-        "the caller as the user's own class, where PyTorch raises RuntimeError('Error on Node "
-        "N: ...')",
-    _DIST + "test_backward_invalid_args":
-        "distributed/autograd: dist_autograd.backward(context_id, None) raises a bare "
-        "TypeError \"'NoneType' object is not iterable\", where PyTorch's names the "
-        "incompatible arguments",
-    _DIST + "test_no_grad_copy": _ACCUMULATE,
-    _DIST + "test_no_grad_copy_sparse": _ACCUMULATE,
 }
 if _class_methods_resolve_unbound():
     XFAIL_ON_DISTGRAD.update(dict.fromkeys(

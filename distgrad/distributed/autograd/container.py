@@ -23,6 +23,8 @@ import logging
 import threading
 import weakref
 
+import numpy as np
+
 from distgrad.autograd.node import Node, sum_grads
 from distgrad.autograd.tensor import Tensor
 from distgrad.rpc import current_agent, entry_point, interceptors
@@ -98,11 +100,25 @@ class DistAutogradContext:
     def _context_id(self):
         return self.id
 
-    def accumulate(self, variable, g):
-        # No copy: the engine never writes into a gradient it passed on, and readers get
-        # read-only views (get_gradients, DistributedOptimizer), so the array stays ours.
+    def accumulate(self, variable, g, owned=False):
+        """Add a leaf's gradient of a pass. As PyTorch's AccumulateGrad, a first gradient is
+        taken over when ``owned`` (nothing else refers to it) and contiguous, else copied;
+        later ones are summed into a new array. Readers get read-only views
+        (get_gradients, DistributedOptimizer), so the array stays the context's."""
         with self.lock:
-            self.grads[variable] = sum_grads(self.grads.get(variable), g)
+            old = self.grads.get(variable)
+            if old is None and not (owned and _contiguous(g)):
+                g = g.copy()
+            self.grads[variable] = sum_grads(old, g)
+
+
+def _contiguous(a):
+    """Whether a gradient may be kept as it is: a dense array that is no view, or a sparse
+    one whose indices and values are (PyTorch copies a sparse gradient that is not)."""
+    if type(a) is np.ndarray:
+        return a.flags.c_contiguous and a.base is None
+    parts = [getattr(a, "indices", None), getattr(a, "values", None)]
+    return all(isinstance(p, np.ndarray) and p.flags.c_contiguous for p in parts)
 
 
 def read_only(a):

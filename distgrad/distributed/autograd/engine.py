@@ -44,7 +44,7 @@ from collections import defaultdict
 
 from distgrad.autograd.engine import GraphTask, execute, make_root_grads
 from distgrad.autograd.tensor import Tensor
-from distgrad.rpc import Future, WorkerUnreachableError, entry_point
+from distgrad.rpc import Future, RpcError, WorkerUnreachableError, entry_point
 from distgrad.rpc.functions import async_execution
 
 from . import container as _c
@@ -52,6 +52,20 @@ from . import container as _c
 log = logging.getLogger("distgrad.distributed.autograd")
 
 _SLICE = 0.02  # how often a waiting coordinator looks at the other parts for errors
+
+
+def _node_error(exc):
+    """What an error raised while running this process's nodes becomes: PyTorch's
+    ``RuntimeError("Error on Node <rank>: <message>")`` (here with the worker's name and
+    the original class after it, and the original as its cause). RPC errors (a dead or
+    silent peer) and errors already named by a node elsewhere keep their class."""
+    msg = str(exc.args[0]) if exc.args else str(exc)
+    if isinstance(exc, RpcError) or msg.startswith("Error on Node "):
+        return exc
+    new = RuntimeError(f"Error on Node {_c.my_rank()}: {msg} (on worker '{_c.my_name()}', "
+                       f"{type(exc).__name__})")
+    new.__cause__ = exc
+    return new
 
 
 def _named(exc):
@@ -141,7 +155,7 @@ class _Pass:
                 execute(task)
                 self._flush()  # what the last wave left (nothing ran after its recv nodes)
             except BaseException as e:  # noqa: BLE001 - the pass fails with the node's error
-                self.fail(e)
+                self.fail(_node_error(e))
                 with self.lock:
                     self.running = False
                 return
@@ -321,22 +335,46 @@ def plan(context_id, root_nodes):
     return expected, direct
 
 
+def _check_arguments(context_id, roots, retain_graph):
+    """PyTorch's binding refuses arguments of the wrong types with a TypeError."""
+    if type(context_id) is not int or isinstance(roots, (str, bytes)) \
+            or not (isinstance(roots, Tensor) or hasattr(roots, "__iter__")) \
+            or not isinstance(retain_graph, bool):
+        raise TypeError(
+            "backward(): incompatible function arguments. The following argument types are "
+            "supported: (context_id: int, roots: List[Tensor], retain_graph: bool = False); "
+            f"got ({type(context_id).__name__}, {type(roots).__name__}, "
+            f"{type(retain_graph).__name__})")
+
+
+def _check_roots(roots):
+    """PyTorch's checks of the roots of a distributed backward, with its messages."""
+    if not roots:
+        raise RuntimeError("No tensors provided for gradient computation.")
+    for i, t in enumerate(roots):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"backward(): incompatible function arguments: root {i} is a "
+                            f"{type(t).__name__}, not a Tensor")
+        if not t.requires_grad:
+            raise RuntimeError(f"requires_grad not set on root {i} (shape {list(t.shape)})")
+        if t.numel() != 1:
+            raise RuntimeError(f"Tensor {i} of shape {list(t.shape)} is not a scalar, all "
+                               "roots need to be scalar")
+        if t.grad_fn is None:
+            raise RuntimeError(f"Tensor {i} does not have a valid gradient function (a leaf: "
+                               "nothing to differentiate)")
+
+
 def backward(context_id, roots, retain_graph=False):
     """Run a distributed backward from ``roots`` (scalars) in context ``context_id``.
 
     Leaf gradients accumulate in the context on each worker (see :func:`get_gradients`);
     returns once every worker finished its part, raises the first failure.
     """
+    _check_arguments(context_id, roots, retain_graph)
     ctx = _c.require_context(context_id)
     roots = _as_tuple(roots)
-    if not roots:
-        raise RuntimeError("No tensors provided to backward")
-    for i, t in enumerate(roots):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"element {i} of roots is a {type(t).__name__}, not a Tensor")
-        if not t._requires_grad:
-            raise RuntimeError(f"element {i} of tensors does not require grad and does not "
-                               "have a grad_fn")
+    _check_roots(roots)
     grads = make_root_grads(roots, (None,) * len(roots), False)
     root_edges = [(t._grad_edge(), g) for t, g in zip(roots, grads)]
     expected, direct = plan(context_id, [edge[0] for edge, _ in root_edges])
@@ -400,7 +438,7 @@ def _wait_all(agent, context_id, pass_id, parts, local):
     ``parts`` grows while the local part runs (workers started by their first gradient).
     """
     error, finished = None, set()
-    me = agent.rank
+    me = agent.rank if agent is not None else 0  # without RPC: a pass of this process alone
     while error is None:
         if local.done.done():
             error = local.done.exception()
@@ -428,7 +466,7 @@ def _wait_all(agent, context_id, pass_id, parts, local):
     acks = []
     with _c.scope(None):
         for r in pending:
-            if r != agent.rank and agent.unreachable(r) is None:
+            if r != me and agent.unreachable(r) is None:
                 acks.append(agent.call(r, _abort_pass, (context_id, pass_id), None, -1))
     for a in acks:
         try:

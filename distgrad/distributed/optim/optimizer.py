@@ -9,7 +9,7 @@ from distgrad.distributed.autograd import container as _c
 from distgrad.rpc import api as _rpc
 from distgrad.rpc import entry_point
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "local_optimizer"]
 
 
 class _LocalOptimizer:
@@ -43,6 +43,18 @@ class _LocalOptimizer:
 _optimizers = {}  # on each owner: key -> _LocalOptimizer (calls name keys, not RRefs)
 
 
+def local_optimizer(optimizer_id):
+    """On a parameter owner: the local optimizer (a ``distgrad.optim.Optimizer`` over the
+    parameters this process owns) that ``DistributedOptimizer`` ``optimizer_id`` steps here;
+    for checkpoints (``state_dict``/``load_state_dict``). A distgrad extension: PyTorch's
+    DistributedOptimizer keeps no reachable state."""
+    local = _optimizers.get(optimizer_id)
+    if local is None:
+        raise KeyError(f"this process holds no parameters of distributed optimizer "
+                       f"{optimizer_id!r}")
+    return local.optim
+
+
 @entry_point
 def _new_local_optimizer(key, optimizer_cls, param_rrefs, args, kwargs):
     _optimizers[key] = _LocalOptimizer(optimizer_cls, param_rrefs, args, kwargs)
@@ -70,12 +82,14 @@ class DistributedOptimizer:
         by_owner = {}
         for r in params_rref:
             by_owner.setdefault(r.owner_name(), []).append(r)
-        self._key = key = _c.new_id()
+        #: names this optimizer on the owners (``local_optimizer(id)``)
+        self.id = self._key = key = _c.new_id()
         me = _c.my_name()
         self._owners = [o for o in by_owner if o != me]
         self._local = None
         if me in by_owner:
-            self._local = _LocalOptimizer(optimizer_class, by_owner[me], args, kwargs)
+            self._local = _optimizers[key] = _LocalOptimizer(optimizer_class, by_owner[me],
+                                                             args, kwargs)
         with _c.scope(None):
             futs = [_rpc.rpc_async(o, _new_local_optimizer,
                                    (key, optimizer_class, by_owner[o], args, kwargs))
@@ -84,6 +98,7 @@ class DistributedOptimizer:
                 f.wait()
 
     def __del__(self):
+        _optimizers.pop(getattr(self, "_key", None), None)
         try:
             for o in self._owners:
                 _rpc.rpc_async(o, _drop, (self._key,))
