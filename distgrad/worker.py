@@ -46,6 +46,16 @@ def _in_range(kind, low, high=None, name=None):
     return parse
 
 
+def _link(text):
+    """argparse type: a simulated link, '<latency> <bandwidth>' (checked, kept as text)."""
+    from distgrad.rpc.link import parse_link  # lazily, as the module's other distgrad imports
+    try:
+        parse_link(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def _signal_number(text):
     """argparse type: ``USR1``, ``SIGUSR1`` or a number."""
     name = text.upper()
@@ -113,6 +123,11 @@ def add_arguments(p):
                    default=int(env("DISTGRAD_MAX_MESSAGE_SIZE", 1 << 30)),
                    help="largest accepted message part; a peer sending more is disconnected "
                         "(default: %(default)s; env: DISTGRAD_MAX_MESSAGE_SIZE)")
+    p.add_argument("--simulated-link", default=env("DISTGRAD_SIMULATED_LINK"),
+                   metavar="LINK", type=_link,
+                   help="hold messages from other processes as if they came over a link "
+                        "of this latency and bandwidth, e.g. '200us 10Gbit/s' (measuring "
+                        "on one machine what hosts would see; env: DISTGRAD_SIMULATED_LINK)")
     p.add_argument("--dump-signal", type=_signal_number, default=env("DISTGRAD_DUMP_SIGNAL"),
                    metavar="SIGNAL",
                    help="on this signal (e.g. USR1), print every thread's stack and this "
@@ -194,6 +209,7 @@ def run(args, parser=None):
             num_worker_threads=args.num_threads, rpc_timeout=args.rpc_timeout,
             rendezvous_timeout=args.rendezvous_timeout, heartbeat_interval=args.heartbeat_interval,
             heartbeat_timeout=args.heartbeat_timeout, shm_threshold=args.shm_threshold,
+            simulated_link=args.simulated_link,
             max_inflight_per_worker=args.max_inflight, max_message_size=args.max_message_size,
             curve_public_key=pub.encode() if pub else None,
             curve_secret_key=sec.encode() if sec else None)

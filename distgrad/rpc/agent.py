@@ -179,7 +179,7 @@ class Agent:
         opts = self.options
         threshold = max(opts.shm_threshold, codec.INLINE_MAX) if opts.shm_threshold else 0
         self.shm = SameHost(threshold, opts.shm_pool_bytes, self.transport.wake,
-                            enabled=self.world_size > 1)
+                            enabled=self.world_size > 1 and not opts.simulated_link)
 
     def _probe_shm(self):
         """Prove, per peer, that it can map a segment made here; until then (and if not)

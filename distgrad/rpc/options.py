@@ -2,6 +2,8 @@
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from .link import parse_link
+
 __all__ = ["RpcBackendOptions", "TensorPipeRpcBackendOptions", "generate_curve_keypair"]
 
 
@@ -32,6 +34,10 @@ class RpcBackendOptions:
     ``shm_threshold``: arrays of at least this many bytes travel through shared
     memory to peers proven to share it (0 turns the path off);
     ``shm_pool_bytes``: the most shared memory this process lends at once.
+    ``simulated_link``: ``"<latency> <bandwidth>"`` (``"200us 10Gbit/s"``, ``"2ms
+    1Gbit/s"``): every message from another process is held until it would have arrived
+    over such a link, and shared memory is not used (see ``rpc/link.py``); for measuring
+    on one machine what a world spread over hosts would see. None: no simulation.
     """
     num_worker_threads: int = 16
     rpc_timeout: float = 60.0
@@ -50,6 +56,7 @@ class RpcBackendOptions:
     shm_threshold: int = 1 << 20
     shm_pool_bytes: int = 1 << 30
     ipc_dir: Optional[str] = None
+    simulated_link: Optional[str] = None
     device_maps: dict = field(default_factory=dict)  # accepted for torch compatibility
     devices: Sequence = ()
 
@@ -71,6 +78,8 @@ class RpcBackendOptions:
                                  f"not {value!r}")
         if self.heartbeat_timeout < 2 * self.heartbeat_interval:
             raise ValueError("heartbeat_timeout must be at least twice heartbeat_interval")
+        if self.simulated_link is not None:
+            parse_link(self.simulated_link)  # a malformed link is refused here, named
         if isinstance(self.allowed_modules, str):
             self.allowed_modules = (self.allowed_modules,)
 

@@ -58,6 +58,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from . import wire
 from .errors import ProtocolError
+from .link import SimulatedLink, parse_link
 
 __all__ = ["Transport", "send_frames", "frames_nbytes"]
 
@@ -191,6 +192,9 @@ class Transport:
         self._tls = threading.local()      # .socks: the calling thread's own sockets
         self._own_ids = itertools.count(1)  # routing identities of own sockets
         self._io_ident = None               # thread id of the I/O thread, once running
+        # a network between hosts, simulated: messages from others are held on arrival
+        self.link = SimulatedLink(*parse_link(options.simulated_link)) \
+            if getattr(options, "simulated_link", None) else None
         self._down = {}            # rank -> why (dead or left); read by any thread
         self._left = set()
         self._suspect = {}         # rank -> deadline (I/O thread only)
@@ -406,7 +410,8 @@ class Transport:
         while not self._stop:
             now = time.monotonic()
             wait = min([handlers.next_deadline(), now + 1.0, *self._suspect.values(),
-                        *(t for t, _ in self._leaving.values())]) - now
+                        *(t for t, _ in self._leaving.values()),
+                        self.link.next_due if self.link is not None else now + 1.0]) - now
             events = poller.poll(max(0, int(wait * 1000) + 1))
             if any(s == wake_fd for s, _ in events):
                 self._wake.clear()  # clear first, then look at the work: a later wake signals
@@ -420,6 +425,8 @@ class Transport:
                 elif sock in self._monitors:
                     self._guarded(self._on_monitor, sock, self._monitors[sock])
             now = time.monotonic()
+            if self.link is not None:
+                self.link.release(now)
             for r, deadline in list(self._suspect.items()):
                 if now >= deadline:
                     del self._suspect[r]
@@ -465,29 +472,39 @@ class Transport:
             yield frames, kind, mid, src, extra, segments
 
     def _on_router(self):
-        h = self.handlers
-        for frames, kind, mid, src, extra, segments in self._incoming(self.router, 1):
-            if not 0 <= src < self.world_size:
-                self.drop(f"source rank {src} is not in the world")
-                h.on_late(None, segments)
-            elif kind == Kind.CALL:
-                h.on_request(frames[0].bytes, mid, src, extra, segments, frames[2:])
-            elif kind == Kind.REPLY or kind == Kind.ERROR:
-                h.on_reply(src, kind, mid, extra, segments, frames[2:])
-            elif kind == Kind.SYSTEM and self._on_system is not None:
-                self._on_system(frames[0].bytes, mid, src, extra, segments, frames[2:])
-            elif kind in (Kind.RELEASE, Kind.LEAVE) and frames[0].bytes != b"%d" % src:
-                # one-way messages come from the peer's own dealer, whose identity is its rank
-                self.drop(f"{Kind.NAMES[kind]} claiming rank {src} from another connection")
-            elif kind == Kind.RELEASE:
-                h.on_release(src, segments)
-            elif kind == Kind.LEAVE:
-                why = extra if isinstance(extra, str) else "it left the world"
-                self._suspect.pop(src, None)
-                self._peer_down(src, why[:500], left=True)
+        link = self.link
+        for message in self._incoming(self.router, 1):
+            src = message[3]
+            if link is not None and src != self.rank and 0 <= src < self.world_size:
+                due = link.arrival(src, frames_nbytes(message[0][1:]), time.monotonic())
+                link.hold(due, self._guarded, self._route, *message)
             else:
-                self.drop(f"{Kind.NAMES.get(kind, kind)} on the request socket")
-                h.on_late(src, segments)
+                self._route(*message)
+
+    def _route(self, frames, kind, mid, src, extra, segments):
+        """Hand one message that came in on the router to its handler."""
+        h = self.handlers
+        if not 0 <= src < self.world_size:
+            self.drop(f"source rank {src} is not in the world")
+            h.on_late(None, segments)
+        elif kind == Kind.CALL:
+            h.on_request(frames[0].bytes, mid, src, extra, segments, frames[2:])
+        elif kind == Kind.REPLY or kind == Kind.ERROR:
+            h.on_reply(src, kind, mid, extra, segments, frames[2:])
+        elif kind == Kind.SYSTEM and self._on_system is not None:
+            self._on_system(frames[0].bytes, mid, src, extra, segments, frames[2:])
+        elif kind in (Kind.RELEASE, Kind.LEAVE) and frames[0].bytes != b"%d" % src:
+            # one-way messages come from the peer's own dealer, whose identity is its rank
+            self.drop(f"{Kind.NAMES[kind]} claiming rank {src} from another connection")
+        elif kind == Kind.RELEASE:
+            h.on_release(src, segments)
+        elif kind == Kind.LEAVE:
+            why = extra if isinstance(extra, str) else "it left the world"
+            self._suspect.pop(src, None)
+            self._peer_down(src, why[:500], left=True)
+        else:
+            self.drop(f"{Kind.NAMES.get(kind, kind)} on the request socket")
+            h.on_late(src, segments)
 
     def _on_dealer(self, sock, rank):
         # Peers send everything to the router; a router sends nothing back on a

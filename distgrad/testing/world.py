@@ -50,7 +50,8 @@ _WORKER_FLAGS = {"rpc_timeout": "--rpc-timeout", "heartbeat_interval": "--heartb
                  "heartbeat_timeout": "--heartbeat-timeout", "shm_threshold": "--shm-threshold",
                  "max_inflight_per_worker": "--max-inflight",
                  "max_message_size": "--max-message-size",
-                 "rendezvous_timeout": "--rendezvous-timeout"}
+                 "rendezvous_timeout": "--rendezvous-timeout",
+                 "simulated_link": "--simulated-link"}
 
 
 def _read_at_runtime(env):

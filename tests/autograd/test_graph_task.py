@@ -15,7 +15,7 @@ def test_a_leafs_gradients_are_summed_in_forward_order_whatever_the_arrival_orde
     arrival_order = (scales[2] + scales[0]) + scales[1]
     assert forward_order != arrival_order  # the point: the order shows in the result
     got = {}
-    task = GraphTask(False, False, accumulate=lambda variable, g: got.setdefault("g", g))
+    task = GraphTask(False, False, accumulate=lambda variable, g, owned: got.setdefault("g", g))
     task.compute_dependencies([y.grad_fn for y in ys])
     for i in (2, 0, 1):  # one at a time, as gradients arrive over the wire
         task.add_gradient(ys[i].grad_fn, 0, np.ones(1, dtype=np.float32))
