@@ -16,6 +16,7 @@ from .autograd.grad_mode import (enable_grad, inference_mode, is_grad_enabled,
 from .autograd.tensor import Size, Tensor, is_tensor
 from .autograd.device import device
 from . import ops as _ops  # installs Tensor methods
+from .multiprocessing import sharing as _sharing  # installs share_memory_/is_shared, mp pickling
 from .ops.arithmetic import *  # noqa: F401,F403
 from .ops.complex import *  # noqa: F401,F403
 from .ops.conversion import *  # noqa: F401,F403
@@ -41,6 +42,7 @@ from .ops.diag import diag, diag_embed, diagflat  # noqa: F401
 from . import _tensor_str
 from ._tensor_str import set_printoptions  # noqa: F401
 from .compiler import compile  # noqa: A004
+from .threads import get_num_threads, set_num_threads
 from . import autograd
 from . import nn
 from . import utils

@@ -44,13 +44,23 @@ SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 
 _ALIAS, _TARGET = "torch", "distgrad"
 
+#: torch modules whose stand-ins live elsewhere than ``distgrad.<same path>``.
+_REDIRECTS = {"torch.version": "distgrad.compat.torch_version",
+              "torch.torch_version": "distgrad.compat.torch_version"}
 
-class _AliasLoader(importlib.abc.Loader):
+
+def _target_of(name):
+    return _REDIRECTS.get(name) or _TARGET + name[len(_ALIAS):]
+
+
+class _AliasLoader(importlib.abc.InspectLoader):
     """Puts the distgrad module itself in ``sys.modules`` under the torch name (no copy:
-    ``torch.nn is distgrad.nn``)."""
+    ``torch.nn is distgrad.nn``). For ``python -m torch.X`` (runpy), it hands out the
+    code of ``distgrad.X``, which then runs as ``__main__``."""
 
-    def __init__(self, target):
+    def __init__(self, target, target_spec):
         self.target = target
+        self.target_spec = target_spec
 
     def create_module(self, spec):
         return None  # a placeholder; exec_module replaces it in sys.modules
@@ -58,14 +68,47 @@ class _AliasLoader(importlib.abc.Loader):
     def exec_module(self, module):
         # The import system returns whatever sys.modules holds under the name once
         # exec_module is done, so the placeholder never reaches the program.
-        sys.modules[module.__name__] = importlib.import_module(self.target)
+        target = importlib.import_module(self.target)
+        if module.__name__ == _ALIAS:
+            _pose_as_torch(target)
+        sys.modules[module.__name__] = target
+
+    def _loader(self):
+        if self.target_spec is None or self.target_spec.loader is None:
+            raise ModuleNotFoundError(f"No module named {self.target!r}", name=self.target)
+        return self.target_spec.loader
+
+    def is_package(self, fullname):
+        return self.target_spec is not None and \
+            self.target_spec.submodule_search_locations is not None
+
+    def get_code(self, fullname):
+        return self._loader().get_code(self.target)
+
+    def get_source(self, fullname):
+        return self._loader().get_source(self.target)
+
+
+def _pose_as_torch(distgrad_module):
+    """What ``torch`` has and distgrad, seen as torch, must show: the torch release it
+    answers for as ``__version__`` (see :mod:`.torch_version`) and ``torch.version``."""
+    from . import torch_version
+    distgrad_module.__version__ = torch_version.__version__
+    distgrad_module.version = torch_version
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != _ALIAS and not name.startswith(_ALIAS + "."):
             return None
-        return importlib.util.spec_from_loader(name, _AliasLoader(_TARGET + name[len(_ALIAS):]))
+        to = _target_of(name)
+        try:
+            found = importlib.util.find_spec(to)
+        except ModuleNotFoundError:  # a parent is missing: the import fails naming it
+            found = None
+        return importlib.util.spec_from_loader(
+            name, _AliasLoader(to, found), origin=found.origin if found else None,
+            is_package=bool(found and found.submodule_search_locations is not None))
 
 
 _finder = _AliasFinder()

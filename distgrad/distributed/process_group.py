@@ -31,6 +31,7 @@ import warnings
 from distgrad.rpc.rendezvous import file_path, resolve_address
 
 from . import comm as _comm
+from .agent_store import attempt_store, uses_agent_store
 from .errors import DistError, DistStoreError
 from .file_store import FileStore
 from .programs import shm_handshake
@@ -199,8 +200,10 @@ def _from_env(name, given):
 
 
 def _store_from_init_method(init_method, rank, world_size, timeout):
-    """(store, rank, world_size, master host) of an ``env://``, ``tcp://`` or ``file://``
-    init method (a file store: ranks on one machine, or on one shared file system)."""
+    """(store, what to close, rank, world_size, master host) of an ``env://``, ``tcp://`` or
+    ``file://`` init method (a file store: ranks on one machine, or on one shared file
+    system). Under a torchrun agent that serves the store (``TORCHELASTIC_USE_AGENT_STORE``)
+    every rank is a client of the agent's, as in PyTorch."""
     url = urllib.parse.urlparse(init_method)
     query = dict(urllib.parse.parse_qsl(url.query))
     if url.scheme == "file":
@@ -211,7 +214,8 @@ def _store_from_init_method(init_method, rank, world_size, timeout):
             raise ValueError("file:// init_method needs rank and world_size (arguments, or "
                              "?rank=..&world_size=.. in the URL)")
         _check_rank(rank, world_size)
-        return FileStore(path, world_size), rank, world_size, None
+        store = FileStore(path, world_size)
+        return store, store, rank, world_size, None
     if url.scheme == "env":
         rank = _from_env("RANK", rank if rank >= 0 else None)
         world_size = _from_env("WORLD_SIZE", world_size if world_size >= 0 else None)
@@ -230,9 +234,12 @@ def _store_from_init_method(init_method, rank, world_size, timeout):
                          "tcp://host:port or file:///path (or pass store=)")
     host, port = address[len("tcp://"):].rsplit(":", 1)
     _check_rank(rank, world_size)
+    if uses_agent_store():
+        store, client = attempt_store(host, int(port), timeout)
+        return store, client, rank, world_size, host
     store = TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout,
                      wait_for_workers=False, multi_tenant=True)
-    return store, rank, world_size, host
+    return store, store, rank, world_size, host
 
 
 def _check_rank(rank, world_size):
@@ -284,9 +291,8 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     host = None
     own_store = None
     if store is None:
-        store, rank, world_size, host = _store_from_init_method(init_method or "env://",
-                                                                 rank, world_size, timeout_s)
-        own_store = store
+        store, own_store, rank, world_size, host = _store_from_init_method(
+            init_method or "env://", rank, world_size, timeout_s)
     else:
         if init_method is not None:
             raise ValueError("Cannot specify both init_method and store.")

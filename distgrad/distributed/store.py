@@ -13,7 +13,8 @@ swaps a value only if it is the expected one. Process groups meet through one
 (1, 2, b'2')
 
 ``TCPStore``: the master process runs the server (a ZeroMQ ROUTER on one thread
-that owns it); every ``TCPStore`` object talks to it through the calling thread's
+that owns it, shared with an RPC rendezvous at the same address: see
+:class:`distgrad.rpc.rendezvous.MeetingPoint`); every ``TCPStore`` object talks to it through the calling thread's
 own socket. Waiting ``get``/``wait`` requests are parked in the server and
 answered when their keys appear, so nobody polls. The server bounds what clients
 may store (key length, value size, number of keys, parked waiters) and answers
@@ -29,6 +30,7 @@ import time
 import msgpack
 import zmq
 
+from ..rpc.rendezvous import MeetingPoint, RendezvousError
 from .errors import DistNetworkError, DistStoreError
 
 __all__ = ["Store", "HashStore", "TCPStore", "PrefixStore"]
@@ -290,64 +292,52 @@ def _valid_request(req):
     return rid, op, args
 
 
+def _store_bind_error(address, e):
+    hint = (" (another process uses this port: choose another MASTER_PORT)"
+            if e.errno == zmq.EADDRINUSE else "")
+    return DistNetworkError(f"the store cannot listen on {address[len('tcp://'):]}: {e}{hint}")
+
+
 class _StoreServer:
-    """The master's side of a TCPStore: one thread owning one ROUTER socket."""
+    """The master's side of a TCPStore: a handler of the :class:`MeetingPoint` at its
+    address (whose one thread owns the socket), so that an RPC rendezvous at the same
+    address shares it, as PyTorch's RPC shares the process group's store."""
+
+    accepts = "array"
 
     def __init__(self, host, port):
-        self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.linger = 0
-        self.sock.router_mandatory = 1
-        self.sock.maxmsgsize = _MAX_VALUE + 2 * _MAX_KEY + 1024
-        address = _bind_address(host, port)
         try:
-            self.sock.bind(address)
-        except zmq.ZMQError as e:
-            self.sock.close(linger=0)
-            hint = (" (another process uses this port: choose another MASTER_PORT)"
-                    if e.errno == zmq.EADDRINUSE else "")
-            raise DistNetworkError(f"the store cannot listen on {host}:{port}: {e}{hint}") \
-                from None
-        self.port = int(self.sock.last_endpoint.decode().rsplit(":", 1)[1])
+            self.point = MeetingPoint.acquire(_bind_address(host, port),
+                                              max_message=_MAX_VALUE + 2 * _MAX_KEY + 1024,
+                                              bind_error=_store_bind_error)
+        except RendezvousError as e:
+            raise DistNetworkError(f"the store cannot listen on {host}:{port}: {e}") from None
+        try:
+            self.point.attach(self)
+        except RendezvousError as e:
+            self.point.release()
+            raise DistNetworkError(f"the store cannot listen on {host}:{port}: {e}") from None
+        self.port = int(self.point.address.rsplit(":", 1)[1])
         self.table = _Table()
         self.waiters = {}           # (ident, rid) -> (op, args, keys, deadline)
-        self._stop = threading.Event()
         self.users = 1
-        self._thread = threading.Thread(target=self._serve, name=f"store-server-{self.port}",
-                                        daemon=True)
-        self._thread.start()
 
-    def _serve(self):
-        sock = self.sock
-        try:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                deadline = min((w[3] for w in self.waiters.values()), default=now + 0.2)
-                if sock.poll(max(0, int((min(deadline, now + 0.2) - now) * 1000)) + 1):
-                    for _ in range(256):
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._on_request(frames)
-                self._expire(time.monotonic())
-        except Exception as e:  # noqa: BLE001 - clients then time out; say why here
-            log.error("store server on port %d stopped: %s", self.port, e)
-        finally:
-            sock.close(linger=100)
+    # the meeting point's handler interface (its serving thread calls these)
+    def next_deadline(self):
+        return min((w[3] for w in self.waiters.values()), default=float("inf"))
+
+    def tick(self, point, now):
+        self._expire(now)
+
+    def failed(self, point, error):
+        pass  # the clients' requests time out, naming the store
 
     def _reply(self, ident, rid, ok, value):
-        try:
-            self.sock.send_multipart([ident, msgpack.packb([rid, ok, value])], zmq.NOBLOCK)
-        except zmq.ZMQError:  # the client went away
-            pass
+        self.point.send(ident, msgpack.packb([rid, ok, value]))
 
-    def _on_request(self, frames):
-        if len(frames) != 2:
-            return
-        ident = frames[0]
+    def on_frame(self, point, ident, frame):
         try:
-            req = msgpack.unpackb(frames[1], raw=False, max_bin_len=_MAX_VALUE,
+            req = msgpack.unpackb(frame, raw=False, max_bin_len=_MAX_VALUE,
                                   max_str_len=_MAX_KEY, max_array_len=100_000)
         except Exception:  # noqa: BLE001 - garbage on the port
             self._reply(ident, 0, False, ["ValueError", "malformed store request"])
@@ -391,9 +381,8 @@ class _StoreServer:
                 self._reply(key[0], key[1], False, ["DistStoreError", str(err)])
 
     def stop(self):
-        self._stop.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(5.0)
+        self.point.detach(self)
+        self.point.release()
 
 
 _servers = {}   # (host, port) -> _StoreServer shared by multi-tenant TCPStores of this process

@@ -10,6 +10,12 @@ Every child started here calls :func:`lifetime.die_with_parent` first, so it
 gets SIGKILL when its parent exits (Linux), and a failure or an interrupt in
 the parent terminates, then kills, the children it started.
 
+Tensors cross into the children as PyTorch's do: pickled by :mod:`multiprocessing`
+(a spawned child's arguments, a ``Queue``), a tensor is moved into shared memory
+and travels as a handle to it, so both processes use one buffer; a forked child
+inherits what was shared before the fork (see :mod:`.sharing`;
+``Module.share_memory()`` shares a model's parameters for the Hogwild pattern).
+
 On pickling. ``spawn(fn, args)`` hands ``fn`` and ``args`` to the child the way
 the standard library hands any ``Process`` target to a spawned child: the
 parent pickles them into a private pipe to a process it has just created,
@@ -29,6 +35,7 @@ import multiprocessing
 import sys
 from multiprocessing import *  # noqa: F401,F403 - torch.multiprocessing re-exports it all
 
+from . import sharing  # noqa: F401 - installs Tensor.share_memory_ and the tensor reducers
 from .spawn import (ProcessContext, ProcessExitedException, ProcessRaisedException, spawn,
                     start_processes)
 
@@ -36,8 +43,10 @@ __all__ = ["set_sharing_strategy", "get_sharing_strategy", "get_all_sharing_stra
            "ProcessContext", "ProcessExitedException",
            "ProcessRaisedException", "spawn", "start_processes"] + multiprocessing.__all__
 
-# Tensors travel between processes by copy (pickling, or distgrad.codec), never
-# through shared-memory handles, so the strategy is a name a program may set.
+# Shared tensors always travel as file descriptors of anonymous memory files (PyTorch's
+# "file_descriptor" way; see sharing.py), which leave nothing behind in /dev/shm. Programs
+# may still choose "file_system", PyTorch's way around descriptor limits: it is recorded
+# and reported, and tensors travel as before.
 _sharing_strategy = "file_system" if sys.platform in ("darwin", "win32") else "file_descriptor"
 _all_sharing_strategies = ({"file_system"} if sys.platform in ("darwin", "win32")
                            else {"file_descriptor", "file_system"})

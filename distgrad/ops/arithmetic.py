@@ -233,6 +233,8 @@ def _power(a, e):
         return np.multiply(a, a)
     if e == 3:
         out = np.multiply(a, a)
+        if type(out) is not np.ndarray:  # a 0-d operand gives a NumPy scalar: no out=
+            return out * a
         return np.multiply(out, a, out=out)
     if e == 0.5:
         return np.sqrt(a)

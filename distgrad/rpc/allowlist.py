@@ -4,10 +4,13 @@ Nothing that arrives over a socket is unpickled or evaluated. A callable travels
 as ``"module:qualname"`` and resolves only to
 
 * a function or class *defined in* an allowed module (the user's
-  ``allowed_modules``, their submodules, and the module that called
-  ``init_rpc``): the object's own ``__module__`` and ``__qualname__`` must be the
-  reference, for every kind of object, C types included, so an allowed module
-  cannot serve as a trampoline to something it imported; or
+  ``allowed_modules``, their submodules, the module that called ``init_rpc``,
+  and the program's own modules: see :func:`program_module`): the object's own
+  ``__module__`` and ``__qualname__`` must be the reference, for every kind of
+  object, C types included, so an allowed module cannot serve as a trampoline to
+  something it imported; a class method travels bound to the class it was
+  taken from (``Cls.method``), which must be allowed, as must the class in its
+  hierarchy that defines the method; or
 * one of distgrad's own entry points: the public ops, tensor factories, layers,
   losses, initialisers and optimizers (see :func:`default_entry_points`), and
   the internal functions that distributed autograd, RemoteModule and
@@ -20,9 +23,12 @@ RRef must be defined by an allowed class in the value's own class hierarchy;
 an RRef's value may not be a module, a class or a function.
 """
 import importlib
+import importlib.machinery
 import inspect
 import os
+import site
 import sys
+import sysconfig
 import threading
 import types
 
@@ -30,7 +36,7 @@ from .. import codec
 from .errors import RefusedCallError
 
 __all__ = ["Allowlist", "ref_of", "entry_point", "default_entry_points", "module_allowed",
-           "ADVICE_ENV"]
+           "program_module", "ADVICE_ENV"]
 
 #: How a refusal tells to allow a module ("{module}": the refused one). A harness that
 #: starts worlds its own way (the pytest plugin) says what its users set instead: in
@@ -85,11 +91,15 @@ def entry_point(fn):
 
 
 def ref_of(func):
-    """``module:qualname`` of a function or class; TypeError for anything else."""
+    """``module:qualname`` of a function, a class, or a method bound to a class (a class
+    method, named through the class it was taken from); TypeError for anything else."""
     if isinstance(func, str):
         if func.count(":") != 1:
             raise TypeError(f"a callable reference must be 'module:qualname', not {func!r}")
         return func
+    if isinstance(func, types.MethodType) and isinstance(func.__self__, type):
+        owner = func.__self__
+        return f"{ref_of(owner)}.{func.__name__}"
     mod = getattr(func, "__module__", None)
     qual = getattr(func, "__qualname__", None)
     if not isinstance(mod, str) or not isinstance(qual, str) or "<" in qual:
@@ -106,6 +116,76 @@ def module_allowed(module, allowed):
         if module == a or module.startswith(a + "."):
             return True
     return False
+
+
+def _program_root():
+    """The directory the running program's own modules come from: the main script's
+    directory, or for ``python -m pkg.mod`` the directory holding ``pkg``; None when the
+    program is no file (``-c``, an interactive session)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path:
+        return None
+    root = os.path.dirname(os.path.realpath(path))
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None) or ""
+    if name and name not in _MAIN_NAMES:  # run as a module: climb to its top package's parent
+        for _ in range(name.count(".")):
+            root = os.path.dirname(root)
+    return root
+
+
+def _shared_code_dirs():
+    """Where the standard library, installed packages and distgrad itself live."""
+    dirs = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(path)
+    dirs.update(getattr(site, "getsitepackages", lambda: [])())
+    user_site = getattr(site, "getusersitepackages", lambda: None)()
+    if user_site:
+        dirs.add(user_site)
+    dirs.update({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
+    dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # distgrad's
+    return [os.path.realpath(d) for d in dirs if d]
+
+
+def _inside(path, directory):
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def program_module(name):
+    """Whether module ``name`` is one of the running program's own: already imported (the
+    program imported it; nothing is imported because a peer asks), loaded from a file
+    under the program's directory (see :func:`_program_root`), and not from the standard
+    library, an installed package (site-packages, also inside the program's directory)
+    or distgrad. Such modules are allowed by default, as a module in the script's
+    directory is under PyTorch."""
+    module = sys.modules.get(name)
+    path = getattr(module, "__file__", None)
+    root = _program_root()
+    if not path or root is None:
+        return False
+    path = os.path.realpath(path)
+    if not _inside(path, root) or any(part in ("site-packages", "dist-packages")
+                                      for part in path.split(os.sep)):
+        return False
+    shared = _shared_code_dirs()
+    return not any(_inside(root, d) or _inside(path, d) for d in shared)
+
+
+def _in_program_directory(module):
+    """Whether ``module``'s top package would be found in the program's directory (a
+    lookup only: nothing is imported or run)."""
+    root = _program_root()
+    if root is None:
+        return False
+    try:
+        spec = importlib.machinery.PathFinder.find_spec(module.split(".")[0], [root])
+    except (ImportError, ValueError):
+        return False
+    return spec is not None
 
 
 _defaults = None
@@ -181,21 +261,24 @@ class Allowlist:
         if not module or any(not p.isidentifier() or p.startswith("__") for p in parts) \
                 or not all(m.isidentifier() for m in module.split(".")):
             raise RefusedCallError(f"malformed or private callable reference {ref!r}")
-        user = module_allowed(module, self.modules)
+        user = module_allowed(module, self.modules) or program_module(module)
         if not user and not self._entry_module(module):
             raise RefusedCallError(self._refusal(ref, module))
         obj = _import(ref, module)
-        for p in parts:
+        owner = None
+        for i, p in enumerate(parts):
             try:  # static lookup: no module __getattr__, no descriptors run
-                obj = inspect.getattr_static(obj, p)
+                found = inspect.getattr_static(obj, p)
             except AttributeError:
                 hint = ("; a `distgrad worker` process runs no script of yours, so functions "
                         "defined in the caller's script do not exist there: move them into a "
                         "module and allow it (--allow)" if module == "__main__" else "")
                 raise RefusedCallError(f"{ref!r} cannot be resolved on this worker: "
                                        f"{module!r} has no attribute {qual!r}{hint}") from None
-            if isinstance(obj, (staticmethod, classmethod)):
-                obj = obj.__func__
+            if isinstance(found, classmethod) and i == len(parts) - 1 \
+                    and isinstance(obj, type):
+                return self._class_method(ref, obj, p, module, ".".join(parts[:-1]))
+            obj = found.__func__ if isinstance(found, (staticmethod, classmethod)) else found
             if isinstance(obj, types.ModuleType):
                 raise RefusedCallError(f"{ref!r} refused: {p!r} is a module; a reference "
                                        "names a function or class defined in its module")
@@ -208,6 +291,27 @@ class Allowlist:
                 f"{ref!r} refused: it resolves to {_describe(obj)}, not a function or class "
                 f"defined in {module!r}")
         raise RefusedCallError(f"{ref!r} refused: not one of distgrad's remote entry points")
+
+    def _class_method(self, ref, cls, name, module, cls_qual):
+        """``cls.name``, a class method, bound to ``cls`` (the class the caller took it
+        from): ``cls`` must be allowed and so must the class that defines the method."""
+        if not (self.class_allowed(cls) and _defined_as(cls, module, cls_qual)):
+            raise RefusedCallError(f"{ref!r} refused: {module}.{cls_qual} is not a class "
+                                   "defined in an allowed module")
+        for klass in cls.__mro__:
+            if name in vars(klass):
+                if not (self.class_allowed(klass) or self._distgrad_class(klass)):
+                    raise RefusedCallError(
+                        f"{ref!r} refused: the method is defined by {klass.__module__}."
+                        f"{klass.__qualname__}, which is not allowed on this worker")
+                return getattr(cls, name)
+        raise RefusedCallError(f"{ref!r} cannot be resolved on this worker")
+
+    def _distgrad_class(self, klass):
+        """A class of distgrad's own callable modules (``Function.apply`` of a program's
+        ``autograd.Function``, say): its class methods run the program's allowed code."""
+        mod = getattr(klass, "__module__", "")
+        return isinstance(mod, str) and mod.startswith("distgrad.") and self._entry_module(mod)
 
     def _entry_module(self, module):
         """Whether ``module`` may hold default entry points (so importing it is safe)."""
@@ -224,8 +328,13 @@ class Allowlist:
             and obj.__module__ in ENTRY_POINT_MODULES
 
     def _refusal(self, ref, module):
+        unimported = ""
+        if module not in sys.modules and _in_program_directory(module):
+            unimported = (f" It is a module of the program's directory that this worker has "
+                          "not imported: the program's own modules are allowed once the "
+                          "program imports them (at the top of the script, say).")
         return (f"{ref!r} refused: module {module!r} is not on this worker's allowlist "
-                f"{sorted(self.modules)}. Allow it on every worker of the world: "
+                f"{sorted(self.modules)}.{unimported} Allow it on every worker of the world: "
                 + self.advice.replace("{module}", module))
 
     # -------------------------------------------------------------- RRef values
@@ -233,7 +342,8 @@ class Allowlist:
         if id(cls) in default_entry_points():
             return True
         mod = getattr(cls, "__module__", None)
-        return isinstance(mod, str) and module_allowed(mod, self.modules) \
+        return isinstance(mod, str) and (module_allowed(mod, self.modules)
+                                         or program_module(mod)) \
             and _defined_as(cls, _canonical(mod), cls.__qualname__)
 
     def method(self, value, name):
@@ -300,5 +410,5 @@ def _decode_function(ref, dec):
     return dec.resolve(ref)
 
 
-codec.register((types.FunctionType, types.BuiltinFunctionType, type), 12, _encode_function,
-               _decode_function)
+codec.register((types.FunctionType, types.BuiltinFunctionType, type, types.MethodType), 12,
+               _encode_function, _decode_function)

@@ -18,8 +18,10 @@ Every registration gets an answer: a malformed one, another world size, a rank
 out of range, a name or rank already taken (both claimants are told, and the
 rendezvous is abandoned: the world would be ambiguous), a complete world.
 """
+import collections
 import logging
 import os
+import socket
 import threading
 import time
 import urllib.parse
@@ -29,8 +31,8 @@ import zmq
 
 from .errors import RpcError, RpcTimeoutError
 
-__all__ = ["RendezvousServer", "join", "resolve_address", "RendezvousError", "file_path",
-           "publish", "read_published", "unpublish"]
+__all__ = ["RendezvousServer", "MeetingPoint", "join", "resolve_address", "RendezvousError",
+           "file_path", "publish", "read_published", "unpublish"]
 
 log = logging.getLogger("distgrad.rpc")
 
@@ -129,6 +131,8 @@ def _secure(sock, curve, server):
 
 def _registration(frame):
     """(name, rank, world_size, endpoint) of a registration, or a text saying what is wrong."""
+    if len(frame) > _MAX_REGISTRATION:
+        return f"a registration is at most {_MAX_REGISTRATION} bytes"
     try:
         reg = msgpack.unpackb(frame, raw=False)
     except Exception:  # noqa: BLE001 - garbage on the port
@@ -145,105 +149,309 @@ def _registration(frame):
     return name, rank, ws, ep
 
 
-class RendezvousServer:
-    """The rank-0 side; bind first (port 0 is fine), read ``address``, then ``start``."""
+# ---------------------------------------------------------------------- meeting points
+_MAX_REGISTRATION = 65536  # bytes: a registration is a few hundred
+_POLL_SLICE = 0.05         # s: how soon the serving thread notices a stop or a new handler
 
-    def __init__(self, ctx, address, curve=None):
-        self._sock = ctx.socket(zmq.ROUTER)
+
+def _normalized(address):
+    """``tcp://host:port`` with the host resolved (``localhost`` and ``127.0.0.1`` are one
+    place); other addresses as they are."""
+    if not address.startswith("tcp://"):
+        return address
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    host = host.strip("[]")
+    try:
+        host = socket.gethostbyname(host)
+    except OSError:
+        pass
+    return f"tcp://{host}:{port}"
+
+
+_MAX_PARKED = 1024  # frames per kind kept for a handler not attached yet
+
+
+def _kind_of(frame):
+    """``"map"`` for what looks like a registration (a msgpack map with a name),
+    ``"array"`` for what looks like a store request (``[id, op, args]``), None for
+    anything else."""
+    if not frame or not (0x80 <= frame[0] <= 0x8F or frame[0] in (0xDE, 0xDF)
+                         or 0x90 <= frame[0] <= 0x9F or frame[0] in (0xDC, 0xDD)):
+        return None
+    try:
+        obj = msgpack.unpackb(frame, raw=False, max_str_len=1 << 16, max_bin_len=1 << 30,
+                              max_array_len=100_000, max_map_len=64)
+    except Exception:  # noqa: BLE001 - garbage
+        return None
+    if type(obj) is dict and "name" in obj:
+        return "map"
+    if type(obj) is list and len(obj) == 3 and type(obj[0]) is int and type(obj[1]) is str:
+        return "array"
+    return None
+
+
+class MeetingPoint:
+    """One ROUTER socket at one address of this process, served by one thread, shared by
+    what meets there: the RPC rendezvous (registrations, msgpack maps) and a process
+    group's ``TCPStore`` (requests, msgpack arrays). As PyTorch's multi-tenant
+    ``TCPStore``, it lets ``init_process_group`` and ``init_rpc`` use the same
+    ``MASTER_ADDR``/``MASTER_PORT``, in either order.
+
+    A handler has ``accepts`` (``"map"`` or ``"array"``), ``on_frame(point, ident,
+    frame)``, ``tick(point, now)`` and ``next_deadline()``; all three run on the serving
+    thread, which alone touches the socket (``send`` is for them). A registration or a
+    store request that comes before its handler does (a rank that reaches
+    ``init_process_group`` before rank 0, whose rendezvous is up already) waits for it,
+    a bounded number of them; anything else goes to whichever handler there is, which
+    answers that it is malformed.
+    """
+
+    _registry = {}   # address -> MeetingPoint
+    _registry_lock = threading.Lock()
+
+    @classmethod
+    def acquire(cls, address, curve=None, max_message=_MAX_REGISTRATION, bind_error=None):
+        """The point serving ``address`` in this process, made (bound) if there is none.
+        ``bind_error(address, zmq_error)`` makes the exception a failed bind raises."""
+        address = _normalized(address)
+        with cls._registry_lock:
+            point = None if address.endswith(":0") else cls._registry.get(address)
+            if point is not None:
+                if point.curve != curve:
+                    raise RendezvousError(
+                        f"{address} is already served in this process with "
+                        f"{'no ' if point.curve is None else ''}CURVE keys; init_rpc and "
+                        "init_process_group share it only with the same security")
+                point.users += 1
+                point.max_message = max(point.max_message, max_message)
+                return point
+            point = cls(address, curve, max_message, bind_error)
+            cls._registry[point.address] = point
+            return point
+
+    def __init__(self, address, curve, max_message, bind_error):
+        self.curve, self.max_message, self.users = curve, max_message, 1
+        # a context of its own, ended with the point: nothing of it outlives its users
+        self._ctx = zmq.Context(io_threads=1)
+        self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.linger = 0
         self._sock.router_mandatory = 1
-        self._sock.maxmsgsize = 65536  # a registration is a few hundred bytes
+        self._sock.maxmsgsize = self._applied_limit = max_message
         _secure(self._sock, curve, server=True)
         try:
             self._sock.bind(address)
         except zmq.ZMQError as e:
             self._sock.close(linger=0)
-            hint = (" (another process is using it: choose another MASTER_PORT, or let rank 0 "
-                    "pick a free port)" if e.errno == zmq.EADDRINUSE else "")
-            raise RendezvousError(f"cannot bind the rendezvous at {address}: {e}{hint}") from None
+            self._ctx.term()
+            if bind_error is not None:
+                raise bind_error(address, e) from None
+            raise
         self.address = self._sock.last_endpoint.decode()
-        self._thread = None
+        self._handlers = ()
+        self._parked = {"map": collections.deque(maxlen=_MAX_PARKED),
+                        "array": collections.deque(maxlen=_MAX_PARKED)}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.world_size = None
-        self.table = None
-        self.error = None
-
-    @property
-    def started(self):
-        return self._thread is not None
-
-    def start(self, world_size, timeout):
-        self.world_size = world_size
-        self._thread = threading.Thread(target=self._serve, args=(world_size, timeout),
-                                        name="rpc-rendezvous", daemon=True)
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name=f"meeting-point-{self.address.rsplit('/', 1)[-1]}")
         self._thread.start()
 
-    def _serve(self, world_size, timeout):
-        sock, deadline = self._sock, time.monotonic() + timeout
-        seen, idents = {}, {}   # rank -> (name, endpoint), rank -> socket identity
-        try:
-            while not self._stop.is_set():
-                forming = self.table is None and self.error is None
-                if forming and time.monotonic() > deadline:
-                    missing = [r for r in range(world_size) if r not in seen]
-                    self._fail(idents, f"rendezvous timed out after {timeout:g} s with "
-                                       f"{len(seen)} of {world_size} processes (missing ranks "
-                                       f"{missing[:16]})")
-                    continue
-                if not sock.poll(50):  # stop() waits at most this long
-                    continue
-                frames = sock.recv_multipart()
-                if len(frames) != 2:
-                    continue
-                ident, reg = frames[0], _registration(frames[1])
-                if isinstance(reg, str):
-                    self._send(ident, {"ok": False, "error": f"malformed registration: {reg}"})
-                    continue
-                name, rank, ws, ep = reg
-                if self.table is not None:
-                    self._send(ident, {"ok": False, "error": f"the world of {world_size} "
-                                       f"processes is already complete; {name!r} (rank {rank}) "
-                                       "cannot join it"})
-                elif self.error is not None:
-                    self._send(ident, {"ok": False, "error": self.error})
-                elif ws != world_size:
-                    self._send(ident, {"ok": False, "error": f"world_size {ws} of {name!r} "
-                                       f"differs from the coordinator's {world_size}"})
-                elif not 0 <= rank < world_size:
-                    self._send(ident, {"ok": False, "error": f"rank {rank} of {name!r} is out "
-                                       f"of range for world_size {world_size}"})
-                elif rank in seen or any(n == name for n, _ in seen.values()):
-                    other = seen.get(rank, (None,))[0]
-                    clash = (f"rank {rank} is claimed by both {other!r} and {name!r}"
-                             if rank in seen else f"worker name {name!r} is used twice")
-                    self._send(ident, {"ok": False, "error": clash})
-                    self._fail(idents, f"rendezvous abandoned: {clash}")
-                else:
-                    seen[rank] = (name, ep)
-                    idents[rank] = ident
-                    if len(seen) == world_size:
-                        self.table = [[seen[r][0], r, seen[r][1]] for r in range(world_size)]
-                        self._reply_all(idents, {"ok": True, "workers": self.table})
-        except Exception as e:  # noqa: BLE001 - report it to whoever waits, never die silently
-            log.error("rendezvous server failed: %s", e)
-            self._fail(idents, f"rendezvous server failed: {e}")
-        finally:
-            self._sock.close(linger=500)
+    def attach(self, handler):
+        with self._lock:
+            if any(h.accepts == handler.accepts for h in self._handlers):
+                what = "an RPC rendezvous" if handler.accepts == "map" else "a store"
+                raise RendezvousError(f"{self.address} already serves {what} in this process")
+            self._handlers = self._handlers + (handler,)
 
-    def _fail(self, idents, error):
-        self.error = error
-        self._reply_all(idents, {"ok": False, "error": error})
-        idents.clear()
+    def detach(self, handler):
+        with self._lock:
+            self._handlers = tuple(h for h in self._handlers if h is not handler)
 
-    def _send(self, ident, msg):
+    def release(self, timeout=5.0):
+        """One user less; the last one stops the thread (joined up to ``timeout`` s), which
+        closes the socket."""
+        with MeetingPoint._registry_lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            if MeetingPoint._registry.get(self.address) is self:
+                del MeetingPoint._registry[self.address]
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def send(self, ident, payload):
+        """Reply to ``ident`` (serving thread only); a peer that left is not an error."""
         try:
-            self._sock.send_multipart([ident, msgpack.packb(msg)], zmq.NOBLOCK)
+            self._sock.send_multipart([ident, payload], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
 
-    def _reply_all(self, idents, msg):
-        for ident in idents.values():
-            self._send(ident, msg)
+    def _serve(self):
+        sock = self._sock
+        try:
+            while not self._stop.is_set():
+                handlers = self._handlers
+                if self.max_message != self._applied_limit:  # a store joined: larger values
+                    sock.maxmsgsize = self._applied_limit = self.max_message
+                now = time.monotonic()
+                deadline = min([h.next_deadline() for h in handlers] + [now + _POLL_SLICE])
+                if sock.poll(max(0, int((deadline - now) * 1000)) + 1):
+                    for _ in range(256):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        if len(frames) == 2:
+                            self._dispatch(self._handlers, frames[0], frames[1])
+                now = time.monotonic()
+                for h in handlers:
+                    parked = self._parked[h.accepts]
+                    while parked:  # what came for it before it was attached
+                        h.on_frame(self, *parked.popleft())
+                    h.tick(self, now)
+        except Exception as e:  # noqa: BLE001 - peers then time out; say why here
+            log.error("the rendezvous at %s stopped: %s", self.address, e)
+            for h in self._handlers:
+                h.failed(self, f"rendezvous server failed: {e}")
+        finally:
+            sock.close(linger=500)  # answers still queued get half a second to leave
+            self._ctx.term()
+
+    def _dispatch(self, handlers, ident, frame):
+        kind = _kind_of(frame)
+        for h in handlers:
+            if h.accepts == kind or (kind is None and h is handlers[0]):
+                h.on_frame(self, ident, frame)
+                return
+        if kind is not None:
+            self._parked[kind].append((ident, frame))
+
+
+class _Registrations:
+    """The rendezvous as a meeting point's handler: collects ``world_size``
+    registrations, answers each with the table, and keeps answering late or clashing
+    ones with why they cannot join."""
+
+    accepts = "map"
+
+    def __init__(self):
+        self.world_size = self.deadline = self.timeout = None
+        self.table = self.error = None
+        self._early = []          # registrations that came before start()
+        self._seen, self._idents = {}, {}   # rank -> (name, endpoint), rank -> identity
+
+    def start(self, world_size, timeout):
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.world_size = world_size   # last: the serving thread reads it to begin
+
+    def next_deadline(self):
+        return self.deadline if self.forming() else float("inf")
+
+    def forming(self):
+        return self.world_size is not None and self.table is None and self.error is None
+
+    def tick(self, point, now):
+        if self.world_size is None:
+            return
+        early, self._early = self._early, []
+        for ident, frame in early:
+            self.on_frame(point, ident, frame)
+        if self.forming() and now > self.deadline:
+            missing = [r for r in range(self.world_size) if r not in self._seen]
+            self.failed(point, f"rendezvous timed out after {self.timeout:g} s with "
+                               f"{len(self._seen)} of {self.world_size} processes (missing "
+                               f"ranks {missing[:16]})")
+
+    def failed(self, point, error):
+        self.error = error
+        self._reply_all(point, {"ok": False, "error": error})
+
+    def _reply_all(self, point, msg):
+        for ident in self._idents.values():
+            point.send(ident, msgpack.packb(msg))
+        self._idents.clear()
+
+    def on_frame(self, point, ident, frame):
+        if self.world_size is None:
+            self._early.append((ident, frame))
+            return
+        reg = _registration(frame)
+        send = lambda msg: point.send(ident, msgpack.packb(msg))  # noqa: E731
+        if isinstance(reg, str):
+            send({"ok": False, "error": f"malformed registration: {reg}"})
+            return
+        name, rank, ws, ep = reg
+        world_size, seen = self.world_size, self._seen
+        if self.table is not None:
+            send({"ok": False, "error": f"the world of {world_size} processes is already "
+                                        f"complete; {name!r} (rank {rank}) cannot join it"})
+        elif self.error is not None:
+            send({"ok": False, "error": self.error})
+        elif ws != world_size:
+            send({"ok": False, "error": f"world_size {ws} of {name!r} differs from the "
+                                        f"coordinator's {world_size}"})
+        elif not 0 <= rank < world_size:
+            send({"ok": False, "error": f"rank {rank} of {name!r} is out of range for "
+                                        f"world_size {world_size}"})
+        elif rank in seen or any(n == name for n, _ in seen.values()):
+            other = seen.get(rank, (None,))[0]
+            clash = (f"rank {rank} is claimed by both {other!r} and {name!r}"
+                     if rank in seen else f"worker name {name!r} is used twice")
+            send({"ok": False, "error": clash})
+            self.failed(point, f"rendezvous abandoned: {clash}")
+        else:
+            seen[rank] = (name, ep)
+            self._idents[rank] = ident
+            if len(seen) == world_size:
+                self.table = [[seen[r][0], r, seen[r][1]] for r in range(world_size)]
+                self._reply_all(point, {"ok": True, "workers": self.table})
+
+
+def _rendezvous_bind_error(address, e):
+    hint = (" (another process is using it: choose another MASTER_PORT, or let rank 0 pick a "
+            "free port)" if e.errno == zmq.EADDRINUSE else "")
+    return RendezvousError(f"cannot bind the rendezvous at {address}: {e}{hint}")
+
+
+class RendezvousServer:
+    """The rank-0 side; bind first (port 0 is fine), read ``address``, then ``start``.
+
+    It serves at a :class:`MeetingPoint`: where a process group of this process already
+    serves its store at that address (same ``MASTER_ADDR``/``MASTER_PORT``), the two share
+    it. ``ctx`` is accepted for the callers' sake; the point has its own socket.
+    """
+
+    def __init__(self, ctx, address, curve=None):
+        self._point = MeetingPoint.acquire(address, curve, bind_error=_rendezvous_bind_error)
+        self._registrations = _Registrations()
+        try:
+            self._point.attach(self._registrations)
+        except BaseException:
+            self._point.release()
+            raise
+        self.address = self._point.address
+        self._stopped = False
+
+    @property
+    def started(self):
+        return self._registrations.world_size is not None
+
+    @property
+    def world_size(self):
+        return self._registrations.world_size
+
+    @property
+    def table(self):
+        return self._registrations.table
+
+    @property
+    def error(self):
+        return self._registrations.error
+
+    def start(self, world_size, timeout):
+        self._registrations.start(world_size, timeout)
 
     def wait_formed(self, timeout):
         """Wait until the world formed or failed (for the owner of the server)."""
@@ -252,12 +460,12 @@ class RendezvousServer:
             time.sleep(0.01)
 
     def stop(self, timeout=5.0):
-        """Stop answering and close the socket (the thread owns it)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        else:
-            self._sock.close(linger=0)
+        """Stop answering registrations; the point closes with its last user."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._point.detach(self._registrations)
+        self._point.release(timeout)
 
 
 def join(ctx, address, name, rank, world_size, endpoint, timeout, curve=None):

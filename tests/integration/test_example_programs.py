@@ -11,9 +11,12 @@ of each is compared:
 * most programs draw their weights and data from seeded NumPy generators, so
   every number must agree to float32 (float64 for the time-series program)
   tolerance;
-* ``vae`` and ``mnist_cnn`` keep torch's own randomness (default initialisation,
-  dropout, shuffling, reparameterisation noise), which distgrad's generator does
-  not reproduce: there both runs must learn, and land in the same range.
+* ``vae``, ``mnist_cnn`` and ``mnist_hogwild`` keep torch's own randomness (default
+  initialisation, dropout, shuffling, reparameterisation noise; Hogwild's processes
+  race by design), which distgrad's generator does not reproduce: there both runs
+  must learn, and land in the same range.
+
+Programs that a launcher starts (``ddp_torchrun``: torchrun) run under it on both sides.
 
 Without torch installed only the distgrad run happens (exit 0, finite numbers).
 Every process is started in a session of its own and the whole session is
@@ -51,16 +54,27 @@ def _environment():
     return env
 
 
+# Programs that a launcher starts (python -m LAUNCHER ... program.py args), on both sides.
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+LAUNCHED = {"ddp_torchrun": TORCHRUN}
+
+
 class Run:
     """One program running in a session of its own, its output going to files: on distgrad
-    a fresh ``python -m distgrad.compat.as_torch``, on torch a child of the zygote."""
+    a fresh ``python -m distgrad.compat.as_torch``, on torch a child of the zygote (or a
+    fresh Python, for a program that a launcher such as torchrun starts)."""
 
-    def __init__(self, program, args, workdir, zygote=None):
-        self.name = f"{program} {' '.join(args)} on {'torch' if zygote else 'distgrad'}"
+    def __init__(self, program, args, workdir, zygote=None, torch=False):
+        self.name = f"{program} {' '.join(args)} on {'torch' if torch else 'distgrad'}"
         workdir.mkdir(parents=True)
         self.out_path, self.err_path = workdir / "stdout", workdir / "stderr"
-        argv = [str(PROGRAMS / f"{program}.py")] + list(args)
+        argv = LAUNCHED.get(program, []) + [str(PROGRAMS / f"{program}.py")] + list(args)
         self.zygote, self.proc = zygote, None
+        if torch and program in LAUNCHED:
+            zygote = self.zygote = None
+            python = [sys.executable]
+        else:
+            python = [sys.executable, "-m", "distgrad.compat.as_torch"]
         if zygote is not None:
             self.pid = zygote.run(json.dumps({
                 "argv": argv, "cwd": str(workdir), "env": _environment(),
@@ -68,7 +82,7 @@ class Run:
             return
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "distgrad.compat.as_torch"] + argv, cwd=workdir,
+                python + argv, cwd=workdir,
                 stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=_environment(),
                 start_new_session=True)
         self.pid = self.proc.pid
@@ -172,6 +186,14 @@ def cnn_in_range(ours, theirs):
     assert ours["lr"] == pytest.approx(theirs["lr"], rel=1e-12)
 
 
+def hogwild_in_range(ours, theirs):
+    """Processes racing on shared parameters, torch's own randomness: the children's
+    training must reach the parent's model (it moved, and it classifies the test set)."""
+    for result in (ours, theirs):
+        assert result["parameters_moved"] is True, result
+        assert result["accuracy"] >= 0.9 and result["test_loss"] < 0.6, result
+
+
 CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 finishes together
     ("rpc_pipeline", [], same_numbers(rtol=1e-4)),
     ("rpc_batch_reinforce", [], same_numbers(rtol=1e-4, atol=1e-5)),
@@ -182,6 +204,12 @@ CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 f
     ("tutorial_pytorch_with_examples", [], same_numbers(rtol=1e-4, atol=1e-6)),
     ("time_sequence_prediction", [], same_numbers(rtol=1e-7, atol=1e-10)),
     ("mnist_cnn", [], cnn_in_range),
+    ("mnist_hogwild", [], hogwild_in_range),
+    ("ddp_torchrun", ["3", "1"], same_numbers(rtol=1e-4, atol=1e-5)),
+    ("saved_tensors_hooks_tutorial", [], same_numbers(rtol=1e-4, atol=1e-6)),
+    ("custom_function_double_backward", [], same_numbers(rtol=1e-9)),
+    ("data_loading_tutorial", [], same_numbers(rtol=1e-12)),
+    ("optimizer_step_in_backward", [], same_numbers(rtol=1e-4, atol=1e-6)),
     ("vae", [], vae_in_range),
     ("word_language_model", ["--tied"], same_numbers(rtol=1e-4)),
     ("word_language_model", ["--model", "Transformer"], same_numbers(rtol=1e-4)),
@@ -193,7 +221,8 @@ CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 f
                          ids=[" ".join([c[0]] + c[1]) for c in CASES])
 def test_program_runs_unchanged_and_matches_torch(program, args, compare, tmp_path, torch_zygote):
     ours = Run(program, args, tmp_path / "distgrad")
-    theirs = Run(program, args, tmp_path / "torch", torch_zygote) if torch_zygote else None
+    theirs = Run(program, args, tmp_path / "torch", torch_zygote, torch=True) \
+        if torch_zygote else None
     try:
         ours_result = ours.wait()
         theirs_result = theirs.wait() if theirs is not None else None

@@ -13,6 +13,7 @@ from collections import OrderedDict, namedtuple
 from ...autograd import dtype as _dt
 from ...autograd.grad_mode import no_grad
 from ...autograd.tensor import Tensor
+from ...multiprocessing.sharing import share_memory as _share_memory
 from ...utils.hooks import RemovableHandle
 from ._functions import BackwardHook
 from ..parameter import Parameter, zero_grads
@@ -532,6 +533,14 @@ class Module:
         return self._apply(lambda t: t.to(dst_type))
 
     def share_memory(self):
+        """Move every parameter, gradient and buffer into shared memory, in place (as
+        ``Tensor.share_memory_``): processes that get this module through
+        ``distgrad.multiprocessing`` (or are forked after this call) then update the same
+        buffers, as in the Hogwild pattern."""
+        tensors = list(self.parameters())
+        tensors += [p.grad for p in tensors if p.grad is not None]
+        tensors += [b for b in self.buffers() if b is not None]
+        _share_memory(tensors)
         return self
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

@@ -2,7 +2,7 @@
 
 The arguments, defaults, checks and errors are ``torch.utils.data.DataLoader``'s.
 With ``num_workers > 0`` the batches are made by that many worker processes
-(started with ``spawn`` unless ``multiprocessing_context`` says otherwise):
+(see below for how they start):
 each gets its copy of the dataset when it starts, batch ``k`` is made by
 worker ``k % num_workers`` (among those still running), at most
 ``prefetch_factor`` batches per worker are in flight, and batches are
@@ -18,10 +18,15 @@ stopped and reaped when the iterator is exhausted (unless
 ``persistent_workers``), deleted or garbage collected, and they die with the
 parent process.
 
-Because workers are spawned, they import the main script again: a script
-that starts workers needs the ``if __name__ == "__main__":`` guard (as PyTorch
-needs on macOS and Windows), or ``multiprocessing_context="fork"`` where
-forking is safe (no threads, no ZeroMQ context yet).
+Workers start as PyTorch's do, with the default start method (``fork`` on
+Linux), so a script without an ``if __name__ == "__main__":`` guard works; but
+never by forking a process that runs other threads or holds a ZeroMQ context:
+then they are spawned (see :mod:`distgrad.multiprocessing.start_method`), and a
+spawned worker imports the main script again, which then needs the guard (as
+PyTorch needs on macOS and Windows). ``multiprocessing_context`` chooses.
+Indices reach a worker on a pipe the parent writes without a helper thread
+(so that the next loader may still fork), never more than the pipe holds
+while the worker may be busy writing a batch.
 
 >>> import distgrad
 >>> from distgrad.utils.data import DataLoader, TensorDataset
@@ -29,6 +34,7 @@ forking is safe (no threads, no ZeroMQ context yet).
 >>> [y.tolist() for _, y in DataLoader(ds, batch_size=2)]
 [[0, 1], [0]]
 """
+import fcntl
 import itertools
 import math
 import multiprocessing
@@ -36,9 +42,11 @@ import multiprocessing.connection
 import os
 import sys
 import warnings
+from multiprocessing.reduction import ForkingPickler
 
 from ... import accelerator
 from ...multiprocessing.lifetime import join_all, reap
+from ...multiprocessing.start_method import default_context, fork_hazards
 from ...ops.creation import randint
 from . import channel
 from .collate import default_collate, default_convert
@@ -314,6 +322,60 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
         return self._dataset_fetcher.fetch(index)  # may raise StopIteration
 
 
+class _IndexPipe:
+    """The parent's end of a worker's index pipe, written without a helper thread.
+
+    A worker reads its next task only after it has written the last batch, and may be
+    blocked writing it while the parent writes tasks: a write into a full index pipe
+    would then wait forever. So a task is written only if it fits beside every task the
+    worker has not answered yet (what can still sit in the pipe), or when there is none
+    (the worker is reading, or about to); otherwise it waits (``fits`` is false).
+    """
+
+    _HEADER = 4  # bytes a Connection puts before each message
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.unanswered = {}   # task index -> bytes it took in the pipe
+        self.capacity = _pipe_capacity(writer)
+
+    @staticmethod
+    def encode(message):
+        return bytes(ForkingPickler.dumps(message))
+
+    def fits(self, data):
+        size = len(data) + self._HEADER
+        return not self.unanswered or sum(self.unanswered.values()) + size <= self.capacity
+
+    def send(self, idx, data):
+        self.writer.send_bytes(data)
+        self.unanswered[idx] = len(data) + self._HEADER
+
+    def answered(self, idx):
+        self.unanswered.pop(idx, None)
+
+    def forget(self):
+        self.unanswered.clear()
+
+    def stop(self):
+        """Tell the worker to exit, if the pipe has room now (else it is terminated)."""
+        try:
+            os.set_blocking(self.writer.fileno(), False)
+            self.writer.send(None)  # far below PIPE_BUF: written whole or not at all
+        except (OSError, ValueError):  # full, closed, or the worker is gone
+            pass
+
+    def close(self):
+        self.writer.close()
+
+
+def _pipe_capacity(conn):
+    try:
+        return fcntl.fcntl(conn.fileno(), fcntl.F_GETPIPE_SZ)
+    except (AttributeError, OSError):  # no F_GETPIPE_SZ (not Linux)
+        return 4096  # the least any POSIX pipe holds (PIPE_BUF)
+
+
 class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     """Batches from worker processes.
 
@@ -327,30 +389,40 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         super().__init__(loader)
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
-        context = loader.multiprocessing_context or multiprocessing.get_context("spawn")
-        self._workers, self._index_queues, self._result_conns = [], [], []
+        context = loader.multiprocessing_context
+        self._why_spawned = None
+        if context is None:
+            context = default_context()
+            if context.get_start_method() == "spawn" and fork_hazards():
+                self._why_spawned = "; ".join(fork_hazards())
+        self._start_method = context.get_start_method()
+        self._workers, self._index_pipes, self._result_conns = [], [], []
+        self._held = None  # (worker, task index, encoded task) waiting for room in its pipe
         try:
             for i in range(self._num_workers):
-                index_queue = context.Queue()
-                index_queue.cancel_join_thread()  # never block the parent's exit on a dead worker
+                index_reader, index_writer = context.Pipe(duplex=False)
                 receiver, sender = context.Pipe(duplex=False)
                 w = context.Process(
                     target=worker_loop, daemon=True,
-                    args=(self._dataset_kind, self._dataset, index_queue, sender,
+                    args=(self._dataset_kind, self._dataset, index_reader, sender,
                           self._auto_collation, self._collate_fn, self._drop_last,
                           self._base_seed, loader.worker_init_fn, i, self._num_workers,
                           os.getpid()))
-                self._index_queues.append(index_queue)
+                self._index_pipes.append(_IndexPipe(index_writer))
                 self._result_conns.append(receiver)
                 w.start()
                 sender.close()  # the worker holds the only writer: its death ends the pipe
+                index_reader.close()
                 self._workers.append(w)
         except BaseException as e:
             self._shutdown_workers()
-            if isinstance(e, (TypeError, AttributeError)) or "pickl" in type(e).__name__.lower():
-                _note(e, "DataLoader workers start with the 'spawn' method: the dataset, "
-                         "collate_fn and worker_init_fn must be picklable (defined at the top "
-                         "level of a module), or pass multiprocessing_context='fork'")
+            if self._start_method != "fork" and (
+                    isinstance(e, (TypeError, AttributeError))
+                    or "pickl" in type(e).__name__.lower()):
+                _note(e, f"DataLoader workers start with the {self._start_method!r} method "
+                         f"here{self._spawn_reason()}: the dataset, collate_fn and "
+                         "worker_init_fn must be picklable (defined at the top level of a "
+                         "module)")
             raise
         self._reset(loader, first_iter=True)
 
@@ -365,10 +437,18 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         if not first_iter:
             # A new epoch of persistent workers: drop what the last one left in flight.
+            self._held = None  # the old epoch's: dropped with the rest of it
             for worker_id in range(self._num_workers):
-                self._index_queues[worker_id].put(RESUME)
-                while self._receive(worker_id)[1] != channel.RESUMED:
-                    pass
+                pipe, resume = self._index_pipes[worker_id], _IndexPipe.encode(RESUME)
+                while not pipe.fits(resume):  # its old tasks first: their results are dropped
+                    pipe.answered(self._receive(worker_id)[0])
+                pipe.send(None, resume)
+                while True:
+                    idx, kind, _ = self._receive(worker_id)
+                    pipe.answered(idx)
+                    if kind == channel.RESUMED:
+                        break
+                pipe.forget()
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -390,7 +470,15 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     def _worker_died(self, worker_id):
         pid = self._workers[worker_id].pid
         self._shutdown_workers()
-        raise RuntimeError(f"DataLoader worker (pid(s) {pid}) exited unexpectedly")
+        error = RuntimeError(f"DataLoader worker (pid(s) {pid}) exited unexpectedly")
+        if self._start_method == "spawn":
+            _note(error, f"The workers were spawned{self._spawn_reason()}: a spawned worker "
+                         "imports the main script again, so a script that starts them needs "
+                         "the `if __name__ == '__main__':` guard")
+        raise error
+
+    def _spawn_reason(self):
+        return f" (not forked: {self._why_spawned})" if self._why_spawned else ""
 
     def _get_data(self):
         """``(task index, kind, payload)`` of the next result from any worker with tasks out."""
@@ -428,11 +516,13 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 raise StopIteration
             if self._shutdown:
                 raise StopIteration
+            self._flush_held()
             if len(self._task_info[self._rcvd_idx]) == 2:
                 worker_id, result = self._task_info.pop(self._rcvd_idx)
                 self._rcvd_idx += 1
                 return self._process_data(result, worker_id)
             worker_id, (idx, kind, payload) = self._get_data()
+            self._index_pipes[worker_id].answered(idx)
             if kind == channel.RESUMED:
                 continue  # a stale acknowledgement
             self._tasks_outstanding -= 1
@@ -452,7 +542,18 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 self._rcvd_idx += 1
                 return self._process_data((kind, payload), worker_id)
 
+    def _flush_held(self):
+        """Send the held task once its worker's pipe has room for it."""
+        if self._held is not None:
+            worker_id, idx, data = self._held
+            if self._index_pipes[worker_id].fits(data):
+                self._held = None
+                self._index_pipes[worker_id].send(idx, data)
+
     def _try_put_index(self):
+        self._flush_held()
+        if self._held is not None:
+            return  # tasks go out in order: the next one waits behind the held one
         max_tasks = self._prefetch_factor * self._num_workers
         try:
             index = self._next_index()
@@ -466,7 +567,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     break
         else:
             return
-        self._index_queues[worker_queue_idx].put((self._send_idx, index))
+        pipe = self._index_pipes[worker_queue_idx]
+        data = pipe.encode((self._send_idx, index))
+        if pipe.fits(data):
+            pipe.send(self._send_idx, data)
+        else:
+            self._held = (worker_queue_idx, self._send_idx, data)
         self._task_info[self._send_idx] = (worker_queue_idx,)
         self._workers_num_tasks[worker_queue_idx] += 1
         self._tasks_outstanding += 1
@@ -483,7 +589,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     def _mark_worker_as_unavailable(self, worker_id):
         # A persistent worker waits for the next epoch; any other one may exit now.
         if not self._persistent_workers:
-            self._index_queues[worker_id].put(None)
+            self._index_pipes[worker_id].stop()
         self._workers_status[worker_id] = False
 
     def _shutdown_workers(self):
@@ -492,17 +598,14 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             return
         self._shutdown = True
         try:
-            for q, w in zip(self._index_queues, self._workers):
+            for pipe, w in zip(self._index_pipes, self._workers):
                 if w.is_alive():
-                    try:
-                        q.put(None)
-                    except (OSError, ValueError):
-                        pass
+                    pipe.stop()
         finally:
             join_all(self._workers, _SHUTDOWN_GRACE)
             reap(self._workers, _SHUTDOWN_GRACE)
-            for q in self._index_queues:
-                q.close()
+            for pipe in self._index_pipes:
+                pipe.close()
             for conn in self._result_conns:
                 conn.close()
 

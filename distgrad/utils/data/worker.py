@@ -1,15 +1,14 @@
 """What runs inside a DataLoader worker process, and ``get_worker_info``.
 
 A worker gets its copy of the dataset, the collate function and
-``worker_init_fn`` when it starts (pickled by :mod:`multiprocessing` into the
-process the parent has just spawned; see :mod:`distgrad.multiprocessing`).
-Then it takes tasks ``(task index, indices)`` from its index queue, fetches and
+``worker_init_fn`` when it starts (inherited by a forked worker, pickled by
+:mod:`multiprocessing` into a spawned one; see :mod:`distgrad.multiprocessing`).
+Then it takes tasks ``(task index, indices)`` from its index pipe, fetches and
 collates the batch, and writes it to its result pipe (:mod:`.channel`) until
 told to stop, or until the parent is gone (SIGKILL from the kernel on Linux;
 a ``getppid`` check elsewhere).
 """
 import os
-import queue
 import random
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ __all__ = ["WorkerInfo", "get_worker_info"]
 # How long a worker waits for a task before it checks that its parent is alive.
 STATUS_CHECK_INTERVAL = 5.0
 
-RESUME = "resume"  # index-queue message of persistent workers: start a new epoch
+RESUME = "resume"  # index-pipe message of persistent workers: start a new epoch
 
 _worker_info = None
 
@@ -60,7 +59,7 @@ def _seed_everything(base_seed, worker_id):
     return seed
 
 
-def worker_loop(dataset_kind, dataset, index_queue, result_conn, auto_collation, collate_fn,
+def worker_loop(dataset_kind, dataset, index_pipe, result_conn, auto_collation, collate_fn,
                 drop_last, base_seed, init_fn, worker_id, num_workers, parent_pid):
     """The worker process's entry point (``multiprocessing.Process`` target)."""
     die_with_parent(parent_pid)
@@ -80,11 +79,13 @@ def worker_loop(dataset_kind, dataset, index_queue, result_conn, auto_collation,
         iteration_end = False
         while True:
             try:
-                message = index_queue.get(timeout=STATUS_CHECK_INTERVAL)
-            except queue.Empty:
-                if os.getppid() != parent_pid:
-                    break
-                continue
+                if not index_pipe.poll(STATUS_CHECK_INTERVAL):
+                    if os.getppid() != parent_pid:
+                        break
+                    continue
+                message = index_pipe.recv()
+            except EOFError:  # the parent closed its end: it is done with us, or gone
+                break
             if message is None:
                 break
             if message == RESUME:

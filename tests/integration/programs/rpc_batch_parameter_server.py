@@ -9,11 +9,10 @@ of `update_and_fetch_model`). The weights and each trainer's batches come from
 seeded NumPy generators, so both runs see the same numbers (two gradients are
 summed, and IEEE addition of two terms does not depend on their order; they are
 added under the server's lock, where the original adds them before taking it
-and two trainers' in-place additions can race). The
-original also starts a gloo process group that nothing uses, on the same
-MASTER_PORT as the RPC rendezvous; this port does not (on distgrad the second
-rendezvous finds the port taken). MASTER_PORT comes from the environment. Plain
-PyTorch.
+and two trainers' in-place additions can race). As the original, it first starts
+a gloo process group (that nothing uses) on the same MASTER_ADDR/MASTER_PORT as
+the RPC rendezvous: the two share one store. MASTER_PORT comes from the
+environment. Plain PyTorch.
 """
 import json
 import os
@@ -22,6 +21,7 @@ from datetime import datetime
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 import torch.nn as nn
@@ -215,6 +215,10 @@ def run_ps(trainers):
 def run(rank, world_size):
     os.environ.setdefault("MASTER_ADDR", "localhost")
     os.environ.setdefault("MASTER_PORT", "29500")
+
+    # Initialize the process group first
+    dist.init_process_group(backend="gloo", rank=rank, world_size=world_size)
+
     options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, rpc_timeout=60)
     if rank != 0:
         rpc.init_rpc(f"trainer{rank}", rank=rank, world_size=world_size,
@@ -225,6 +229,7 @@ def run(rank, world_size):
         run_ps([f"trainer{r}" for r in range(1, world_size)])
     # block until all rpcs finish
     rpc.shutdown()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
