@@ -1,5 +1,6 @@
 """PyTorch-style dtype objects over NumPy dtypes, and the default dtype."""
 import numpy as np
+from .naming import public_name
 
 __all__ = ["dtype", "float16", "float32", "float64", "complex64", "complex128",
            "int8", "int16", "int32", "int64", "uint8", "bool",
@@ -21,7 +22,7 @@ class dtype:
         self.itemsize = self.numpy.itemsize
 
     def __repr__(self):
-        return f"distgrad.{self.name}"
+        return f"{public_name()}.{self.name}"
 
     def __reduce__(self):  # dtypes are singletons, even through copy/deepcopy
         return (from_numpy_dtype, (self.numpy,))

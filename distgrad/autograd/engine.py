@@ -14,6 +14,7 @@ import numpy as np
 
 from .broadcast import reduction_axes, sum_to_shape
 from .grad_mode import _state, pop_state, push_state
+from .naming import public_name
 from .node import AccumulateGrad, accumulate_into_grad, sum_grads
 
 _getrefcount = sys.getrefcount
@@ -125,7 +126,7 @@ def make_root_grads(outputs, grad_outputs, create_graph):
 
 
 def _size(t):
-    return f"distgrad.Size({list(t._data.shape)})"
+    return f"{public_name()}.Size({list(t._data.shape)})"
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,

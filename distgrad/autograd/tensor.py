@@ -17,6 +17,7 @@ from .device import CPU_ONLY as _CPU_ONLY, cpu as _cpu_device
 from .grad_mode import _state, inference_threads as _inference_threads
 from ..utils.hooks import RemovableHandle
 from .. import codec as _codec
+from .naming import public_name
 
 __all__ = ["Tensor", "is_tensor", "ArrayStorage"]
 
@@ -352,7 +353,7 @@ class Size(tuple):
     """``tensor.shape``: a tuple that prints as ``distgrad.Size([2, 3])``."""
 
     def __repr__(self):
-        return f"distgrad.Size({list(self)})"
+        return f"{public_name()}.Size({list(self)})"
 
     def numel(self):
         n = 1
@@ -457,7 +458,7 @@ def _wrap_dim(dim, ndim):
 def _describe(array):
     names = {"float32": "FloatTensor", "float64": "DoubleTensor", "complex64": "ComplexFloatTensor",
              "complex128": "ComplexDoubleTensor", "int64": "LongTensor", "bool": "BoolTensor"}
-    return f"distgrad.{names.get(array.dtype.name, array.dtype.name)} {list(array.shape)}"
+    return f"{public_name()}.{names.get(array.dtype.name, array.dtype.name)} {list(array.shape)}"
 
 
 def is_tensor(obj):

@@ -34,6 +34,8 @@ import importlib.util
 import os
 import sys
 
+from distgrad.autograd.naming import set_public_name
+
 __all__ = ["install", "uninstall", "installed", "child_environment", "ENV_FLAG", "main"]
 
 #: Set to ``"1"`` in the environment of processes that alias ``torch`` to distgrad.
@@ -132,12 +134,14 @@ def install():
                            "`import torch`")
     if not installed():
         sys.meta_path.insert(0, _finder)
+    set_public_name(_ALIAS)  # reprs say torch.float32, torch.Size([...]) as PyTorch's
 
 
 def uninstall():
     """Undo :func:`install`; ``torch`` names already imported are removed from sys.modules."""
     if installed():
         sys.meta_path.remove(_finder)
+    set_public_name(_TARGET)
     for name in [n for n in sys.modules if n == _ALIAS or n.startswith(_ALIAS + ".")]:
         if getattr(sys.modules[name], "__name__", "").startswith(_TARGET):
             del sys.modules[name]

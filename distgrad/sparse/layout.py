@@ -1,4 +1,5 @@
 """``torch.layout``: how a tensor's elements are stored (``strided`` or ``sparse_coo``)."""
+from distgrad.autograd.naming import public_name
 
 __all__ = ["layout", "strided", "sparse_coo"]
 
@@ -12,7 +13,7 @@ class layout:  # noqa: N801 - PyTorch's name
         self.name = name
 
     def __repr__(self):
-        return f"distgrad.{self.name}"
+        return f"{public_name()}.{self.name}"
 
     def __reduce__(self):  # singletons, through copy and deepcopy too
         return (_by_name, (self.name,))

@@ -114,3 +114,20 @@ def test_child_environment_never_puts_site_packages_ahead_of_the_standard_librar
     assert env[as_torch.ENV_FLAG] == "1"
     monkeypatch.setattr(as_torch, "_site_packages", lambda: {checkout})  # as if installed
     assert as_torch.child_environment({})["PYTHONPATH"] == as_torch.SITE_DIR
+
+
+def test_reprs_name_torch_as_pytorch_prints_them(tmp_path):
+    program = tmp_path / "reprs.py"
+    program.write_text(textwrap.dedent("""
+        import torch
+        t = torch.ones(2, 3, dtype=torch.float64)
+        print(str(t.dtype), repr(t.shape), t.type(), str(torch.sparse_coo))
+    """))
+    out = _run(["-m", "distgrad.compat.as_torch", str(program)], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["torch.float64", "torch.Size([2,", "3])", "torch.DoubleTensor",
+                                  "torch.sparse_coo"]
+    torch = pytest.importorskip("torch")
+    t = torch.ones(2, 3, dtype=torch.float64)  # the same line on PyTorch
+    assert out.stdout.strip() == " ".join([str(t.dtype), repr(t.shape), t.type(),
+                                           str(torch.sparse_coo)])
