@@ -126,20 +126,28 @@ def _rate(times, warmup):
                              for a, b in zip(edges[:-1], edges[1:]))
 
 
-def one_process(steps, warmup, out):
-    """The floor: the same model and step in one process, one BLAS thread."""
+def one_process(micro_list, steps, warmup, out):
+    """The floor: the same model and step in one process, one BLAS thread, on the whole
+    batch; then on the same micro-batches one after the other (gradients accumulated),
+    which is the compute a pipeline of those micro-batches has to spread over its stages:
+    small matrix products run below the BLAS's speed on large ones."""
     T.manual_seed(0)
     model = T.nn.Sequential(*_layers(LAYERS // 2), *_layers(LAYERS // 2, head=True))
     opt = T.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = T.nn.CrossEntropyLoss()
     x, y = _data()
-    times = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
-        times.append(time.perf_counter())
-    out.put(_rate(times, warmup))
+    rates = {}
+    for micro in [1] + [m for m in micro_list if m != 1]:
+        xs, ys = x.split(BATCH // micro), y.split(BATCH // micro)
+        times = []
+        for _ in range(steps):
+            opt.zero_grad()
+            for xm, ym in zip(xs, ys):
+                (loss_fn(model(xm), ym) / micro).backward()
+            opt.step()
+            times.append(time.perf_counter())
+        rates[micro] = _rate(times, warmup)
+    out.put(rates)
 
 
 def pipeline(micro_list, steps, warmup, out):
@@ -222,15 +230,20 @@ def main():
         except ImportError:
             pass
     rates = {f: {"single": [], **{m: [] for m in args.micro}} for f in frameworks}
+    sequential = {f: {m: [] for m in args.micro} for f in frameworks}
     for _ in range(args.rounds):  # rounds alternate, so a burst of load hits all alike
         for f in frameworks:
-            rates[f]["single"].append(_in_child(f, one_process, steps, warmup))
+            alone = _in_child(f, one_process, args.micro, steps, warmup)
+            rates[f]["single"].append(alone[1])
+            for m in args.micro:
+                sequential[f][m].append(alone[m])
             for m, r in _in_child(f, pipeline, args.micro, steps, warmup).items():
                 rates[f][m].append(r)
             print(f"# {f}: one process {rates[f]['single'][-1]:.0f} samples/s, pipeline "
                   + ", ".join(f"{m}: {rates[f][m][-1]:.0f}" for m in args.micro),
                   file=sys.stderr, flush=True)
     med = {f: {k: statistics.median(v) for k, v in r.items()} for f, r in rates.items()}
+    seq = {f: {m: statistics.median(v) for m, v in r.items()} for f, r in sequential.items()}
     print(f"RPC pipeline (pytorch/examples shape): 2 stages x {LAYERS // 2} layers of {DIM}, "
           f"batch {BATCH}, one BLAS thread per process; samples/s, medians of {args.rounds}")
     header = f"{'micro-batches':<16}" + "".join(f"{m:>10}" for m in args.micro) + f"{'1 process':>12}"
@@ -243,9 +256,14 @@ def main():
               + f"{single:12.0f}")
         print(f"{f + ' ratio':<16}" + "".join(f"{ratios[m]:9.2f}x" for m in args.micro)
               + f"{'1.00x':>12}")
+        # the same micro-batches one after another in one process: what splitting costs
+        print(f"{f + ' 1 proc split':<16}" + "".join(f"{seq[f][m] / single:9.2f}x"
+                                                     for m in args.micro))
         result["frameworks"][f] = {"single": single, "rates": {str(m): med[f][m]
                                                                for m in args.micro},
-                                   "ratios": {str(m): ratios[m] for m in args.micro}}
+                                   "ratios": {str(m): ratios[m] for m in args.micro},
+                                   "one_process_split": {str(m): seq[f][m] / single
+                                                         for m in args.micro}}
     dg = result["frameworks"]["distgrad"]["ratios"]
     ok = dg.get("4", 0) >= 1.3
     result["targets_met"] = bool(ok)
