@@ -295,3 +295,27 @@ def test_leaving_a_context_does_not_wait_for_a_stalled_worker(rpc_world, caplog)
             time.sleep(0.05)
     world.resume("worker2")
     assert contexts.live_on("worker2") == []  # the release was delivered once it resumed
+
+
+def test_a_received_tensor_ships_its_gradient_before_later_local_work(world2, monkeypatch):
+    # A pipeline stage's backward overlaps with its upstream stage's only if the gradient
+    # of a tensor that came over RPC leaves as soon as it is ready, not after local work
+    # of micro-batches that were created later (higher sequence numbers run first).
+    from distgrad.distributed.autograd import engine
+    events = []
+    ship = engine._Pass.ship
+
+    def recording_ship(self, recv, g):
+        events.append("shipped")
+        return ship(self, recv, g)
+    monkeypatch.setattr(engine._Pass, "ship", recording_ship)
+    x = distgrad.tensor(_x(), requires_grad=True)
+    later = distgrad.tensor(_x(1), requires_grad=True)
+    with dist_autograd.context() as cid:
+        received = rpc.rpc_sync("worker1", f.mul_add, (x, x))  # RecvRpcBackward here
+        local = later * 5  # created after the receive: a higher sequence number
+        local.register_hook(lambda g: events.append("local work"))
+        dist_autograd.backward(cid, [(received + local * 1).sum()])
+        assert dist_autograd.get_gradients(cid)[later].numpy() == pytest.approx(
+            np.full((3, 4), 5.0))
+    assert events == ["shipped", "local work"]

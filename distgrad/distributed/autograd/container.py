@@ -305,6 +305,10 @@ class SendNode(Node):
         return (grads[0],)
 
 
+# Below the leaves' (which accumulate locally and may have hooks), above every op's.
+SHIP_FIRST_SEQUENCE_NR = 1 << 61
+
+
 class RecvNode(Node):
     """``grad_fn`` of a tensor that arrived over RPC: ships its gradient to the sender."""
 
@@ -313,6 +317,12 @@ class RecvNode(Node):
 
     def __init__(self, tensor, msg_id, src, src_rank, context_id, upstream):
         super().__init__()
+        # It only ships a gradient to another process: run it as soon as it is ready, as
+        # a leaf runs, so the sender's backward of that micro-batch overlaps with this
+        # process's backward of the next. With the number of when its tensor arrived it
+        # waited behind compute of later-arriving micro-batches (the 2-stage pipeline of
+        # bench_rpc_pipeline ran its stages' backward one after the other).
+        self._seq = SHIP_FIRST_SEQUENCE_NR
         self.msg_id, self.src, self.src_rank = msg_id, src, src_rank
         self.context_id, self.upstream = context_id, upstream
         self._out_meta = ((tensor._data.shape, tensor._data.dtype),)

@@ -20,7 +20,9 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    sender (``_deliver``, a one-way call), whose pass adds it at the send node and
    executes what became ready. Gradients for one peer that become ready together (a
    wave: the engine's next node is another recv node) travel as one message.
-   Gradients that arrive before their ``_run_pass`` are kept.
+   Gradients that arrive before their ``_run_pass`` are kept. A recv node runs as
+   soon as it is ready (it ranks above every op node), so a pipeline's upstream stage
+   gets a micro-batch's gradient while this process goes on with the next one.
 4. A process's part is complete when all its expected send nodes were fed and its
    engine is idle. ``backward`` returns once the coordinator's part and every
    ``_run_pass`` reply are in; the first error (a worker's, with its name; or a dead
