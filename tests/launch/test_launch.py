@@ -18,7 +18,7 @@ pytest.importorskip("msgpack")
 import distgrad  # noqa: E402
 from distgrad.launch import checkpoint as ckpt  # noqa: E402
 
-from launch_support import assert_all_gone, kill_mid_run, reference  # noqa: E402
+from launch_support import FAULTY, assert_all_gone, kill_mid_run, reference  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -135,36 +135,6 @@ def test_two_launches_at_once_do_not_collide(launcher, tiny_config):
     assert a.wait() == 0, a.output
     assert b.wait() == 0, b.output
     assert a.run_dir != b.run_dir and a.losses() == b.losses() == reference(tiny_config)
-
-
-FAULTY = '''
-import os
-
-from distgrad import nn
-from distgrad.launch.models import mlp
-
-
-class Trap(nn.Module):
-    """Passes its input through; on its ``at``-th call raises, or exits the process."""
-
-    def __init__(self, at, exit_code=None, once=None):
-        super().__init__()
-        self.at, self.exit_code, self.once, self.calls = at, exit_code, once, 0
-
-    def forward(self, x):
-        self.calls += 1
-        if self.calls == self.at and not (self.once and os.path.exists(self.once)):
-            if self.once:
-                open(self.once, "w").close()
-            if self.exit_code is not None:
-                os._exit(self.exit_code)
-            raise ZeroDivisionError(f"trap sprung at call {self.calls}")
-        return x
-
-
-def model(at, exit_code=None, once=None):
-    return nn.Sequential(*mlp([2, 8, 8, 2]), Trap(at, exit_code, once))
-'''
 
 
 def test_an_exception_on_a_worker_names_it_the_step_and_the_traceback(
