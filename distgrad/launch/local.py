@@ -14,7 +14,9 @@ pipeline's losses can be checked against it and its speed compared with it
 
 With ``model.aux_weight``, the auxiliary losses' gradients are summed apart and
 added to the main losses' at the end, as the autograd strategy's two distributed
-backward passes sum them. Hooks see the whole model here, each stage only its own part in a pipeline: a
+backward passes sum them.
+
+Hooks see the whole model here, each stage only its own part in a pipeline: a
 clipping hook clips by the global norm here and per stage there.
 """
 import distgrad
