@@ -119,6 +119,11 @@ class AutogradCoordinator(Coordinator):
             except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
                 raise self._diagnose(k, e, key) from None
             self.trace.message("receive", "result", _trace.flow_id("result", key, mb, k))
+            if train:  # its gradient comes back from stage k + 1 (if any) and goes on to k
+                ends = [("send", "grad", _trace.grad_flow_id(key, mb, k, False))]
+                if k + 1 < count:
+                    ends.insert(0, ("receive", "grad", _trace.grad_flow_id(key, mb, k + 1, True)))
+                self.trace.on_gradient(y, *ends)
             if k + 1 < count:
                 send(k + 1, mb, y)
             else:
@@ -133,9 +138,10 @@ class AutogradCoordinator(Coordinator):
         self.hooks.begin_step()
         with self.trace.span("step", lane="steps", step=step), \
                 dist_autograd.context() as cid:
-            outputs = self._forward(step, micro_batches(x, n), train=True)
-            losses = [add_micro_batch_loss(out, self.loss_fn, z, ym, len(y), self.classify)
-                      for z, ym in zip(outputs, ys)]
+            with self.trace.span("forward", step=step):
+                outputs = self._forward(step, micro_batches(x, n), train=True)
+                losses = [add_micro_batch_loss(out, self.loss_fn, z, ym, len(y), self.classify)
+                          for z, ym in zip(outputs, ys)]
             try:
                 with self.trace.span("backward", step=step):
                     dist_autograd.backward(cid, losses, retain_graph=self.aux_weight > 0)

@@ -21,7 +21,7 @@ from distgrad.distributed.rpc import RRef
 
 from .checkpoint import atomic_save, stage_path
 from .stage import CommandOrder, build_module, load_stage_state, stage_state
-from .trace import Recorder, flow_id
+from .trace import Recorder, flow_id, grad_flow_id
 
 __all__ = ["RemoteStage"]
 
@@ -50,6 +50,10 @@ class RemoteStage:
         with self.order.turn(turn), distgrad.set_grad_enabled(train), \
                 self.trace.span("forward", step=key, micro_batch=mb):
             y = self.module(x)
+        if train:  # the backward's messages: its input's gradient leaves, its output's comes
+            self.trace.on_gradient(x, ("send", "grad", grad_flow_id(key, mb, self.index, True)))
+            self.trace.on_gradient(y, ("receive", "grad",
+                                       grad_flow_id(key, mb, self.index, False)))
         self.trace.message("send", "result", flow_id("result", key, mb, self.worker))
         return y
 
