@@ -111,8 +111,16 @@ class AutogradCoordinator(Coordinator):
         for mb, x in enumerate(xs):
             send(0, mb, distgrad.from_numpy(x))
         left = n * count
+        # every future completes (a reply, an error, a dead peer or the RPC timeout); the
+        # bound here only keeps a wait from being endless should one not
+        bound = self.timeout + 10.0 if self.timeout else None
         while left:
-            k, mb, fut = arrived.get()  # every future completes: a reply, an error or a timeout
+            try:
+                k, mb, fut = arrived.get(timeout=bound)
+            except queue.Empty:
+                raise self._diagnose(0, TimeoutError(
+                    f"no stage answered a forward of step {key} within {bound} s"),
+                    key) from None
             left -= 1
             try:
                 y = fut.value()

@@ -154,7 +154,7 @@ SCHEMA = {
         "simulated_link": Field(str, doc="a network between hosts, simulated on this machine: "
                                          "every message between processes is held as if it "
                                          "crossed a link of '<latency> <bandwidth>', e.g. "
-                                         "'200us 10Gbit/s' or '2ms 1Gbit/s' (default: none)"),
+                                         "'200us 10Gbit/s' or '2ms 1Gbit/s'"),
     },
     "model": {
         "factory": Field(str, required=True, doc="\"mlp\" or \"module:qualname\" of a "
@@ -209,7 +209,7 @@ SCHEMA = {
                           "hook(grad) of the parameter named by 'parameter' (values averaged "
                           "over a step's calls)"),
         "stages": Field("int_list", low=0, doc="the stages whose modules get a forward or "
-                                               "full_backward hook (default: all)"),
+                                               "full_backward hook; without it: all"),
         "parameter": Field(str, doc="kind \"tensor_grad\": the parameter, named as in the "
                                     "whole model's named_parameters() (e.g. '0.weight')"),
     },
