@@ -335,31 +335,31 @@ def _verdict(rows):
                      f"{TARGETS['wide_vs_all_cores_min']}): "
                      f"{'met' if met['wide_one_thread'] and met['wide_all_cores'] else 'NOT met'}")
     # the targets, per strategy
+
+    def check(key, ok, text):
+        met[key] = ok
+        lines.append(f"{text}: {'met' if ok else 'NOT met'}")
     found = {}
     for strategy in ("pipeline", "autograd"):
         w4 = best("wide", 2, 4, 4, strategy)
         q2 = best("quickstart", 2, 1, 1024, strategy)
         if w4:
             found[strategy] = w4
-            key = f"wide_2x4_{strategy}"
-            met[key] = w4["vs_one_thread"] >= TARGETS["wide_2_stages_4_micro_min"]
-            lines.append(f"wide, 2 stages, 4 micro-batches, {strategy}: "
-                         f"{w4['vs_one_thread']:.2f}x one thread (target >= "
-                         f"{TARGETS['wide_2_stages_4_micro_min']}): "
-                         f"{'met' if met[key] else 'NOT met'}")
+            target = TARGETS["wide_2_stages_4_micro_min"]
+            check(f"wide_2x4_{strategy}", w4["vs_one_thread"] >= target,
+                  f"wide, 2 stages, 4 micro-batches, {strategy}: {w4['vs_one_thread']:.2f}x "
+                  f"one thread (target >= {target})")
         if q2:
-            key = f"quickstart_2_{strategy}"
-            met[key] = q2["vs_one_thread"] >= TARGETS["quickstart_2_stages_min"]
-            lines.append(f"quickstart, 2 stages, {strategy} (best of {q2['micro']} "
-                         f"micro-batches): {q2['vs_one_thread']:.2f}x one thread (target >= "
-                         f"{TARGETS['quickstart_2_stages_min']}): "
-                         f"{'met' if met[key] else 'NOT met'}")
+            target = TARGETS["quickstart_2_stages_min"]
+            check(f"quickstart_2_{strategy}", q2["vs_one_thread"] >= target,
+                  f"quickstart, 2 stages, {strategy} (best: {q2['micro']} micro-batches): "
+                  f"{q2['vs_one_thread']:.2f}x one thread (target >= {target})")
     if len(found) == 2:
-        ratio = found["autograd"]["rate"] / found["pipeline"]["rate"]
-        met["autograd_vs_pipeline"] = ratio >= TARGETS["autograd_vs_pipeline_min"]
-        lines.append(f"wide, 2 stages, 4 micro-batches: autograd at {ratio:.2f}x the pipeline "
-                     f"strategy (target >= {TARGETS['autograd_vs_pipeline_min']}): "
-                     f"{'met' if met['autograd_vs_pipeline'] else 'NOT met'}")
+        ratio, target = found["autograd"]["rate"] / found["pipeline"]["rate"], \
+            TARGETS["autograd_vs_pipeline_min"]
+        check("autograd_vs_pipeline", ratio >= target,
+              f"wide, 2 stages, 4 micro-batches: autograd at {ratio:.2f}x the pipeline "
+              f"strategy (target >= {target})")
     return {"met": met, "lines": lines}
 
 
