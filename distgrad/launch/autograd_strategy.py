@@ -3,10 +3,11 @@
 The shape of the pytorch/examples RPC pipeline (``distributed/rpc/pipeline``): each
 stage is a :class:`~distgrad.launch.remote_stage.RemoteStage` held by an RRef on its
 worker; in one distributed autograd context per step the coordinator sends every
-micro-batch through the stages as RPC futures (a micro-batch goes on to stage
-``k + 1`` as soon as stage ``k`` returned it, so the stages work on different
-micro-batches at once), computes each micro-batch's loss on the last stage's
-output, runs one ``dist_autograd.backward`` over all of them and steps a
+micro-batch through the stages at once, as RPC calls whose results stay where they
+are made (``stage_rref.remote().forward(...)``: stage ``k + 1`` fetches stage ``k``'s
+output straight from it, and its gradient goes straight back; the last stage's
+comes back as a future), so the stages work on different micro-batches at once;
+it computes each micro-batch's loss on the last stage's output, runs one ``dist_autograd.backward`` over all of them and steps a
 ``DistributedOptimizer``. With ``model.aux_weight`` an auxiliary loss (the weighted
 mean square of the outputs) takes a second backward over the same forward
 (``retain_graph=True`` in the first).
@@ -18,8 +19,6 @@ its module and its local optimizer's state), resume, traces and failure reports.
 registered on the stages' modules and parameters and run here, in the coordinator
 (:mod:`distgrad.launch.coordinator_hooks`).
 """
-import queue
-
 import distgrad
 import distgrad.distributed.autograd as dist_autograd
 from distgrad.distributed import rpc
@@ -61,7 +60,7 @@ class AutogradCoordinator(Coordinator):
         config, p = self.config, self.plan
         self.stages = [
             rpc.remote(w, RemoteStage, args=({
-                "stage": k, "worker": k, "layers": list(p.layers[k]),
+                "stage": k, "stages": len(self.workers), "layers": list(p.layers[k]),
                 "seed": config["run"]["seed"], "factory": p.factory,
                 "factory_kwargs": config["model"]["kwargs"], "timeout": self.timeout,
                 "trace": self.trace.enabled, "resume_from": self.resume_from},),
@@ -92,51 +91,44 @@ class AutogradCoordinator(Coordinator):
         return self._diagnose(culprit, error, step)
 
     def _forward(self, key, xs, train):
-        """The last stage's outputs for micro-batches ``xs``; each micro-batch goes on to
-        the next stage as soon as the previous one returned it."""
+        """The last stage's outputs for micro-batches ``xs``, all sent at once: each stage
+        but the last keeps its output as an RRef (``remote()``), which the next stage
+        fetches straight from it, as in pytorch/examples (activations and gradients go
+        stage to stage, not through this process)."""
         count, n = len(self.stages), len(xs)
         turns = []
         for k in range(count):  # numbered now: each stage runs them in micro-batch order
             turns.append(range(self.turns[k] + 1, self.turns[k] + 1 + n))
             self.turns[k] += n
-        arrived = queue.SimpleQueue()
-        outputs = [None] * n
-
-        def send(k, mb, x):
-            self.trace.message("send", "act", _trace.flow_id("act", key, mb, k))
-            fut = self.stages[k].rpc_async(timeout=self.timeout).forward(
-                turns[k][mb], key, mb, x, train)
-            fut.add_done_callback(lambda f: arrived.put((k, mb, f)))
-
+        made, results = [], []
         for mb, x in enumerate(xs):
-            send(0, mb, distgrad.from_numpy(x))
-        left = n * count
-        # every future completes (a reply, an error, a dead peer or the RPC timeout); the
-        # bound here only keeps a wait from being endless should one not
-        bound = self.timeout + 10.0 if self.timeout else None
-        while left:
-            try:
-                k, mb, fut = arrived.get(timeout=bound)
-            except queue.Empty:
-                raise self._diagnose(0, TimeoutError(
-                    f"no stage answered a forward of step {key} within {bound} s"),
-                    key) from None
-            left -= 1
-            try:
-                y = fut.value()
-            except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
-                raise self._diagnose(k, e, key) from None
-            self.trace.message("receive", "result", _trace.flow_id("result", key, mb, k))
-            if train:  # its gradient comes back from stage k + 1 (if any) and goes on to k
-                ends = [("send", "grad", _trace.grad_flow_id(key, mb, k, False))]
+            value = distgrad.from_numpy(x)
+            self.trace.message("send", "input", _trace.flow_id("input", key, mb, 0))
+            for k, stage in enumerate(self.stages):
+                proxy = stage.rpc_async(timeout=self.timeout) if k + 1 == count else \
+                    stage.remote(timeout=self.timeout)
+                value = proxy.forward(turns[k][mb], key, mb, value, train)
                 if k + 1 < count:
-                    ends.insert(0, ("receive", "grad", _trace.grad_flow_id(key, mb, k + 1, True)))
-                self.trace.on_gradient(y, *ends)
-            if k + 1 < count:
-                send(k + 1, mb, y)
-            else:
-                outputs[mb] = y
+                    made.append((k, value))
+            results.append(value)
+        outputs = []
+        for mb, fut in enumerate(results):
+            try:
+                outputs.append(fut.wait(self.timeout + 10.0 if self.timeout else None))
+            except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
+                raise self._forward_failure(made, e, key) from None
+            self.trace.message("receive", "result",
+                               _trace.flow_id("result", key, mb, count - 1))
+            self.trace.on_gradient(outputs[-1], ("send", "grad",
+                                                 _trace.grad_flow_id(key, mb, count - 1)))
         return outputs
+
+    def _forward_failure(self, made, error, key):
+        """The first stage whose output was never made is at fault; else the last."""
+        for k, rref in made:
+            if rref._created.done() and rref._created.exception() is not None:
+                return self._diagnose(k, rref._created.exception(), key)
+        return self._diagnose(len(self.stages) - 1, error, key)
 
     def _run_step(self, step):
         x, y = self.batches.batch(step)

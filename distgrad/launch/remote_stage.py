@@ -30,7 +30,7 @@ class RemoteStage:
     """One stage's slice of the model on its worker (``spec``: made by the coordinator)."""
 
     def __init__(self, spec):
-        self.index, self.worker = spec["stage"], spec["worker"]
+        self.index, self.last = spec["stage"], spec["stage"] + 1 == spec["stages"]
         self.layers, self.module = build_module(spec)
         self.order = CommandOrder(f"stage {self.index}", spec["timeout"] or None)
         self.trace = Recorder(spec["trace"])
@@ -45,16 +45,25 @@ class RemoteStage:
                 "named_parameters": {n: RRef(p) for n, p in self.module.named_parameters()}}
 
     def forward(self, turn, key, mb, x, train):
-        """Forward pass ``turn`` of this stage (micro-batch ``mb`` of step ``key``)."""
-        self.trace.message("receive", "act", flow_id("act", key, mb, self.worker))
+        """Forward pass ``turn`` of this stage (micro-batch ``mb`` of step ``key``) of
+        ``x``, or of the previous stage's output it refers to (an RRef, fetched from
+        that stage)."""
+        if isinstance(x, RRef):
+            x = x.to_here()
+            self.trace.message("receive", "act", flow_id("act", key, mb, self.index))
+        else:
+            self.trace.message("receive", "input", flow_id("input", key, mb, self.index))
         with self.order.turn(turn), distgrad.set_grad_enabled(train), \
                 self.trace.span("forward", step=key, micro_batch=mb):
             y = self.module(x)
+        if self.last:
+            self.trace.message("send", "result", flow_id("result", key, mb, self.index))
+        else:
+            self.trace.message("send", "act", flow_id("act", key, mb, self.index + 1))
         if train:  # the backward's messages: its input's gradient leaves, its output's comes
-            self.trace.on_gradient(x, ("send", "grad", grad_flow_id(key, mb, self.index, True)))
-            self.trace.on_gradient(y, ("receive", "grad",
-                                       grad_flow_id(key, mb, self.index, False)))
-        self.trace.message("send", "result", flow_id("result", key, mb, self.worker))
+            if self.index:
+                self.trace.on_gradient(x, ("send", "grad", grad_flow_id(key, mb, self.index - 1)))
+            self.trace.on_gradient(y, ("receive", "grad", grad_flow_id(key, mb, self.index)))
         return y
 
     def load_optimizer(self, optimizer_id):

@@ -32,13 +32,11 @@ def flow_id(kind, step, micro_batch, stage):
     return ((step * 4096 + micro_batch) * 1024 + stage) * 8 + _FLOW_KINDS[kind]
 
 
-def grad_flow_id(step, micro_batch, stage, to_coordinator, backward_pass=0):
-    """A gradient of the autograd strategy, which crosses the coordinator: the gradient of
-    stage ``stage``'s input on its way to the coordinator, or (``to_coordinator`` false)
-    the gradient of its output on its way from the coordinator to it; in the first or
-    (``backward_pass`` 1: an auxiliary loss's) the second backward of a step."""
-    return flow_id("grad", step, micro_batch, 2 * stage + (0 if to_coordinator else 1)) \
-        + backward_pass * _PASS_SHIFT
+def grad_flow_id(step, micro_batch, stage, backward_pass=0):
+    """The gradient of stage ``stage``'s output in the autograd strategy, on its way to
+    it from the next stage (or the coordinator); in the first or (``backward_pass`` 1:
+    an auxiliary loss's) the second backward of a step."""
+    return flow_id("grad", step, micro_batch, stage) + backward_pass * _PASS_SHIFT
 
 
 # stages use the low 9 bits of flow_id's 10-bit stage field (at most 256 workers)
