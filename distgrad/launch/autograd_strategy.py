@@ -7,10 +7,11 @@ micro-batch through the stages at once, as RPC calls whose results stay where th
 are made (``stage_rref.remote().forward(...)``: stage ``k + 1`` fetches stage ``k``'s
 output straight from it, and its gradient goes straight back; the last stage's
 comes back as a future), so the stages work on different micro-batches at once;
-it computes each micro-batch's loss on the last stage's output, runs one ``dist_autograd.backward`` over all of them and steps a
-``DistributedOptimizer``. With ``model.aux_weight`` an auxiliary loss (the weighted
-mean square of the outputs) takes a second backward over the same forward
-(``retain_graph=True`` in the first).
+it computes each micro-batch's loss on the last stage's output, runs one
+``dist_autograd.backward`` over all of them and steps a ``DistributedOptimizer``.
+With ``model.aux_weight`` an auxiliary loss (the weighted mean square of the
+outputs) takes a second backward over the same forward (``retain_graph=True`` in
+the first).
 
 Everything else is the pipeline strategy's (:mod:`distgrad.launch.coordinator`):
 batches, metrics, evaluation, checkpoints (the same stage files: each worker writes
