@@ -1,21 +1,26 @@
-"""Throughput of ``distgrad launch`` pipelines and data-parallel replicas against the
-same model in one process.
+"""Throughput of ``distgrad launch`` in both strategies, also over simulated links, vs one process.
 
-    python scripts/bench_launch.py            # the full table (a few minutes on 2 cores)
+    python scripts/bench_launch.py            # the full table (long: half an hour on 2 cores)
     python scripts/bench_launch.py --quick    # fewer steps, for a smoke test
+    python scripts/bench_launch.py --size wide --links none --rounds 1
 
 Two sizes: ``configs/quickstart.toml`` (a 2-64-64-64-2 network, where the messages
 between stages dominate) and ``configs/wide.toml`` (eight 1024x1024 layers, batch
 256, where the stages' compute dominates). Each runs as a real launch (the
 coordinator and one process per stage, one BLAS thread each) with 2 and 4 stages,
-with and without micro-batches, and as 2 data-parallel replicas (``world.strategy =
-"ddp"``: each replica the whole model on half of every batch, gradients averaged by
-DistributedDataParallel); its samples/s (steady state, read from the run's metrics)
-is compared with the same training in one process (same model, batches and
-optimizer: ``distgrad.launch.local``) with one BLAS thread and with all cores. With
-torch installed, PyTorch's own pipelining (GPipe over gloo, one thread per stage)
-and its DDP over gloo (2 ranks, one thread each) run beside it on the wide model,
-against torch in one process with one thread.
+with and without micro-batches, in both strategies: ``pipeline`` (stages hand each
+other activations and gradients, GPipe or 1F1B) and ``autograd`` (stages are remote
+modules; the coordinator sends micro-batches through them as RPC futures, runs one
+``dist_autograd.backward`` and steps a ``DistributedOptimizer``; its order is
+GPipe's, so it has no schedule); and as 2 data-parallel replicas (``world.strategy
+= "ddp"``). Pipelines of 2 stages also run over simulated links between hosts
+(``world.simulated_link``: "200us 10Gbit/s" and "2ms 1Gbit/s"), where more
+micro-batches and 1F1B should win back what latency costs. Samples/s (steady state,
+read from the run's metrics) are compared with the same training in one process
+(same model, batches and optimizer: ``distgrad.launch.local``) with one BLAS
+thread and with all cores. With torch installed, PyTorch's own pipelining (GPipe
+over gloo, one thread per stage) and its DDP over gloo (2 ranks, one thread each)
+run beside it on the wide model, against torch in one process with one thread.
 
 A run's rate is the median over five windows of its steady-state steps; every
 configuration runs once per round (``--rounds``, default 3) and the table shows the
@@ -39,7 +44,12 @@ sys.path.insert(0, ROOT)
 CONFIGS = {"quickstart": os.path.join(ROOT, "configs", "quickstart.toml"),
            "wide": os.path.join(ROOT, "configs", "wide.toml")}
 TARGETS = {"quickstart_slowdown_max": 1.3, "wide_vs_one_thread_min": 1.6,
-           "wide_vs_all_cores_min": 0.9}
+           "wide_vs_all_cores_min": 0.9,
+           # issue "distribution that pays": wide, 2 stages, 4 micro-batches, in both
+           # strategies; autograd against pipeline; quickstart, 2 stages
+           "wide_2_stages_4_micro_min": 1.35, "autograd_vs_pipeline_min": 0.9,
+           "quickstart_2_stages_min": 0.5}
+LINKS = {"none": None, "200us": "200us 10Gbit/s", "2ms": "2ms 1Gbit/s"}
 
 
 def _cores():
@@ -187,6 +197,11 @@ def main(argv=None):
                         help="only this size (repeatable; default: both)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="repetitions of every measurement, medians reported (default 3)")
+    parser.add_argument("--strategy", choices=("pipeline", "autograd"), action="append",
+                        help="only this strategy (repeatable; default: both)")
+    parser.add_argument("--links", choices=sorted(LINKS), action="append",
+                        help="only these links: none, 200us (10 Gbit/s), 2ms (1 Gbit/s) "
+                             "(repeatable; default: all)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -198,14 +213,19 @@ def main(argv=None):
         return _torch_child(mode, int(rank), int(micro), int(steps), int(warmup), store)
 
     cores = _cores()
-    # (stages, micro-batches, schedule) per size
+    # (stages, micro-batches, schedule) per size, run in both strategies (the autograd
+    # strategy has no schedule: it runs the gpipe rows only); ``linked``: also over links
     plan = {"quickstart": {"steps": 120 if args.quick else 400, "warmup": 20,
                            "runs": [(2, 1, "gpipe"), (2, 4, "gpipe"), (4, 1, "gpipe"),
-                                    (4, 4, "gpipe")]},
+                                    (4, 4, "gpipe")],
+                           "linked": [(2, 1, "gpipe"), (2, 4, "gpipe"), (2, 4, "1f1b")]},
             "wide": {"steps": 10 if args.quick else 24, "warmup": 3,
                      "runs": [(2, 1, "gpipe"), (2, 4, "gpipe"), (2, 8, "gpipe"),
-                              (2, 8, "1f1b"), (4, 1, "gpipe"), (4, 8, "gpipe")]}}
+                              (2, 8, "1f1b"), (4, 1, "gpipe"), (4, 8, "gpipe")],
+                     "linked": [(2, 4, "gpipe"), (2, 8, "gpipe"), (2, 8, "1f1b")]}}
     plan = {size: p for size, p in plan.items() if not args.size or size in args.size}
+    strategies = args.strategy or ["pipeline", "autograd"]
+    links = args.links or list(LINKS)
     workdir = tempfile.mkdtemp(prefix="bench-launch-")
     # every measurement, as (row, how to take it); all are taken once per round, rounds
     # one after the other, so a burst of load elsewhere hits one repetition of each
@@ -217,23 +237,34 @@ def main(argv=None):
                           + ("s" if threads > 1 else ""), "threads": threads},
                          partial(single_process, config, ["pipeline.micro_batches=1"],
                                  threads, steps, warmup)))
-        todo.append(({"size": size, "what": "ddp, 2 replicas", "replicas": 2},
-                     partial(pipeline, config, ["world.strategy=ddp", "world.workers=2",
-                                                "pipeline.micro_batches=1"],
-                             steps, warmup, workdir)))
-        for stages, micro, schedule in p["runs"]:
-            overrides = [f"world.workers={stages}", f"pipeline.micro_batches={micro}",
-                         f"pipeline.schedule={schedule}"]
-            todo.append(({"size": size, "what": f"pipeline, {stages} stages, {micro} "
-                          f"micro-batch{'es' if micro > 1 else ''}"
-                          + (f", {schedule}" if micro > 1 else ""),
-                          "stages": stages, "micro": micro, "schedule": schedule},
-                         partial(pipeline, config, overrides, steps, warmup, workdir)))
+        if "none" in links:
+            todo.append(({"size": size, "what": "ddp, 2 replicas", "replicas": 2},
+                         partial(pipeline, config, ["world.strategy=ddp", "world.workers=2",
+                                                    "pipeline.micro_batches=1"],
+                                 steps, warmup, workdir)))
+        runs = [(link, run) for link in links
+                for run in (p["runs"] if link == "none" else p["linked"])]
+        for strategy in strategies:
+            for link, (stages, micro, schedule) in runs:
+                if strategy == "autograd" and schedule != "gpipe":
+                    continue
+                overrides = [f"world.strategy={strategy}", f"world.workers={stages}",
+                             f"pipeline.micro_batches={micro}", f"pipeline.schedule={schedule}"]
+                if LINKS[link]:
+                    overrides.append(f'world.simulated_link="{LINKS[link]}"')
+                what = (f"{strategy}, {stages} stages, {micro} micro-batch"
+                        + ("es" if micro > 1 else "")
+                        + (f", {schedule}" if micro > 1 and strategy == "pipeline" else "")
+                        + (f", link {LINKS[link]}" if LINKS[link] else ""))
+                todo.append(({"size": size, "what": what, "strategy": strategy,
+                              "stages": stages, "micro": micro, "schedule": schedule,
+                              "link": LINKS[link]},
+                             partial(pipeline, config, overrides, steps, warmup, workdir)))
     try:
         import torch  # noqa: F401
     except ImportError:
         torch = None
-    if torch is not None and "wide" in plan:
+    if torch is not None and "wide" in plan and "none" in links:
         steps, warmup = plan["wide"]["steps"], plan["wide"]["warmup"]
         todo.append(({"size": "wide", "what": "torch: one process, 1 thread", "torch": True,
                       "threads": 1}, partial(torch_run, "torch-single", 1, steps, warmup, workdir)))
@@ -262,11 +293,11 @@ def main(argv=None):
 
     print(f"distgrad launch pipelines and replicas vs one process ({cores} cores; medians of {args.rounds} "
           "rounds; ratios against the same framework's one-process run)")
-    print(f"{'size':11s} {'configuration':46s} {'samples/s':>10s} {'x 1 thread':>11s} "
+    print(f"{'size':11s} {'configuration':62s} {'samples/s':>10s} {'x 1 thread':>11s} "
           f"{'x all cores':>12s}")
     for r in rows:
         all_cores = f"{r['vs_all_cores']:12.2f}" if "vs_all_cores" in r else f"{'':12s}"
-        print(f"{r['size']:11s} {r['what']:46s} {r['rate']:10.0f} {r['vs_one_thread']:11.2f} "
+        print(f"{r['size']:11s} {r['what']:62s} {r['rate']:10.0f} {r['vs_one_thread']:11.2f} "
               f"{all_cores}")
     verdict = _verdict(rows)
     for line in verdict["lines"]:
@@ -277,8 +308,9 @@ def main(argv=None):
 
 
 def _verdict(rows):
-    def best(size, stages, micro_min=1, micro_max=1):
+    def best(size, stages, micro_min=1, micro_max=1, strategy="pipeline"):
         rates = [r for r in rows if r["size"] == size and r.get("stages") == stages
+                 and r.get("strategy") == strategy and not r.get("link")
                  and micro_min <= r.get("micro", 0) <= micro_max]
         return max(rates, key=lambda r: r["rate"]) if rates else None
     quick = best("quickstart", 2)
@@ -302,6 +334,32 @@ def _verdict(rows):
                      f"{wide['vs_all_cores']:.2f}x all cores (target >= "
                      f"{TARGETS['wide_vs_all_cores_min']}): "
                      f"{'met' if met['wide_one_thread'] and met['wide_all_cores'] else 'NOT met'}")
+    # the issue's targets, per strategy
+
+    def check(key, ok, text):
+        met[key] = ok
+        lines.append(f"{text}: {'met' if ok else 'NOT met'}")
+    found = {}
+    for strategy in ("pipeline", "autograd"):
+        w4 = best("wide", 2, 4, 4, strategy)
+        q2 = best("quickstart", 2, 1, 1024, strategy)
+        if w4:
+            found[strategy] = w4
+            target = TARGETS["wide_2_stages_4_micro_min"]
+            check(f"wide_2x4_{strategy}", w4["vs_one_thread"] >= target,
+                  f"wide, 2 stages, 4 micro-batches, {strategy}: {w4['vs_one_thread']:.2f}x "
+                  f"one thread (target >= {target})")
+        if q2:
+            target = TARGETS["quickstart_2_stages_min"]
+            check(f"quickstart_2_{strategy}", q2["vs_one_thread"] >= target,
+                  f"quickstart, 2 stages, {strategy} (best: {q2['micro']} micro-batches): "
+                  f"{q2['vs_one_thread']:.2f}x one thread (target >= {target})")
+    if len(found) == 2:
+        ratio, target = found["autograd"]["rate"] / found["pipeline"]["rate"], \
+            TARGETS["autograd_vs_pipeline_min"]
+        check("autograd_vs_pipeline", ratio >= target,
+              f"wide, 2 stages, 4 micro-batches: autograd at {ratio:.2f}x the pipeline "
+              f"strategy (target >= {target})")
     return {"met": met, "lines": lines}
 
 

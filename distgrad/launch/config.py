@@ -98,6 +98,9 @@ def _show(value):
     return f"{kinds.get(type(value), type(value).__name__)} ({value!r})"
 
 
+#: ``[[hooks]] kind`` values; all but "step" run in the coordinator (strategy "autograd")
+HOOK_KINDS = ("step", "forward", "full_backward", "tensor_grad")
+
 #: table -> key -> Field. Tables marked OPEN also take keys the schema does not list.
 SCHEMA = {
     "run": {
@@ -121,10 +124,14 @@ SCHEMA = {
                                                       "(hides its own message latency)"),
     },
     "world": {
-        "strategy": Field(str, "pipeline", choices=("pipeline", "ddp"),
+        "strategy": Field(str, "pipeline", choices=("pipeline", "autograd", "ddp"),
                           doc="how the model is spread: \"pipeline\" (layers split into "
-                              "stages) or \"ddp\" (every worker trains the whole model on "
-                              "its shard of each batch, gradients averaged)"),
+                              "stages that hand each other activations and gradients), "
+                              "\"autograd\" (the same stages as remote modules, trained by "
+                              "the coordinator through distributed autograd: RPC futures, "
+                              "dist_autograd.backward, DistributedOptimizer) or \"ddp\" "
+                              "(every worker trains the whole model on its shard of each "
+                              "batch, gradients averaged)"),
         "workers": Field(int, 2, low=1, high=256, doc="worker processes: stages x replicas "
                                                       "(the coordinator is one more)"),
         "replicas": Field(int, low=1, high=256, doc="data-parallel copies of the pipeline, "
@@ -144,6 +151,10 @@ SCHEMA = {
                                                             "(and how soon a hang is found)"),
         "rendezvous_timeout": Field(float, 60.0, low=0.1, doc="seconds for every process to "
                                                               "join"),
+        "simulated_link": Field(str, doc="a network between hosts, simulated on this machine: "
+                                         "every message between processes is held as if it "
+                                         "crossed a link of '<latency> <bandwidth>', e.g. "
+                                         "'200us 10Gbit/s' or '2ms 1Gbit/s'"),
     },
     "model": {
         "factory": Field(str, required=True, doc="\"mlp\" or \"module:qualname\" of a "
@@ -151,6 +162,11 @@ SCHEMA = {
         "kwargs": Field(dict, {}, doc="keyword arguments of the factory"),
         "loss": Field(str, "cross_entropy", choices=("cross_entropy", "mse"),
                       doc="loss on the last stage's output"),
+        "aux_weight": Field(float, 0.0, low=0.0, doc="weight of an auxiliary loss, the mean "
+                                                    "square of the last stage's output, "
+                                                    "backpropagated by a second backward over "
+                                                    "the same forward (retain_graph); needs "
+                                                    "world.strategy \"autograd\" (0: none)"),
     },
     "pipeline": {
         "balance": Field("int_list", low=1, doc="layers per stage (default: parameters "
@@ -181,8 +197,21 @@ SCHEMA = {
         "keep": Field(int, 2, low=1, doc="complete checkpoints kept"),
     },
     "hooks": {  # an array of tables; each entry's other keys are the hook's arguments
-        "ref": Field(str, required=True, doc="\"module:qualname\" of a hook run on every "
-                                             "stage before its optimizer step"),
+        "ref": Field(str, required=True, doc="\"module:qualname\" of the hook function; what "
+                                             "it returns (a dict of numbers) is logged as "
+                                             "<key>.stage<N>"),
+        "kind": Field(str, "step", choices=HOOK_KINDS,
+                      doc="\"step\": hook(module) on every stage before its optimizer step "
+                          "(pipeline, ddp); with world.strategy \"autograd\", hooks on the "
+                          "stages' modules that run in the coordinator: \"forward\" "
+                          "hook(module_name, inputs, output), \"full_backward\" "
+                          "hook(module_name, grad_input, grad_output), \"tensor_grad\" "
+                          "hook(grad) of the parameter named by 'parameter' (values averaged "
+                          "over a step's calls)"),
+        "stages": Field("int_list", low=0, doc="the stages whose modules get a forward or "
+                                               "full_backward hook; without it: all"),
+        "parameter": Field(str, doc="kind \"tensor_grad\": the parameter, named as in the "
+                                    "whole model's named_parameters() (e.g. '0.weight')"),
     },
     "offload": {},  # per-worker offload policy, passed through to each stage
 }
@@ -444,6 +473,7 @@ def _check_together(c, where):
         _check_reference_syntax(c[table][key], ref_key, where)
     for i, hook in enumerate(c["hooks"]):
         _check_reference_syntax(hook["ref"], f"hooks.{i}.ref", where, builtin_names=False)
+    _check_strategy(c, stages, where)
     if c["offload"]:
         from distgrad.offload.config import check_config
         try:
@@ -451,6 +481,56 @@ def _check_together(c, where):
         except ValueError as e:  # names the key; the file and line come from here
             key = str(e).split("'")[1] if "'" in str(e) else ""
             raise _error(where, f"offload.{key}" if key else "offload", str(e)) from None
+
+
+def _check_strategy(c, stages, where):
+    """What only the autograd strategy offers, and what it does not (yet) offer."""
+    world = c["world"]
+    autograd = world["strategy"] == "autograd"
+    if c["model"]["aux_weight"] and not autograd:
+        raise _error(where, "model.aux_weight", "an auxiliary loss needs world.strategy "
+                                                f"\"autograd\", not {world['strategy']!r}")
+    for i, hook in enumerate(c["hooks"]):
+        kind = hook["kind"]
+        if kind != "step" and not autograd:
+            raise _error(where, f"hooks.{i}.kind", f"{kind!r} hooks run in the coordinator "
+                                                   f"and need world.strategy \"autograd\"; "
+                                                   f"with {world['strategy']!r} use \"step\"")
+        if kind == "step" and autograd:
+            raise _error(where, f"hooks.{i}.kind", "\"step\" hooks (run on each stage before "
+                                                   "its optimizer step) are not available "
+                                                   "with world.strategy \"autograd\": use "
+                                                   "\"forward\", \"full_backward\" or "
+                                                   "\"tensor_grad\"")
+        if kind == "tensor_grad" and "parameter" not in hook:
+            raise _error(where, f"hooks.{i}.parameter", "missing; a \"tensor_grad\" hook "
+                                                        "names the parameter it watches")
+        if kind != "tensor_grad" and "parameter" in hook:
+            raise _error(where, f"hooks.{i}.parameter", f"only \"tensor_grad\" hooks watch "
+                                                        f"a parameter, not {kind!r} ones")
+        if "stages" in hook:
+            if kind not in ("forward", "full_backward"):
+                raise _error(where, f"hooks.{i}.stages", f"only \"forward\" and "
+                                                         f"\"full_backward\" hooks take "
+                                                         f"stages, not {kind!r} ones")
+            bad = [k for k in hook["stages"] if k >= stages]
+            if bad:
+                raise _error(where, f"hooks.{i}.stages", f"stage {bad[0]} does not exist: "
+                                                         f"the pipeline has {stages} stages "
+                                                         f"(0 to {stages - 1})")
+    if autograd and world["replicas"] > 1:
+        raise _error(where, "world.replicas", "world.strategy \"autograd\" trains one "
+                                              "pipeline; data-parallel replicas need "
+                                              "\"pipeline\" or \"ddp\"")
+    if autograd and c["offload"]:
+        raise _error(where, "offload", "activation offloading is not available with "
+                                       "world.strategy \"autograd\" yet: use \"pipeline\"")
+    if "simulated_link" in world:
+        from distgrad.rpc.link import parse_link
+        try:
+            parse_link(world["simulated_link"])
+        except ValueError as e:
+            raise _error(where, "world.simulated_link", str(e)) from None
 
 
 def _check_grid(world, where):

@@ -115,7 +115,8 @@ class Console:
 
 
 def plot_loss(run_dir, records):
-    """Write ``loss.png`` (training and evaluation loss per step); the path, or a note."""
+    """Write ``loss.png`` (training and evaluation loss per step, and under it what the
+    hooks logged: a panel per key, a line per stage); the path, or a note."""
     train = [(r["step"], r["loss"]) for r in records if "loss" in r]
     held = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
     if not train:
@@ -127,16 +128,38 @@ def plot_loss(run_dir, records):
     except ImportError:
         return None, ("no loss curve: matplotlib is not installed "
                       "(pip install 'distgrad[launch]')")
-    fig, ax = plt.subplots(figsize=(7, 4))
+    hooked = hook_series(records)
+    fig, axes = plt.subplots(1 + len(hooked), 1, figsize=(7, 4 + 2.5 * len(hooked)),
+                             squeeze=False, sharex=True)
+    ax = axes[0][0]
     ax.plot(*zip(*train), label="training loss (batch)", linewidth=0.8)
     if held:
         ax.plot(*zip(*held), "o-", label="held-out loss")
-    ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_yscale("log")
     ax.legend()
     ax.set_title(os.path.basename(os.path.abspath(run_dir)))
+    for (name, stages), (panel,) in zip(hooked.items(), axes[1:]):
+        for stage, points in sorted(stages.items()):
+            panel.plot(*zip(*points), label=stage, linewidth=0.8)
+        panel.set_ylabel(name)
+        panel.legend()
+    axes[-1][0].set_xlabel("step")
     path = os.path.join(run_dir, "loss.png")
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path, None
+
+
+def hook_series(records):
+    """``{key: {"stage<N>": [(step, value), ...]}}`` of the ``<key>.stage<N>`` values the
+    hooks logged."""
+    out = {}
+    for r in records:
+        if "loss" not in r:
+            continue
+        for key, value in r.items():
+            name, dot, stage = key.rpartition(".")
+            if dot and stage.startswith("stage") and isinstance(value, (int, float)):
+                out.setdefault(name, {}).setdefault(stage, []).append((r["step"], value))
+    return out

@@ -1,6 +1,6 @@
 """Rank 0 of a launch: drives the pipeline stages (of every replica) through training.
 
-The supervisor starts it as ``python -m distgrad.launch.coordinator RUN_DIR``; it
+The supervisor starts it as ``python -m distgrad.launch.rank0 RUN_DIR``, which
 reads ``RUN_DIR/launch.json`` (the resolved config and the world to join), joins
 the RPC world, sets up one stage per worker and runs the steps:
 
@@ -23,8 +23,6 @@ and the remote traceback) for the supervisor and exits with status 1.
 """
 import json
 import os
-import signal
-import sys
 import threading
 import time
 from collections import deque
@@ -35,12 +33,11 @@ from . import checkpoint as ckpt
 from . import stage as _stage
 from . import trace as _trace
 from .data import Batches, micro_batches, split
-from .config import heartbeat_interval
 from .grid import Grid
 from .resolve import plan
-from .rundir import FAILURE, LAUNCH, METRICS, RESULT, write_json
+from .rundir import METRICS, RESULT, write_json
 
-__all__ = ["Coordinator", "StageFailure", "main"]
+__all__ = ["Coordinator", "StageFailure"]
 
 
 class StageFailure(Exception):
@@ -208,9 +205,13 @@ class Coordinator:
                 f.add_done_callback(lambda _f, i=ident: self.trace.message("receive", "result", i))
         return futures
 
-    def _save(self, step_count):
+    def _checkpoint_dir(self, step_count):
         directory = ckpt.step_dir(self.run_dir, step_count)
         os.makedirs(directory, exist_ok=True)
+        return directory
+
+    def _save(self, step_count):
+        directory = self._checkpoint_dir(step_count)
         seq = self._next_seq()
         return directory, self._to_all(_stage.save, lambda k: (seq, directory, step_count))
 
@@ -230,18 +231,10 @@ class Coordinator:
             return None
         chunk = self.config["data"]["batch_size"] * 4
         loss = correct = 0.0
-        replicas = self.grid.replicas
         for i, start in enumerate(range(0, len(x), chunk)):
             key = -(step_count * 1000 + i + 1)  # negative: never a training step's key
             part = x[start:start + chunk], y[start:start + chunk]
-            arguments = self._shard_arguments(  # each replica evaluates a share of the chunk
-                [(part[0][r::replicas], part[1][r::replicas]) for r in range(replicas)],
-                self.micro)
-            seq = self._next_seq()
-            results = self._gather(self._to_all(
-                _stage.evaluate, lambda k: (seq, key, *arguments[k])), step_count - 1)
-            for r in range(replicas):
-                out = results[self.grid.index(r, self.grid.stages - 1)]
+            for out in self._evaluate_part(key, part, step_count):
                 loss += out["loss"] * out["count"]
                 correct += out["correct"]
         record = {"step": step_count, "eval_loss": loss / len(x)}
@@ -252,6 +245,17 @@ class Coordinator:
               + (f"  accuracy {record['eval_accuracy']:.4f}" if "eval_accuracy" in record
                  else ""), flush=True)
         return record
+
+    def _evaluate_part(self, key, part, step_count):
+        """The loss and accuracy counts of every replica on its share of ``part``."""
+        replicas = self.grid.replicas
+        arguments = self._shard_arguments(  # each replica evaluates a share of the chunk
+            [(part[0][r::replicas], part[1][r::replicas]) for r in range(replicas)],
+            self.micro)
+        seq = self._next_seq()
+        results = self._gather(self._to_all(
+            _stage.evaluate, lambda k: (seq, key, *arguments[k])), step_count - 1)
+        return [results[self.grid.index(r, self.grid.stages - 1)] for r in range(replicas)]
 
     def _log(self, record):
         self.metrics.write(json.dumps(record) + "\n")
@@ -307,7 +311,7 @@ class Coordinator:
             record = {"step": done_step + 1, "loss": out["loss"]}
             if self.config["model"]["loss"] == "cross_entropy" and out["count"]:
                 record["accuracy"] = out["correct"] / out["count"]
-            record.update((k, v) for k, v in out.items() if "." in k)
+            record.update((k, v) for k, v in out.items() if "." in k or k == "aux_loss")
             now = time.perf_counter()
             record["samples_per_s"] = window_steps * batch / max(now - window_start, 1e-9)
             record["elapsed"] = now - started
@@ -388,58 +392,3 @@ class Coordinator:
         write_json(os.path.join(self.run_dir, RESULT), result)
         return result
 
-
-def _die_with_parent():
-    """Linux: SIGKILL when the supervisor dies, so no coordinator outlives its launch."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:
-            os._exit(1)
-    except Exception:  # noqa: BLE001 - not Linux: the supervisor reaps us instead
-        pass
-
-
-def _options(world):
-    cfg = world["config"]
-    hb = cfg["heartbeat_timeout"]
-    return rpc.RpcBackendOptions(
-        init_method=world["init_method"], transport=world["transport"],
-        bind_addr=world.get("bind_addr") or cfg["bind_addr"], rpc_timeout=cfg["rpc_timeout"],
-        heartbeat_interval=heartbeat_interval(hb), heartbeat_timeout=hb,
-        rendezvous_timeout=cfg["rendezvous_timeout"])
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m distgrad.launch.coordinator RUN_DIR", file=sys.stderr)
-        return 2
-    run_dir = argv[0]
-    if os.environ.get("DISTGRAD_PDEATHSIG"):
-        _die_with_parent()
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # user modules named in the config, as for workers
-    with open(os.path.join(run_dir, LAUNCH), encoding="utf-8") as fh:
-        launch = json.load(fh)
-    world = dict(launch["world"], config=launch["config"]["world"])
-    coordinator = Coordinator(run_dir, launch)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # stop at the next step boundary
-        signal.signal(sig, lambda *_: coordinator.stop_requested.set())
-    rpc.init_rpc("coordinator", rank=0, world_size=len(coordinator.workers) + 1,
-                 rpc_backend_options=_options(world))
-    try:
-        result = coordinator.run()
-    except StageFailure as f:
-        write_json(os.path.join(run_dir, FAILURE), f.record)
-        print(f"stopping: {f.record['worker']} ({f.record['place']}) failed at step "
-              f"{f.record['step']}: {f.record['message']}", file=sys.stderr, flush=True)
-        rpc.shutdown(graceful=False)
-        return 1
-    rpc.shutdown(graceful=True)
-    print(f"{result['status']} at step {result['step']}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,6 +12,10 @@ pipeline's losses can be checked against it and its speed compared with it
 >>> len(train_in_one_process(cfg))
 3
 
+With ``model.aux_weight``, the auxiliary losses' gradients are summed apart and
+added to the main losses' at the end, as the autograd strategy's two distributed
+backward passes sum them.
+
 Hooks see the whole model here, each stage only its own part in a pipeline: a
 clipping hook clips by the global norm here and per stage there.
 """
@@ -19,7 +23,7 @@ import distgrad
 
 from .data import Batches, micro_batches, split
 from .resolve import plan
-from .stage import LOSSES
+from .losses import LOSSES, auxiliary_loss
 
 __all__ = ["train_in_one_process"]
 
@@ -40,14 +44,20 @@ def train_in_one_process(config, steps=None, on_step=None):
     loss_fn = LOSSES[config["model"]["loss"]]()
     count = config["pipeline"]["micro_batches"]
     losses = []
+    aux_weight = config["model"]["aux_weight"]
     for step in range(steps):
         x, y = batches.batch(step)
         total = 0.0
+        outputs = []
         for xm, ym in zip(micro_batches(x, count), micro_batches(y, count)):
-            loss = loss_fn(model(distgrad.from_numpy(xm)), distgrad.from_numpy(ym)) \
-                * (len(ym) / len(y))
-            loss.backward()
+            z = model(distgrad.from_numpy(xm))
+            loss = loss_fn(z, distgrad.from_numpy(ym)) * (len(ym) / len(y))
+            loss.backward(retain_graph=aux_weight > 0)
             total += loss.item()
+            if aux_weight:
+                outputs.append((z, len(ym)))
+        if aux_weight:
+            _auxiliary_backward(model, outputs, aux_weight, len(y))
         for hook, kwargs in p.hooks:
             hook(model, **kwargs)
         optimizer.step()
@@ -56,3 +66,19 @@ def train_in_one_process(config, steps=None, on_step=None):
         if on_step is not None:
             on_step(step, total)
     return losses
+
+
+def _auxiliary_backward(model, outputs, weight, total):
+    """The auxiliary losses' backward over the kept graphs: their gradients are summed
+    on their own, then added to the main ones (the order of the distributed sums)."""
+    params = list(model.parameters())
+    main = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    for z, count in outputs:
+        auxiliary_loss(z, weight, count, total).backward()
+    for p, g in zip(params, main):
+        if g is not None and p.grad is not None:
+            p.grad = g + p.grad
+        elif g is not None:
+            p.grad = g

@@ -7,6 +7,7 @@ allow. The launcher calls it before starting any process, so every mistake is a
 :class:`~distgrad.launch.config.ConfigError` naming its key; the coordinator calls
 it again to build the stages.
 """
+import difflib
 import importlib
 import inspect
 
@@ -18,10 +19,11 @@ from . import models as _models
 from .config import ConfigError
 from .grid import Grid
 
-__all__ = ["Plan", "plan", "reference", "even_balance", "WORKER_MODULES"]
+__all__ = ["Plan", "CoordinatorHook", "plan", "reference", "even_balance", "WORKER_MODULES"]
 
 #: modules every stage worker allows: the commands, built-in models and hooks
-WORKER_MODULES = ("distgrad.launch.stage", "distgrad.launch.models", "distgrad.launch.hooks")
+WORKER_MODULES = ("distgrad.launch.stage", "distgrad.launch.remote_stage", "distgrad.launch.models",
+                  "distgrad.launch.hooks")
 
 
 def reference(text, builtins=None):
@@ -47,6 +49,22 @@ def reference(text, builtins=None):
     return obj
 
 
+#: keys of a ``[[hooks]]`` entry that are not the hook's arguments
+_HOOK_KEYS = ("ref", "kind", "stages", "parameter")
+#: positional arguments a hook of each kind gets before its keyword arguments
+_HOOK_ARGUMENTS = {"step": 1, "forward": 3, "full_backward": 3, "tensor_grad": 1}
+
+
+class CoordinatorHook:
+    """A ``[[hooks]]`` entry that runs in the coordinator (``world.strategy = "autograd"``):
+    entry ``index`` of the config, its ``kind``, the function and its keyword arguments,
+    the ``stages`` it is registered on and (kind "tensor_grad") the ``parameter``."""
+
+    def __init__(self, index, kind, fn, kwargs, stages, parameter):
+        self.index, self.kind, self.fn, self.kwargs = index, kind, fn, kwargs
+        self.stages, self.parameter = stages, parameter
+
+
 class Plan:
     """What a config resolves to; ``error(key, message)`` makes a ConfigError for it."""
 
@@ -61,14 +79,40 @@ class Plan:
                       if isinstance(c, type) and issubclass(c, distgrad.optim.Optimizer)}
         self.optimizer = self._ref("optim.name", optim["name"], optimizers)
         self.optimizer_kwargs = {k: v for k, v in optim.items() if k != "name"}
-        self.hooks = []
+        self.hooks = []              # kind "step": (fn, kwargs), run on the stages
+        self.coordinator_hooks = []  # the other kinds: CoordinatorHook, run in the coordinator
         for i, hook in enumerate(config["hooks"]):
             fn = self._ref(f"hooks.{i}.ref", hook["ref"])
-            kwargs = {k: v for k, v in hook.items() if k != "ref"}
-            self._bind(f"hooks.{i}", fn, kwargs, leading=1)
-            self.hooks.append((fn, kwargs))
+            kwargs = {k: v for k, v in hook.items() if k not in _HOOK_KEYS}
+            kind = hook.get("kind", "step")
+            self._bind(f"hooks.{i}", fn, kwargs, leading=_HOOK_ARGUMENTS[kind])
+            if kind == "step":
+                self.hooks.append((fn, kwargs))
+            else:
+                self.coordinator_hooks.append(CoordinatorHook(i, kind, fn, kwargs,
+                                                              hook.get("stages"),
+                                                              hook.get("parameter")))
         self.layers = self._split()
+        for hook in self.coordinator_hooks:
+            self._place(hook)
         self._check_optimizer()
+
+    def _place(self, hook):
+        """The stages a coordinator hook is registered on (a parameter: its stage's)."""
+        stages = len(self.layers)
+        if hook.parameter is None:
+            hook.stages = list(range(stages)) if hook.stages is None else hook.stages
+            return
+        layer = hook.parameter.partition(".")[0]
+        names = self.parameter_names
+        if hook.parameter not in names:
+            close = difflib.get_close_matches(hook.parameter, names, n=1)
+            raise self.error(f"hooks.{hook.index}.parameter",
+                             f"the model has no parameter {hook.parameter!r}"
+                             + (f" (did you mean {close[0]!r}?)" if close else "")
+                             + f"; its parameters: {', '.join(names[:6])}"
+                             + (", ..." if len(names) > 6 else ""))
+        hook.stages = [next(k for k, (a, b) in enumerate(self.layers) if a <= int(layer) < b)]
 
     def _ref(self, key, text, builtins=None):
         try:
@@ -107,6 +151,7 @@ class Plan:
             raise self.error("model.factory", f"must return an nn.Sequential (its layers "
                                               f"become stages), got {type(model).__name__}")
         self.parameters = sum(p.numel() for p in model.parameters())
+        self.parameter_names = [name for name, _ in model.named_parameters()]
         sizes = [sum(p.numel() for p in layer.parameters()) for layer in model]
         balance = self.config["pipeline"].get("balance")
         if balance is None:

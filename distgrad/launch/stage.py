@@ -25,19 +25,72 @@ import threading
 from contextlib import contextmanager, nullcontext
 
 import distgrad
-from distgrad import nn
 from distgrad.distributed import rpc
 
 from .checkpoint import atomic_save, stage_path
+from .losses import LOSSES, add_micro_batch_loss
 from .schedule import SCHEDULES, forward_only, one_f_one_b
 from .trace import Recorder, flow_id
 
 __all__ = ["setup", "step", "evaluate", "save", "clock", "finish", "deliver", "LOSSES"]
 
-#: names accepted by ``model.loss``
-LOSSES = {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}
-
 _stage = None  # this worker's Stage, made by setup()
+
+
+def build_module(spec):
+    """``(layers, module)``: this stage's slice of the model ``spec`` describes. Every
+    stage builds the whole model from the same seed, so the parameters equal those of
+    the model built in one process."""
+    distgrad.manual_seed(spec["seed"])
+    full = spec["factory"](**spec["factory_kwargs"])
+    begin, end = spec["layers"]
+    return (begin, end), full[begin:end]
+
+
+def stage_state(index, layers, step, module, optimizer):
+    """What a stage's checkpoint file holds (the same for every strategy)."""
+    return {"stage": index, "layers": list(layers), "step": step,
+            "model": module.state_dict(), "optimizer": optimizer.state_dict(),
+            "rng": distgrad.get_rng_state()}
+
+
+def load_stage_state(directory, index, layers, module):
+    """Load stage ``index``'s checkpoint from ``directory`` into ``module`` and this
+    process's RNG; returns the state (its optimizer state is the caller's to load)."""
+    state = distgrad.load(stage_path(directory, index))
+    if list(state["layers"]) != list(layers):
+        raise RuntimeError(f"checkpoint {directory} holds layers {state['layers']} for "
+                           f"stage {index}, but this run gives it {list(layers)}")
+    module.load_state_dict(state["model"])
+    distgrad.set_rng_state(state["rng"])
+    return state
+
+
+class CommandOrder:
+    """Runs commands strictly in the order of their sequence numbers (1, 2, ...),
+    whatever order the RPC handler threads pick them up in."""
+
+    def __init__(self, name, timeout):
+        self.name, self.timeout = name, timeout
+        self._cond = threading.Condition()
+        self._next = 1
+
+    @contextmanager
+    def turn(self, seq):
+        """Run the body as command ``seq``, after every command before it."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._next >= seq, self.timeout):
+                raise TimeoutError(f"{self.name}: command {seq} waited more than "
+                                   f"{self.timeout} s for command {self._next}")
+            if self._next != seq:
+                raise RuntimeError(f"{self.name}: command {seq} arrived twice")
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._next = seq + 1
+                self._cond.notify_all()
+
 
 
 class _Inbox:
@@ -80,11 +133,7 @@ class Stage:
         self.worker, self.replica = spec["worker"], spec["replica"]
         self.prev, self.next = spec["prev"], spec["next"]
         self.first, self.last = self.index == 0, self.index == self.count - 1
-        distgrad.manual_seed(spec["seed"])
-        full = spec["factory"](**spec["factory_kwargs"])
-        begin, end = spec["layers"]
-        self.layers = (begin, end)
-        self.module = full[begin:end]
+        self.layers, self.module = build_module(spec)
         self.optimizer = spec["optimizer"](self.module.parameters(), **spec["optimizer_kwargs"])
         self.loss_fn = LOSSES[spec["loss"]]() if self.last else None
         self.classify = spec["loss"] == "cross_entropy"
@@ -110,28 +159,15 @@ class Stage:
             self.replicas = Replicas(spec, self.module)
             if self.replicas.ddp is not None:  # DDP averages in the backward after a forward
                 self.schedule = one_f_one_b    # one stage: F0 B0 F1 B1 ...
-        self._order = threading.Condition()
-        self._next_seq = 1
+        self.order = CommandOrder(f"stage {self.index}", self.timeout)
 
     def _trace_offload_io(self, kind, nbytes, start, end):
         # called from the tier's own threads (writes) and from backward (reads)
         self.trace.add_span(f"offload {kind}", start, end, lane="offload I/O", bytes=nbytes)
 
-    @contextmanager
     def turn(self, seq):
         """Run the body as command ``seq``, after every command before it."""
-        with self._order:
-            if not self._order.wait_for(lambda: self._next_seq >= seq, self.timeout):
-                raise TimeoutError(f"stage {self.index}: command {seq} waited more than "
-                                   f"{self.timeout} s for command {self._next_seq}")
-            if self._next_seq != seq:
-                raise RuntimeError(f"stage {self.index}: command {seq} arrived twice")
-        try:
-            yield
-        finally:
-            with self._order:
-                self._next_seq = seq + 1
-                self._order.notify_all()
+        return self.order.turn(seq)
 
     # -- passes --
     def run(self, key, micro_batches, inputs, targets, train):
@@ -180,11 +216,8 @@ class Stage:
                 self.offload if self.offload is not None else nullcontext():
             y = model(x)
             if self.last:
-                target = distgrad.from_numpy(targets[mb])
-                loss = self.loss_fn(y, target) * (len(target) / total)
-                out["loss"] += loss.item()
-                if self.classify:
-                    out["correct"] += int((y.detach().numpy().argmax(1) == targets[mb]).sum())
+                loss = add_micro_batch_loss(out, self.loss_fn, y, targets[mb], total,
+                                            self.classify)
                 return x, loss
         sends.append(self._send(self.next, "act", key, mb, y.detach().numpy()))
         return x, y
@@ -205,18 +238,11 @@ class Stage:
 
     # -- checkpoints --
     def state(self, step):
-        return {"stage": self.index, "layers": list(self.layers), "step": step,
-                "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "rng": distgrad.get_rng_state()}
+        return stage_state(self.index, self.layers, step, self.module, self.optimizer)
 
     def _load(self, directory):
-        state = distgrad.load(stage_path(directory, self.index))
-        if list(state["layers"]) != list(self.layers):
-            raise RuntimeError(f"checkpoint {directory} holds layers {state['layers']} for "
-                               f"stage {self.index}, but this run gives it {list(self.layers)}")
-        self.module.load_state_dict(state["model"])
+        state = load_stage_state(directory, self.index, self.layers, self.module)
         self.optimizer.load_state_dict(state["optimizer"])
-        distgrad.set_rng_state(state["rng"])
 
     def close(self, reason):
         self.inbox.close(reason)

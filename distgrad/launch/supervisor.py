@@ -145,7 +145,7 @@ class Supervisor:
 
     def _command(self, rank, name, rendezvous, bind):
         if rank == 0:
-            return [sys.executable, "-m", "distgrad.launch.coordinator", self.run_dir]
+            return [sys.executable, "-m", "distgrad.launch.rank0", self.run_dir]
         world = self.config["world"]
         cmd = [sys.executable, "-m", "distgrad", "worker", "--name", name, "--rank", str(rank),
                "--world-size", str(self.layout.world_size), "--init-method", rendezvous,
@@ -154,6 +154,8 @@ class Supervisor:
                "--rendezvous-timeout", str(world["rendezvous_timeout"]),
                "--heartbeat-timeout", str(world["heartbeat_timeout"]),
                "--heartbeat-interval", str(heartbeat_interval(world["heartbeat_timeout"]))]
+        if world.get("simulated_link"):
+            cmd += ["--simulated-link", world["simulated_link"]]
         for module in self.worker_modules:
             cmd += ["--allow", module]
         return cmd

@@ -18,7 +18,7 @@ import json
 import time
 from contextlib import contextmanager
 
-__all__ = ["Recorder", "flow_id", "offset_from_samples", "align", "chrome_trace",
+__all__ = ["Recorder", "flow_id", "grad_flow_id", "offset_from_samples", "align", "chrome_trace",
            "write_chrome_trace"]
 
 #: lanes (thread ids) of a process in the trace
@@ -30,6 +30,17 @@ _FLOW_KINDS = {"input": 0, "target": 1, "act": 2, "grad": 3, "result": 4}
 def flow_id(kind, step, micro_batch, stage):
     """One integer per message, computed alike by its sender and its receiver."""
     return ((step * 4096 + micro_batch) * 1024 + stage) * 8 + _FLOW_KINDS[kind]
+
+
+def grad_flow_id(step, micro_batch, stage, backward_pass=0):
+    """The gradient of stage ``stage``'s output in the autograd strategy, on its way to
+    it from the next stage (or the coordinator); in the first or (``backward_pass`` 1:
+    an auxiliary loss's) the second backward of a step."""
+    return flow_id("grad", step, micro_batch, stage) + backward_pass * _PASS_SHIFT
+
+
+# stages use the low 9 bits of flow_id's 10-bit stage field (at most 256 workers)
+_PASS_SHIFT = flow_id("grad", 0, 0, 512) - flow_id("grad", 0, 0, 0)
 
 
 class Recorder:
@@ -61,6 +72,22 @@ class Recorder:
         if self.enabled:
             t = time.perf_counter_ns() if at is None else at
             self.events.append(("s" if end == "send" else "f", name, lane, t, t, {}, ident))
+
+    def on_gradient(self, tensor, *ends):
+        """Record message ends ``(end, name, ident)`` when ``tensor``'s gradient is
+        computed (a send or receipt of it that no span of ours sees: inside a backward).
+        A second backward over the same graph (retain_graph) records its ends as the
+        ``ident`` of :func:`grad_flow_id`'s ``backward_pass=1``."""
+        if not self.enabled or not tensor.requires_grad:
+            return
+        passes = [0]
+
+        def hook(_grad):
+            shift = passes[0] * _PASS_SHIFT
+            passes[0] += 1
+            for end, name, ident in ends:
+                self.message(end, name, ident + shift)
+        tensor.register_hook(hook)
 
     def take(self):
         events, self.events = self.events, []

@@ -37,6 +37,36 @@ batch_size = 32
 lr = 0.05
 """
 
+#: a model module whose last layer raises (or exits) on a given call: failures on a worker
+FAULTY = '''
+import os
+
+from distgrad import nn
+from distgrad.launch.models import mlp
+
+
+class Trap(nn.Module):
+    """Passes its input through; on its ``at``-th call raises, or exits the process."""
+
+    def __init__(self, at, exit_code=None, once=None):
+        super().__init__()
+        self.at, self.exit_code, self.once, self.calls = at, exit_code, once, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at and not (self.once and os.path.exists(self.once)):
+            if self.once:
+                open(self.once, "w").close()
+            if self.exit_code is not None:
+                os._exit(self.exit_code)
+            raise ZeroDivisionError(f"trap sprung at call {self.calls}")
+        return x
+
+
+def model(at, exit_code=None, once=None):
+    return nn.Sequential(*mlp([2, 8, 8, 2]), Trap(at, exit_code, once))
+'''
+
 
 class Launch:
     def __init__(self, proc, cwd, output):

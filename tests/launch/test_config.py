@@ -10,6 +10,9 @@ from launch_support import TINY
 
 pytestmark = pytest.mark.timeout(60)
 
+#: replaces TINY's "[world]\nworkers = 2" after a [[hooks]] entry written before it
+AUTOGRAD_WORLD = '[world]\nworkers = 2\nstrategy = "autograd"'
+
 def write(tmp_path, text=TINY, name="c.toml"):
     path = tmp_path / name
     path.write_text(text)
@@ -55,7 +58,7 @@ def test_key_lines_follow_tables_arrays_and_dotted_keys():
     (('source = "spirals"\n', ""), "data.source", "[data]", "missing"),
     (("batch_size = 32\n", ""), "data.batch_size", "[data]", "missing"),
     (("workers = 2", 'workers = 2\nstrategy = "fsdp"'), "world.strategy", "strategy =",
-     "one of 'pipeline', 'ddp', got 'fsdp'"),
+     "one of 'pipeline', 'autograd', 'ddp', got 'fsdp'"),
     (("workers = 2", 'workers = 2\nstrategy = "ddp"\nreplicas = 3'), "world.replicas",
      "replicas =", "every worker is a replica: give 2 (world.workers) or leave it out"),
     (("workers = 2", "workers = 3\nreplicas = 2"), "world.replicas", "replicas =",
@@ -90,6 +93,28 @@ def test_key_lines_follow_tables_arrays_and_dotted_keys():
     (("[optim]", "[[hooks]]\nevery = 2\n[optim]"), "hooks.0.ref", "[[hooks]]", "missing"),
     (("[optim]", "[checkpoint]\nevery = 1.5\n[optim]"), "checkpoint.every", "every = 1.5",
      "an integer"),
+    # what only world.strategy = "autograd" offers, and what it does not
+    (('factory = "mlp"', 'factory = "mlp"\naux_weight = 0.1'), "model.aux_weight",
+     "aux_weight =", "needs world.strategy \"autograd\", not 'pipeline'"),
+    (("[optim]", '[[hooks]]\nref = "a:b"\nkind = "forward"\n[optim]'), "hooks.0.kind",
+     "kind =", "run in the coordinator and need world.strategy \"autograd\""),
+    (("[world]\nworkers = 2", '[[hooks]]\nref = "a:b"\n' + AUTOGRAD_WORLD),
+     "hooks.0.kind", "[[hooks]]", "\"step\" hooks (run on each stage before its optimizer "
+                                "step) are not available"),
+    (("[world]\nworkers = 2", '[[hooks]]\nref = "a:b"\nkind = "tensor_grad"\n' + AUTOGRAD_WORLD),
+     "hooks.0.parameter", "[[hooks]]", "missing"),
+    (("[world]\nworkers = 2", '[[hooks]]\nref = "a:b"\nkind = "forward"\nstages = [0, 2]\n'
+                               + AUTOGRAD_WORLD),
+     "hooks.0.stages", "stages =", "stage 2 does not exist: the pipeline has 2 stages"),
+    (("[world]\nworkers = 2", '[[hooks]]\nref = "a:b"\nkind = "forward"\nparameter = "0.weight"\n'
+                               + AUTOGRAD_WORLD),
+     "hooks.0.parameter", "parameter =", "only \"tensor_grad\" hooks watch a parameter"),
+    (("workers = 2", 'workers = 2\nstrategy = "autograd"\nreplicas = 2'), "world.replicas",
+     "replicas =", "trains one pipeline"),
+    (("workers = 2", 'workers = 2\nstrategy = "autograd"\n[offload]\nkind = "disk"'),
+     "offload", "[offload]", "not available with world.strategy \"autograd\""),
+    (("workers = 2", 'workers = 2\nsimulated_link = "fast"'), "world.simulated_link",
+     "simulated_link =", "a simulated link is '<latency> <bandwidth>'"),
 ])
 def test_config_errors_name_key_file_and_line(tmp_path, edit, key, at, words):
     text = TINY.replace(*edit)
@@ -124,6 +149,12 @@ def test_config_errors_name_key_file_and_line(tmp_path, edit, key, at, words):
      "hooks.0.max_nrm", "unexpected keyword argument 'max_nrm'"),
     (("[optim]", '[[hooks]]\nref = "distgrad.launch.hooks:clip_grad_norm"\n[optim]'),
      "hooks.0", "missing a required argument: 'max_norm'"),
+    (("[world]\nworkers = 2", '[[hooks]]\nref = "distgrad.launch.hooks:tensor_grad_norm"\n'
+                               'kind = "tensor_grad"\nparameter = "0.weigth"\n' + AUTOGRAD_WORLD),
+     "hooks.0.parameter", "no parameter '0.weigth' (did you mean '0.weight'?)"),
+    (("[world]\nworkers = 2", '[[hooks]]\nref = "distgrad.launch.hooks:activation_stats"\n'
+                               'kind = "forward"\nscale = 2\n' + AUTOGRAD_WORLD),
+     "hooks.0.scale", "unexpected keyword argument 'scale'"),
 ])
 def test_references_and_arguments_are_checked_before_starting(tmp_path, edit, key, words):
     path = write(tmp_path, TINY.replace(*edit))

@@ -18,9 +18,14 @@ pytest.importorskip("msgpack")
 import distgrad  # noqa: E402
 from distgrad.launch import checkpoint as ckpt  # noqa: E402
 
-from launch_support import assert_all_gone, kill_mid_run, reference  # noqa: E402
+from launch_support import FAULTY, assert_all_gone, kill_mid_run, reference  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
+
+#: the tests of a run's life that hold for both strategies (the pipeline's default and
+#: world.strategy = "autograd", see test_launch_autograd.py), as their overrides
+STRATEGIES = pytest.mark.parametrize("strategy", [[], ["world.strategy=autograd"]],
+                                     ids=["pipeline", "autograd"])
 
 
 def test_two_workers_train_like_one_process_with_overrides(launcher, tiny_config):
@@ -70,22 +75,26 @@ def test_three_workers_micro_batched_1f1b_with_hooks_and_a_trace(launcher, tiny_
         assert receipt["ts"] >= sends[ident]["ts"] and receipt["pid"] != sends[ident]["pid"]
 
 
-def test_resume_reproduces_an_uninterrupted_run(launcher, tiny_config):
-    first = launcher(tiny_config, "run.steps=4", "checkpoint.every=2")
+@STRATEGIES
+def test_resume_reproduces_an_uninterrupted_run(launcher, tiny_config, strategy):
+    first = launcher(tiny_config, *strategy, "run.steps=4", "checkpoint.every=2")
     assert first.wait() == 0, first.output
     run_dir = first.run_dir
     assert ckpt.latest(run_dir)[1]["step"] == 4
-    second = launcher(tiny_config, "run.steps=8", "checkpoint.every=2", "--resume",
+    second = launcher(tiny_config, *strategy, "run.steps=8", "checkpoint.every=2", "--resume",
                       "--run-dir", run_dir)
     assert second.wait() == 0, second.output
     assert "steps 5..8, resumed from" in second.output
-    uninterrupted = reference(tiny_config, steps=8)
+    uninterrupted = reference(tiny_config, strategy, steps=8)
     assert second.losses() == uninterrupted                     # bit for bit
     assert [r["step"] for r in second.metrics() if "loss" in r] == list(range(1, 9))
 
 
-def test_a_killed_worker_stops_the_run_and_leaves_its_checkpoint(launcher, tiny_config):
-    launch = launcher(tiny_config, "run.steps=100000", "checkpoint.every=3", "run.log_every=1000")
+@STRATEGIES
+def test_a_killed_worker_stops_the_run_and_leaves_its_checkpoint(launcher, tiny_config,
+                                                                 strategy):
+    launch = launcher(tiny_config, *strategy, "run.steps=100000", "checkpoint.every=3",
+                      "run.log_every=1000")
     code, took, pids = kill_mid_run(launch, rank=2, after_steps=7)
     assert code == 128 + signal.SIGKILL, launch.output
     assert took < 5
@@ -113,8 +122,10 @@ def test_ctrl_c_checkpoints_at_a_step_boundary_and_leaves_no_process(launcher, t
         in launch.output
 
 
-def test_a_stopped_worker_is_detected_within_the_heartbeat_bound(launcher, tiny_config):
-    launch = launcher(tiny_config, "run.steps=100000", "run.log_every=1000")
+@STRATEGIES
+def test_a_stopped_worker_is_detected_within_the_heartbeat_bound(launcher, tiny_config,
+                                                                 strategy):
+    launch = launcher(tiny_config, *strategy, "run.steps=100000", "run.log_every=1000")
     launch.wait_for_steps(3)
     pids = launch.pids()
     os.kill(pids[1], signal.SIGSTOP)
@@ -137,40 +148,12 @@ def test_two_launches_at_once_do_not_collide(launcher, tiny_config):
     assert a.run_dir != b.run_dir and a.losses() == b.losses() == reference(tiny_config)
 
 
-FAULTY = '''
-import os
-
-from distgrad import nn
-from distgrad.launch.models import mlp
-
-
-class Trap(nn.Module):
-    """Passes its input through; on its ``at``-th call raises, or exits the process."""
-
-    def __init__(self, at, exit_code=None, once=None):
-        super().__init__()
-        self.at, self.exit_code, self.once, self.calls = at, exit_code, once, 0
-
-    def forward(self, x):
-        self.calls += 1
-        if self.calls == self.at and not (self.once and os.path.exists(self.once)):
-            if self.once:
-                open(self.once, "w").close()
-            if self.exit_code is not None:
-                os._exit(self.exit_code)
-            raise ZeroDivisionError(f"trap sprung at call {self.calls}")
-        return x
-
-
-def model(at, exit_code=None, once=None):
-    return nn.Sequential(*mlp([2, 8, 8, 2]), Trap(at, exit_code, once))
-'''
-
-
+@STRATEGIES
 def test_an_exception_on_a_worker_names_it_the_step_and_the_traceback(
-        launcher, tiny_config, tmp_path):
+        launcher, tiny_config, tmp_path, strategy):
     (tmp_path / "faulty.py").write_text(FAULTY)
-    launch = launcher(tiny_config, 'model.factory="faulty:model"', "model.kwargs={at = 4}")
+    launch = launcher(tiny_config, *strategy, 'model.factory="faulty:model"',
+                      "model.kwargs={at = 4}")
     assert launch.wait() == 1, launch.output
     out = launch.output
     assert "FAILED: worker2 (rank 2, stage 1) failed: ZeroDivisionError: trap sprung at " \

@@ -123,9 +123,12 @@ def test_every_shipped_config_checks(config, tmp_path):
 
 
 def test_the_loss_curve_or_a_one_line_note(tmp_path, monkeypatch):
-    from distgrad.launch.console import plot_loss
-    records = [{"step": i, "loss": 1.0 / i} for i in range(1, 20)]
+    from distgrad.launch.console import hook_series, plot_loss
+    records = [{"step": i, "loss": 1.0 / i, "act_std.stage0": i, "act_std.stage1": 2 * i}
+               for i in range(1, 20)]
     records.append({"step": 19, "eval_loss": 0.1})
+    assert hook_series(records[:2]) == {"act_std": {"stage0": [(1, 1), (2, 2)],
+                                                    "stage1": [(1, 2), (2, 4)]}}
     if importlib.util.find_spec("matplotlib") is not None:
         path, note = plot_loss(str(tmp_path), records)
         assert note is None and Path(path).read_bytes()[:4] == b"\x89PNG"

@@ -27,7 +27,9 @@ def _cluster_answers():
     return None if done.returncode == 0 else "no Slurm controller answers sinfo"
 
 
-def test_srun_three_tasks_train_the_pipeline(tiny_config, tmp_path):
+@pytest.mark.parametrize("strategy", [[], ["world.strategy=autograd"]],
+                         ids=["pipeline", "autograd"])
+def test_srun_three_tasks_train_the_pipeline(tiny_config, tmp_path, strategy):
     reason = _cluster_answers()
     if reason:
         pytest.skip(reason)
@@ -35,8 +37,8 @@ def test_srun_three_tasks_train_the_pipeline(tiny_config, tmp_path):
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     done = subprocess.run(
         ["srun", "--ntasks=3", "--overcommit", "--kill-on-bad-exit=1", "--immediate=60",
-         sys.executable, "-m", "distgrad", "launch", str(tiny_config), "--no-progress",
-         "--no-plot"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+         sys.executable, "-m", "distgrad", "launch", str(tiny_config), *strategy,
+         "--no-progress", "--no-plot"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "slurm launch" in done.stdout
     run_dirs = list((tmp_path / "runs").iterdir())

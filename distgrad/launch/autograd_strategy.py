@@ -1,0 +1,193 @@
+"""``world.strategy = "autograd"``: the coordinator trains through distributed autograd.
+
+The shape of the pytorch/examples RPC pipeline (``distributed/rpc/pipeline``): each
+stage is a :class:`~distgrad.launch.remote_stage.RemoteStage` held by an RRef on its
+worker; in one distributed autograd context per step the coordinator sends every
+micro-batch through the stages at once, as RPC calls whose results stay where they
+are made (``stage_rref.remote().forward(...)``: stage ``k + 1`` fetches stage ``k``'s
+output straight from it, and its gradient goes straight back; the last stage's
+comes back as a future), so the stages work on different micro-batches at once;
+it computes each micro-batch's loss on the last stage's output, runs one
+``dist_autograd.backward`` over all of them and steps a ``DistributedOptimizer``.
+With ``model.aux_weight`` an auxiliary loss (the weighted mean square of the
+outputs) takes a second backward over the same forward (``retain_graph=True`` in
+the first).
+
+Everything else is the pipeline strategy's (:mod:`distgrad.launch.coordinator`):
+batches, metrics, evaluation, checkpoints (the same stage files: each worker writes
+its module and its local optimizer's state), resume, traces and failure reports.
+``[[hooks]]`` of kind ``forward``, ``full_backward`` and ``tensor_grad`` are
+registered on the stages' modules and parameters and run here, in the coordinator
+(:mod:`distgrad.launch.coordinator_hooks`).
+"""
+import distgrad
+import distgrad.distributed.autograd as dist_autograd
+from distgrad.distributed import rpc
+from distgrad.distributed.optim import DistributedOptimizer
+from distgrad.futures import Future
+
+from . import trace as _trace
+from .coordinator import Coordinator, StageFailure
+from .coordinator_hooks import CoordinatorHooks
+from .data import micro_batches
+from .remote_stage import RemoteStage
+from .losses import LOSSES, add_micro_batch_loss, auxiliary_loss
+
+__all__ = ["AutogradCoordinator"]
+
+
+def _done(value):
+    f = Future()
+    f.set_result(value)
+    return f
+
+
+class AutogradCoordinator(Coordinator):
+    """Rank 0 of a launch whose stages are remote modules (see the module docstring)."""
+
+    def __init__(self, run_dir, launch):
+        super().__init__(run_dir, launch)
+        self.stages = []       # RRefs of the RemoteStages, stage order
+        self.turns = [0] * len(self.workers)  # forwards numbered per stage (their order)
+        self.optimizer = None
+        model = self.config["model"]
+        self.loss_fn = LOSSES[model["loss"]]()
+        self.classify = model["loss"] == "cross_entropy"
+        self.aux_weight = model["aux_weight"]
+        self.hooks = CoordinatorHooks(self.plan)
+
+    # -- setup --
+    def _setup(self):
+        config, p = self.config, self.plan
+        self.stages = [
+            rpc.remote(w, RemoteStage, args=({
+                "stage": k, "stages": len(self.workers), "layers": list(p.layers[k]),
+                "seed": config["run"]["seed"], "factory": p.factory,
+                "factory_kwargs": config["model"]["kwargs"], "timeout": self.timeout,
+                "trace": self.trace.enabled, "resume_from": self.resume_from},),
+                timeout=self.timeout)
+            for k, w in enumerate(self.workers)]
+        info = self._gather([s.rpc_async(timeout=self.timeout).describe()
+                             for s in self.stages], self.start - 1)
+        try:
+            params = [r for i in info for r in i["named_parameters"].values()]
+            self.optimizer = DistributedOptimizer(p.optimizer, params, **p.optimizer_kwargs)
+            self.hooks.register(info)
+        except Exception as e:  # noqa: BLE001 - a failure here names its worker
+            raise self._failure(e, self.start - 1) from None
+        if self.resume_from:
+            self._gather([s.rpc_async(timeout=self.timeout).load_optimizer(self.optimizer.id)
+                          for s in self.stages], self.start - 1)
+        return info
+
+    # -- steps --
+    def _failure(self, error, step):
+        """A StageFailure naming the worker an error came from (by its message when it
+        names one; a dead worker is found by the probe of _diagnose)."""
+        if isinstance(error, StageFailure):
+            return error
+        text = str(error)
+        culprit = next((k for k, w in enumerate(self.workers) if f"'{w}'" in text
+                        or f"{w} " in text or text.startswith(w)), 0)
+        return self._diagnose(culprit, error, step)
+
+    def _forward(self, key, xs, train):
+        """The last stage's outputs for micro-batches ``xs``, all sent at once: each stage
+        but the last keeps its output as an RRef (``remote()``), which the next stage
+        fetches straight from it, as in pytorch/examples (activations and gradients go
+        stage to stage, not through this process)."""
+        count, n = len(self.stages), len(xs)
+        turns = []
+        for k in range(count):  # numbered now: each stage runs them in micro-batch order
+            turns.append(range(self.turns[k] + 1, self.turns[k] + 1 + n))
+            self.turns[k] += n
+        made, results = [], []
+        for mb, x in enumerate(xs):
+            value = distgrad.from_numpy(x)
+            self.trace.message("send", "input", _trace.flow_id("input", key, mb, 0))
+            for k, stage in enumerate(self.stages):
+                proxy = stage.rpc_async(timeout=self.timeout) if k + 1 == count else \
+                    stage.remote(timeout=self.timeout)
+                value = proxy.forward(turns[k][mb], key, mb, value, train)
+                if k + 1 < count:
+                    made.append((k, value))
+            results.append(value)
+        outputs = []
+        for mb, fut in enumerate(results):
+            try:
+                outputs.append(fut.wait(self.timeout + 10.0 if self.timeout else None))
+            except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
+                raise self._forward_failure(made, e, key) from None
+            self.trace.message("receive", "result",
+                               _trace.flow_id("result", key, mb, count - 1))
+            self.trace.on_gradient(outputs[-1], ("send", "grad",
+                                                 _trace.grad_flow_id(key, mb, count - 1)))
+        return outputs
+
+    def _forward_failure(self, made, error, key):
+        """The first stage whose output was never made is at fault; else the last."""
+        for k, rref in made:
+            if rref._created.done() and rref._created.exception() is not None:
+                return self._diagnose(k, rref._created.exception(), key)
+        return self._diagnose(len(self.stages) - 1, error, key)
+
+    def _run_step(self, step):
+        x, y = self.batches.batch(step)
+        n = min(self.micro, len(x))
+        ys = micro_batches(y, n)
+        out = {"loss": 0.0, "correct": 0, "count": len(y)}
+        self.hooks.begin_step()
+        with self.trace.span("step", lane="steps", step=step), \
+                dist_autograd.context() as cid:
+            with self.trace.span("forward", step=step):
+                outputs = self._forward(step, micro_batches(x, n), train=True)
+                losses = [add_micro_batch_loss(out, self.loss_fn, z, ym, len(y), self.classify)
+                          for z, ym in zip(outputs, ys)]
+            try:
+                with self.trace.span("backward", step=step):
+                    dist_autograd.backward(cid, losses, retain_graph=self.aux_weight > 0)
+                    if self.aux_weight > 0:
+                        auxes = [auxiliary_loss(z, self.aux_weight, len(ym), len(y))
+                                 for z, ym in zip(outputs, ys)]
+                        out["aux_loss"] = sum(a.item() for a in auxes)
+                        dist_autograd.backward(cid, auxes)
+                with self.trace.span("optimizer step", step=step):
+                    self.optimizer.step(cid)
+            except Exception as e:  # noqa: BLE001 - the run fails, naming the worker
+                raise self._failure(e, step) from None
+        out.update(self.hooks.end_step())
+        return out
+
+    def _issue_step(self, step):
+        # one step at a time: the next forward needs this step's optimizer step
+        return [_done(self._run_step(step))]
+
+    def _combine(self, results):
+        return results[0]
+
+    # -- evaluation, checkpoints, the end --
+    def _evaluate_part(self, key, part, step_count):
+        x, y = part
+        n = min(self.micro, len(x))
+        out = {"loss": 0.0, "correct": 0, "count": len(y)}
+        self.hooks.begin_step()  # hooks fire on evaluation forwards too: not logged
+        with distgrad.no_grad():
+            outputs = self._forward(key, micro_batches(x, n), train=False)
+            for z, ym in zip(outputs, micro_batches(y, n)):
+                add_micro_batch_loss(out, self.loss_fn, z, ym, len(y), self.classify)
+        self.hooks.end_step()
+        return [out]
+
+    def _save(self, step_count):
+        directory = self._checkpoint_dir(step_count)
+        return directory, [s.rpc_async(timeout=self.timeout).save(directory, step_count,
+                                                                  self.optimizer.id)
+                           for s in self.stages]
+
+    def _finish(self):
+        events = self._gather([s.rpc_async(timeout=self.timeout).take_trace()
+                               for s in self.stages], self.last_step)
+        self.hooks.remove()
+        self.stages, self.optimizer = [], None
+        return events
+

@@ -1,0 +1,80 @@
+"""Rank 0 of a launch: ``python -m distgrad.launch.rank0 RUN_DIR``, started by the supervisor.
+
+It reads ``RUN_DIR/launch.json`` (the resolved config and the world to join), joins
+the RPC world as "coordinator" and trains with the coordinator of the config's
+``world.strategy``: :class:`~distgrad.launch.coordinator.Coordinator` ("pipeline",
+"ddp") or :class:`~distgrad.launch.autograd_strategy.AutogradCoordinator`
+("autograd"). A stage's failure becomes ``failure.json`` and exit status 1.
+"""
+import json
+import os
+import signal
+import sys
+
+from distgrad.distributed import rpc
+
+from .autograd_strategy import AutogradCoordinator
+from .config import heartbeat_interval
+from .coordinator import Coordinator, StageFailure
+from .rundir import FAILURE, LAUNCH, write_json
+
+__all__ = ["STRATEGIES", "main"]
+
+#: ``world.strategy`` -> the coordinator that trains it
+STRATEGIES = {"pipeline": Coordinator, "ddp": Coordinator, "autograd": AutogradCoordinator}
+
+
+def _die_with_parent():
+    """Linux: SIGKILL when the supervisor dies, so no coordinator outlives its launch."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:
+            os._exit(1)
+    except Exception:  # noqa: BLE001 - not Linux: the supervisor reaps us instead
+        pass
+
+
+def _options(world):
+    cfg = world["config"]
+    hb = cfg["heartbeat_timeout"]
+    return rpc.RpcBackendOptions(
+        init_method=world["init_method"], transport=world["transport"],
+        bind_addr=world.get("bind_addr") or cfg["bind_addr"], rpc_timeout=cfg["rpc_timeout"],
+        heartbeat_interval=heartbeat_interval(hb), heartbeat_timeout=hb,
+        rendezvous_timeout=cfg["rendezvous_timeout"], simulated_link=cfg.get("simulated_link"))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m distgrad.launch.rank0 RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = argv[0]
+    if os.environ.get("DISTGRAD_PDEATHSIG"):
+        _die_with_parent()
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # user modules named in the config, as for workers
+    with open(os.path.join(run_dir, LAUNCH), encoding="utf-8") as fh:
+        launch = json.load(fh)
+    world = dict(launch["world"], config=launch["config"]["world"])
+    coordinator = STRATEGIES[launch["config"]["world"]["strategy"]](run_dir, launch)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stop at the next step boundary
+        signal.signal(sig, lambda *_: coordinator.stop_requested.set())
+    rpc.init_rpc("coordinator", rank=0, world_size=len(coordinator.workers) + 1,
+                 rpc_backend_options=_options(world))
+    try:
+        result = coordinator.run()
+    except StageFailure as f:
+        write_json(os.path.join(run_dir, FAILURE), f.record)
+        print(f"stopping: {f.record['worker']} ({f.record['place']}) failed at step "
+              f"{f.record['step']}: {f.record['message']}", file=sys.stderr, flush=True)
+        rpc.shutdown(graceful=False)
+        return 1
+    rpc.shutdown(graceful=True)
+    print(f"{result['status']} at step {result['step']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The worker side of ``world.strategy = "autograd"``: a stage held by an RRef.
+
+The coordinator creates one :class:`RemoteStage` per worker with ``rpc.remote``
+and drives it through RRef method calls (``stage_rref.rpc_async().forward(...)``,
+the shape of the pytorch/examples RPC pipeline). Unlike the pipeline strategy's
+stages (:mod:`distgrad.launch.stage`), a remote stage neither sends activations nor
+runs backward passes of its own: its forward runs inside the coordinator's
+distributed autograd context, so RPC records the tensors that cross processes and
+the coordinator's ``dist_autograd.backward`` reaches this stage's graph; the
+coordinator's ``DistributedOptimizer`` steps the parameters with the gradients the
+context accumulated here.
+
+Forwards run strictly in the order the coordinator numbered them, whatever order
+the handler threads pick them up in: a leaf's gradient contributions are summed in
+forward order by the distributed engine, so the same order every run gives the
+same sums, bit for bit, as the one-process run.
+"""
+import distgrad
+from distgrad.distributed.optim import local_optimizer
+from distgrad.distributed.rpc import RRef
+
+from .checkpoint import atomic_save, stage_path
+from .stage import CommandOrder, build_module, load_stage_state, stage_state
+from .trace import Recorder, flow_id, grad_flow_id
+
+__all__ = ["RemoteStage"]
+
+
+class RemoteStage:
+    """One stage's slice of the model on its worker (``spec``: made by the coordinator)."""
+
+    def __init__(self, spec):
+        self.index, self.last = spec["stage"], spec["stage"] + 1 == spec["stages"]
+        self.layers, self.module = build_module(spec)
+        self.order = CommandOrder(f"stage {self.index}", spec["timeout"] or None)
+        self.trace = Recorder(spec["trace"])
+        self.resume_from = spec["resume_from"]
+        if self.resume_from:
+            load_stage_state(self.resume_from, self.index, self.layers, self.module)
+
+    def describe(self):
+        """Its size and process, and RRefs to its module and parameters (by name)."""
+        return {"parameters": sum(p.numel() for p in self.module.parameters()),
+                "module": RRef(self.module),
+                "named_parameters": {n: RRef(p) for n, p in self.module.named_parameters()}}
+
+    def forward(self, turn, key, mb, x, train):
+        """Forward pass ``turn`` of this stage (micro-batch ``mb`` of step ``key``) of
+        ``x``, or of the previous stage's output it refers to (an RRef, fetched from
+        that stage)."""
+        if isinstance(x, RRef):
+            x = x.to_here()
+            self.trace.message("receive", "act", flow_id("act", key, mb, self.index))
+        else:
+            self.trace.message("receive", "input", flow_id("input", key, mb, self.index))
+        with self.order.turn(turn), distgrad.set_grad_enabled(train), \
+                self.trace.span("forward", step=key, micro_batch=mb):
+            y = self.module(x)
+        if self.last:
+            self.trace.message("send", "result", flow_id("result", key, mb, self.index))
+        else:
+            self.trace.message("send", "act", flow_id("act", key, mb, self.index + 1))
+        if train:  # the backward's messages: its input's gradient leaves, its output's comes
+            if self.index:
+                self.trace.on_gradient(x, ("send", "grad", grad_flow_id(key, mb, self.index - 1)))
+            self.trace.on_gradient(y, ("receive", "grad", grad_flow_id(key, mb, self.index)))
+        return y
+
+    def load_optimizer(self, optimizer_id):
+        """Resume: the local optimizer of ``DistributedOptimizer`` ``optimizer_id`` takes
+        its state from the checkpoint this stage was built from."""
+        if self.resume_from:
+            state = distgrad.load(stage_path(self.resume_from, self.index))
+            local_optimizer(optimizer_id).load_state_dict(state["optimizer"])
+        return True
+
+    def save(self, directory, step_count, optimizer_id):
+        """Write this stage's checkpoint file, the same as a pipeline stage's."""
+        with self.trace.span("checkpoint", lane="steps", step=step_count):
+            atomic_save(stage_state(self.index, self.layers, step_count, self.module,
+                                    local_optimizer(optimizer_id)),
+                        stage_path(directory, self.index))
+        return True
+
+    def take_trace(self):
+        return self.trace.take()
