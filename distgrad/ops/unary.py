@@ -11,6 +11,7 @@ from ..autograd import dtype as _dt
 from ..autograd.tensor import Tensor
 from ..autograd._internal import array_of, wrap, defop, record
 from . import np_backend
+from .erf import erf as erf_array
 from .indexing import where
 
 __all__ = ["exp", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "abs", "absolute",
@@ -111,12 +112,13 @@ erf = _defunary("erf", np_backend.erf, ErfBackward0)
 def _sigmoid_array(a):
     if a.dtype.kind == "c":
         return 1 / (1 + np.exp(-a))
-    # Split by sign so exp never overflows.
-    out = np.empty_like(a)
-    pos = a >= 0
-    out[pos] = 1 / (1 + np.exp(-a[pos]))
-    e = np.exp(a[~pos])
-    out[~pos] = e / (1 + e)
+    # 1 / (1 + exp(-a)) is exact at both ends in floating point: exp(-a) overflows to inf
+    # (sigmoid 0) or underflows to 0 (sigmoid 1), which errstate keeps quiet.
+    out = np.negative(a, out=np.empty_like(a))  # out=: a 0-d result stays an array
+    with np.errstate(over="ignore"):
+        np.exp(out, out=out)
+    out += 1
+    np.reciprocal(out, out=out)
     return out
 
 
@@ -149,9 +151,32 @@ def _gelu_vjp(xp, g, m, x):
         left = 0.5 * x
         right = 1 + t
         return g * (0.5 * right + left * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * kappa * x_sq))
+    if not xp.is_tensor_backend():
+        return _gelu_exact_grad(g, x)
     cdf = 0.5 * (1 + xp.erf(x * _INV_SQRT_2))
     pdf = xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
     return g * (cdf + x * pdf)
+
+
+def _normal_cdf(x):
+    """``0.5 * (1 + erf(x / sqrt(2)))`` with one temporary besides erf's."""
+    cdf = erf_array(x * _INV_SQRT_2)
+    cdf += 1
+    cdf *= 0.5
+    return cdf
+
+
+def _gelu_exact_grad(g, x):
+    """``g * (cdf(x) + x * pdf(x))`` in NumPy, in place on two temporaries (GELU's
+    backward is one of a transformer's largest elementwise steps)."""
+    pdf = np.multiply(x, x)
+    pdf *= -0.5
+    np.exp(pdf, out=pdf)
+    pdf *= x
+    pdf *= _INV_SQRT_2PI
+    pdf += _normal_cdf(x)
+    pdf *= g
+    return pdf
 
 
 GeluBackward0 = defop("GeluBackward0", saved=("self",), vjps=(_gelu_vjp,))
@@ -164,7 +189,8 @@ def gelu(input, approximate="none"):
     if approximate == "tanh":
         res = 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
     else:
-        res = 0.5 * x * (1 + np_backend.erf(x * _INV_SQRT_2))
+        res = _normal_cdf(x)
+        res *= x
     return record(GeluBackward0, res.astype(x.dtype, copy=False), (input,), (input,),
                   {"approximate": approximate})
 
