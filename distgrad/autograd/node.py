@@ -6,6 +6,7 @@ engine can reduce a broadcast gradient and cast it in one place for every op),
 and its hooks. ``AccumulateGrad`` is the node of a leaf tensor.
 """
 import itertools
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -121,6 +122,7 @@ class Node:
 
 # Concurrent backward passes may accumulate into the same leaf; PyTorch locks too.
 _accumulate_lock = threading.Lock()
+_getrefcount = sys.getrefcount
 
 
 class AccumulateGrad(Node):
@@ -194,8 +196,8 @@ def accumulate_into_grad(variable, g, owned=False):
                 variable._grad = old + g
             return
         if old is None:
-            if not owned or g.base is not None or not g.flags.writeable or \
-                    not g.flags.c_contiguous:
+            if not owned or not g.flags.writeable or not g.flags.c_contiguous or \
+                    (g.base is not None and not _sole_view(g)):
                 g = g.copy()
             variable._grad = _tensor._make(g)
         elif old._requires_grad:
@@ -207,6 +209,15 @@ def accumulate_into_grad(variable, g, owned=False):
                 old._vc[0] += 1
             else:
                 old._data = data + g
+
+
+def _sole_view(g):
+    """Whether ``g`` is a whole view (a reshape, an unsqueeze) of a buffer nothing else
+    refers to: a gradient that ``.grad`` may keep as its caller keeps ``g`` itself. A view
+    of the caller's ``gradient=`` or of another gradient still alive is copied."""
+    base = g.base
+    return type(base) is np.ndarray and base.flags.owndata and base.size == g.size and \
+        _getrefcount(base) <= 3  # g's reference, `base` and getrefcount's argument
 
 
 def _is_storage(a):
