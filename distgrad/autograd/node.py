@@ -186,6 +186,13 @@ def accumulate_into_grad(variable, g, owned=False):
     """
     with _accumulate_lock:
         old = variable._grad
+        if old is None and type(g) is np.ndarray:  # the first dense gradient: most calls
+            flags = g.flags
+            if not owned or not flags.writeable or not flags.c_contiguous or \
+                    (g.base is not None and not _sole_view(g)):
+                g = g.copy()
+            variable._grad = _tensor._make(g)
+            return
         if _is_storage(g) or (old is not None and _is_storage(old._data)):
             _accumulate_storage(variable, old, g, owned)
             return
@@ -195,12 +202,7 @@ def accumulate_into_grad(variable, g, owned=False):
             else:
                 variable._grad = old + g
             return
-        if old is None:
-            if not owned or not g.flags.writeable or not g.flags.c_contiguous or \
-                    (g.base is not None and not _sole_view(g)):
-                g = g.copy()
-            variable._grad = _tensor._make(g)
-        elif old._requires_grad:
+        if old._requires_grad:
             variable._grad = old + _tensor._make(g)
         else:
             data = old._data

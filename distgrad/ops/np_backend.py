@@ -60,7 +60,25 @@ def reshape(a, shape):
 
 
 def broadcast_to(a, shape):
-    return np.broadcast_to(a, shape)
+    """``np.broadcast_to``: a read-only view with zero strides. Built directly for a
+    contiguous array (np.broadcast_to takes ~7 us through an nditer; a sum's or mean's
+    VJP on a small graph pays that on every step)."""
+    if type(a) is not np.ndarray:
+        a = np.asarray(a)
+    pad = len(shape) - a.ndim
+    if pad < 0 or not a.flags.c_contiguous:
+        return np.broadcast_to(a, shape)
+    strides = [0] * pad
+    for n, have, stride in zip(shape[pad:], a.shape, a.strides):
+        if have == n:
+            strides.append(stride)
+        elif have == 1:
+            strides.append(0)
+        else:
+            return np.broadcast_to(a, shape)  # its error names the shapes
+    out = np.ndarray(shape, a.dtype, buffer=a, strides=strides)
+    out.flags.writeable = False
+    return out
 
 
 def expand_dims(a, axis):

@@ -273,6 +273,21 @@ def test_view_gradients_are_kept_only_when_nothing_else_holds_their_buffer():
     assert d.grad.tolist() == [2.0, 2.0] and c.grad.tolist() == [20.0, 20.0]
 
 
+def test_a_fresh_gradient_becomes_dot_grad_without_a_copy():
+    # PyTorch steals a gradient buffer nothing else holds; a copy would double the peak.
+    import tracemalloc
+    w = distgrad.zeros(1 << 20, dtype=distgrad.float32, requires_grad=True)
+    loss = (w * 2).sum()
+    tracemalloc.start()
+    try:
+        loss.backward()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert w.grad.tolist()[:2] == [2.0, 2.0]
+    assert peak < 1.5 * 4 * (1 << 20), peak  # one gradient buffer (4 MB), not two
+
+
 def test_grad_fn_names_and_next_functions():
     x = leaf(1.0, 2.0)
     y = (x * 2).exp().sum()
