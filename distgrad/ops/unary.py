@@ -143,6 +143,8 @@ def relu(input):
 
 
 def _gelu_vjp(xp, g, m, x):
+    if m["approximate"] == "tanh" and not xp.is_tensor_backend():
+        return _gelu_tanh_grad(g, x)
     if m["approximate"] == "tanh":
         kappa = 0.044715
         x_sq = x * x
@@ -158,6 +160,39 @@ def _gelu_vjp(xp, g, m, x):
     return g * (cdf + x * pdf)
 
 
+def _square(x):
+    """``x * x`` as a new floating array to work in place on (also for 0-d ``x``, where
+    NumPy would return an immutable scalar)."""
+    return np.multiply(x, x, out=np.empty(x.shape, np.result_type(x.dtype, 0.5)))
+
+
+def _gelu_tanh_inner(x):
+    """``tanh(sqrt(2/pi) * (x + 0.044715 x^3))`` on one temporary."""
+    t = _square(x)
+    t *= 0.044715
+    t += 1
+    t *= x
+    t *= _SQRT_2_OVER_PI
+    return np.tanh(t, out=t)
+
+
+def _gelu_tanh_grad(g, x):
+    """``g * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))`` in place
+    on two temporaries (the tanh GELU's backward)."""
+    t = _gelu_tanh_inner(x)
+    d = _square(x)
+    d *= 3 * 0.044715
+    d += 1
+    d *= x
+    d *= _SQRT_2_OVER_PI
+    d *= 1 - t * t
+    t += 1
+    d += t
+    d *= 0.5
+    d *= g
+    return d
+
+
 def _normal_cdf(x):
     """``0.5 * (1 + erf(x / sqrt(2)))`` with one temporary besides erf's."""
     cdf = erf_array(x * _INV_SQRT_2)
@@ -169,7 +204,7 @@ def _normal_cdf(x):
 def _gelu_exact_grad(g, x):
     """``g * (cdf(x) + x * pdf(x))`` in NumPy, in place on two temporaries (GELU's
     backward is one of a transformer's largest elementwise steps)."""
-    pdf = np.multiply(x, x)
+    pdf = _square(x)
     pdf *= -0.5
     np.exp(pdf, out=pdf)
     pdf *= x
@@ -187,7 +222,10 @@ def gelu(input, approximate="none"):
         raise RuntimeError(f"approximate argument must be either none or tanh, got {approximate!r}")
     x = array_of(input)
     if approximate == "tanh":
-        res = 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+        res = _gelu_tanh_inner(x)
+        res += 1
+        res *= x
+        res *= 0.5
     else:
         res = _normal_cdf(x)
         res *= x
