@@ -342,6 +342,11 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         raise RuntimeError(f"Given normalized_shape={list(normalized_shape)}, expected input with "
                            f"shape [*, {', '.join(str(s) for s in normalized_shape)}], but got "
                            f"input of size{list(input.shape)}")
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None and tuple(param.shape) != normalized_shape:
+            raise RuntimeError(f"Expected {name} to be of same shape as normalized_shape, but got "
+                               f"{name} of shape {list(param.shape)} and normalized_shape = "
+                               f"{list(normalized_shape)}")
     if _fusable_layer_norm(input, weight, bias):
         return _layer_norm.layer_norm(input, normalized_shape, weight, bias, eps)
     dims = tuple(range(input.ndim - k, input.ndim))

@@ -49,3 +49,13 @@ def test_an_input_changed_in_place_after_the_forward_is_refused():
         h.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("weight_shape, bias_shape, name", [((3,), (4,), "weight"),
+                                                            ((4,), (2,), "bias"),
+                                                            ((1, 4), (4,), "weight")])
+def test_parameters_of_another_shape_raise_as_pytorch(weight_shape, bias_shape, name):
+    with pytest.raises(RuntimeError, match=f"Expected {name} to be of same shape as "
+                                           "normalized_shape"):
+        distgrad.nn.functional.layer_norm(distgrad.ones(2, 4), (4,), distgrad.ones(*weight_shape),
+                                          distgrad.ones(*bias_shape))
