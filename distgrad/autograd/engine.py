@@ -12,13 +12,13 @@ from itertools import count
 
 import numpy as np
 
-from .broadcast import reduction_axes, sum_to_shape
-from .grad_mode import _state, pop_state, push_state
-from .naming import public_name
+from .backward_checks import check_output_count, conform, make_root_grads
+from .backward_hooks import call_post_hooks, call_pre_hooks, call_tensor_pre_hooks, has_pre_hooks
+from .grad_mode import _state, thread_state
 from .node import AccumulateGrad, accumulate_into_grad, sum_grads
+from .tensor import Tensor, _make
 
 _getrefcount = sys.getrefcount
-from .tensor import ArrayStorage, Tensor, _make
 
 __all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute",
            "current_graph_task", "task_extension", "set_task_extension"]
@@ -87,46 +87,6 @@ def _as_tuple(x):
     if isinstance(x, Tensor):
         return (x,)
     return tuple(x)
-
-
-def make_root_grads(outputs, grad_outputs, create_graph):
-    """The checked gradients to start a backward with (ones for scalar outputs)."""
-    grads = []
-    for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
-        if not isinstance(out, Tensor):
-            raise TypeError(f"element {i} of outputs is a {type(out).__name__}, not a Tensor")
-        if g is None:
-            if not out._requires_grad:
-                grads.append(None)
-                continue
-            if out._data.size != 1:
-                raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            if out._data.dtype.kind == "c":
-                raise RuntimeError("grad can be implicitly created only for real scalar outputs "
-                                   f"but got {out.dtype!r}")
-            arr = np.ones(out._data.shape, dtype=out._data.dtype)
-            grads.append(_make(arr) if create_graph else arr)
-            continue
-        if not isinstance(g, Tensor):
-            if isinstance(g, (int, float, complex, np.ndarray)):
-                g = _make(np.asarray(g, dtype=out._data.dtype))
-            else:
-                raise TypeError(f"gradients can be either Tensors or None, but got "
-                                f"{type(g).__name__}")
-        if g._data.shape != out._data.shape:
-            raise RuntimeError(
-                f"Mismatch in shape: grad_output[{i}] has a shape of {_size(g)} and output[{i}] "
-                f"has a shape of {_size(out)}.")
-        if (g._data.dtype.kind == "c") != (out._data.dtype.kind == "c"):
-            raise RuntimeError("For complex Tensors, both grad_output and output are required to "
-                               f"have the same dtype. Mismatch in dtype: grad_output[{i}] has a "
-                               f"dtype of {g.dtype!r} and output[{i}] has a dtype of {out.dtype!r}.")
-        grads.append(g if create_graph else g._data)
-    return grads
-
-
-def _size(t):
-    return f"{public_name()}.Size({list(t._data.shape)})"
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
@@ -205,6 +165,7 @@ class GraphTask:
         # numbers) once all are in: the same sum, bit for bit, whatever the timing.
         self.accumulate = accumulate
         self.leaf_parts = {} if accumulate is not None else None
+        self.inline_leaves = accumulate is None  # and no inputs= (init_to_execute)
         self._shared = set()  # ids of gradients seen shared by two leaves (copied by both)
         # State of engines built on this one, by name (the distributed engine's pass).
         self.extensions = {}
@@ -227,12 +188,14 @@ class GraphTask:
         self.graph_nodes = seen  # grows below; read by will_engine_execute_node
         stack = list(seen)
         while stack:
-            node = stack.pop()
-            for nxt, _ in node._next:
+            for nxt, _ in stack.pop()._next:
                 if nxt is None:
                     continue
-                deps[nxt] = deps.get(nxt, 0) + 1
-                if nxt not in seen:
+                if nxt in deps:
+                    deps[nxt] += 1
+                    continue
+                deps[nxt] = 1
+                if nxt not in seen:  # (a root may be reached from another root)
                     seen.add(nxt)
                     stack.append(nxt)
         return seen
@@ -265,6 +228,7 @@ class GraphTask:
                     needed.add(n)
                     break
         self.exec_needed = needed
+        self.inline_leaves = False  # leaves are captured or skipped there: keep them in the loop
         if not accumulate_grad:
             self.captures = {}
             for index, (node, input_nr) in enumerate(targets):
@@ -295,110 +259,117 @@ class GraphTask:
 
     # -- execution --
     def execute(self):
-        """Run every ready node until none is left (the hot loop: keep it flat)."""
-        push_state(_state, grad_enabled=self.create_graph)
-        heap = self._heap
-        buffers = self.buffers
-        deps = self.dependencies
-        retain = self.retain_graph
-        create_graph = self.create_graph
-        needed = self.exec_needed
-        tiebreak = self._tiebreak
-        pop, push = heapq.heappop, heapq.heappush
-        inline_leaves = needed is None and self.accumulate is None
-        leaf_parts = self.leaf_parts
+        """Run every ready node until none is left.
+
+        Per node: its input gradients, whether it runs at all (``inputs=``), its pre-hooks,
+        the node and its post-hooks (:meth:`_run`), then where its outputs go and which
+        node runs next (:meth:`_route`). Hooks live in ``backward_hooks.py``, the checks of
+        gradients in ``backward_checks.py``.
+        """
         # VJP rules divide by zero where PyTorch does (sqrt'(0) = inf) and stay silent as it
-        # does; one errstate for the whole pass, since one per node would cost more than the node.
-        errstate = np.errstate(divide="ignore", invalid="ignore", over="ignore")
-        errstate.__enter__()
-        chained = None  # the next node, when it is known to be the highest-priority ready one
-        try:
-            while chained is not None or heap:
-                if chained is not None:
-                    node, chained = chained, None
-                else:
-                    node = pop(heap)[2]
-                grads = buffers.pop(node, None)
-                if grads is None:
-                    grads = [None] * len(node._out_meta or (None,))
-                if needed is not None and not self._instrument(node, grads):
+        # does: one errstate for the pass, since one per node would cost more than the node.
+        with thread_state(_state, grad_enabled=self.create_graph), \
+                np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            node = self._pop_ready()
+            while node is not None:
+                grads = self.buffers.pop(node, None) or [None] * len(node._out_meta or (None,))
+                if self.exec_needed is not None and not self._instrument(node, grads):
+                    node = self._pop_ready()
                     continue
-                is_leaf = type(node) is AccumulateGrad
-                if node._pre_hooks or node._tensor_pre_hooks or node._retains_grad_hooks or (
-                        is_leaf and node._has_any_pre_hooks()):
-                    grads = _call_tensor_pre_hooks(node, grads)
-                    if node._pre_hooks:
-                        grads = _call_node_pre_hooks(node, grads)
-                if is_leaf:
-                    outputs = g = buf = None  # the previous node's: not references to keep
-                    outputs = self._accumulate(node, grads)
-                elif grads[0] is not None or any(g is not None for g in grads) or \
-                        getattr(node, "_materialize_grads", False):
-                    outputs = node.apply(grads)
-                    if len(outputs) != len(node._next):
-                        raise RuntimeError(
-                            f"function {node.name()} returned an incorrect number of gradients "
-                            f"(expected {len(node._next)}, got {len(outputs)})")
+                if has_pre_hooks(node):
+                    grads = call_pre_hooks(node, grads)
+                # The outputs go straight to _route, which then holds their only reference:
+                # a gradient it hands to a leaf can become .grad without a copy.
+                node = self._route(node, self._run(node, grads))
+
+    def _run(self, node, grads):
+        """``node``'s input gradients for ``grads``, after its post-hooks; its saved tensors
+        are freed unless the graph is retained."""
+        if type(node) is AccumulateGrad:
+            outputs = self._accumulate(node, grads)
+        elif grads[0] is not None or any(g is not None for g in grads) or \
+                getattr(node, "_materialize_grads", False):
+            outputs = node.apply(grads)
+            if len(outputs) != len(node._next):
+                check_output_count(node, outputs)
+        else:
+            outputs = (None,) * len(node._next)
+        if not self.retain_graph:
+            node._release()
+        if node._post_hooks:
+            outputs = call_post_hooks(node, outputs, grads)
+        return outputs
+
+    def _route(self, node, outputs):
+        """Add ``outputs`` into the buffers of the nodes they feed and return the node to
+        run next, or None.
+
+        The order is PyTorch's CPU ready queue: the highest sequence number first, leaves
+        (the highest of all) as soon as they are ready. So a hook-free leaf made ready here
+        accumulates at once, and the best node made ready here skips the heap when nothing
+        queued outranks it (in a chain, every node).
+        """
+        buffers, deps, leaf_parts = self.buffers, self.dependencies, self.leaf_parts
+        create_graph, inline_leaves = self.create_graph, self.inline_leaves
+        best = ready_leaves = None
+        for (nxt, input_nr), g in zip(node._next, outputs):
+            if nxt is None:
+                continue
+            if g is not None:
+                shape, dtype = nxt._out_meta[input_nr]
+                if create_graph or type(g) is not np.ndarray or g.shape != shape or \
+                        g.dtype != dtype:
+                    g = conform(node, nxt, input_nr, g, create_graph)
+            remaining = deps[nxt] - 1
+            deps[nxt] = remaining
+            if inline_leaves and type(nxt) is AccumulateGrad and _is_plain_leaf(nxt):
+                # A hook-free leaf: no queue; its last gradient in goes to .grad below.
+                earlier = buffers.pop(nxt, None)
+                if earlier is not None:
+                    g = sum_grads(earlier[0], g)
+                if remaining:
+                    buffers[nxt] = [g]
+                elif g is not None:
+                    if ready_leaves is None:
+                        ready_leaves = []
+                    ready_leaves.append((nxt, g))
+                continue
+            buf = buffers.get(nxt)
+            if buf is None:
+                buf = buffers[nxt] = [None] * len(nxt._out_meta)
+            if g is not None:
+                if leaf_parts is not None and type(nxt) is AccumulateGrad:
+                    leaf_parts.setdefault(nxt, []).append((node._seq, g))
                 else:
-                    outputs = (None,) * len(node._next)
-                if not retain:
-                    node._release()
-                if node._post_hooks:
-                    outputs = _call_node_post_hooks(node, outputs, grads)
-                ready_leaves = None
-                for (nxt, input_nr), g in zip(node._next, outputs):
-                    if nxt is None:
-                        continue
-                    buf = buffers.get(nxt)
-                    if buf is None:
-                        buf = buffers[nxt] = [None] * len(nxt._out_meta)
-                    if g is not None:
-                        shape, dtype = nxt._out_meta[input_nr]
-                        if create_graph or type(g) is not np.ndarray or g.shape != shape or \
-                                g.dtype != dtype:
-                            g = _validate(node, nxt, input_nr, g, create_graph)
-                        if leaf_parts is not None and type(nxt) is AccumulateGrad:
-                            leaf_parts.setdefault(nxt, []).append((node._seq, g))
-                        else:
-                            old = buf[input_nr]
-                            buf[input_nr] = g if old is None else sum_grads(old, g)
-                    remaining = deps[nxt] - 1
-                    deps[nxt] = remaining
-                    if remaining == 0:
-                        if leaf_parts is not None and nxt in leaf_parts:
-                            buf[0] = _in_forward_order(leaf_parts.pop(nxt))
-                        var = nxt._variable if type(nxt) is AccumulateGrad else None
-                        if var is not None and inline_leaves and nxt._pre_hooks is None and \
-                                nxt._post_hooks is None and not var._hooks and \
-                                not var._post_acc_hooks:
-                            # A hook-free leaf would be the very next node to run (leaves
-                            # have the highest priority): accumulate right after this loop.
-                            g = buffers.pop(nxt)[0]
-                            if g is not None:
-                                if ready_leaves is None:
-                                    ready_leaves = []
-                                ready_leaves.append((nxt, g))
-                        elif chained is None:
-                            chained = nxt
-                        else:
-                            push(heap, (-nxt._seq, next(tiebreak), nxt))
-                if chained is not None and heap and heap[0][0] < -chained._seq:
-                    # Something already queued outranks it: keep PyTorch's order.
-                    push(heap, (-chained._seq, next(tiebreak), chained))
-                    chained = None
-                if ready_leaves:
-                    # With this node's outputs and buffers released, a gradient that only
-                    # this frame refers to is a fresh buffer that `.grad` may take over
-                    # without a copy (PyTorch steals it the same way, by use count).
-                    outputs = buf = g = var = None
-                    while ready_leaves:
-                        leaf, g = ready_leaves.pop()
-                        owned = _getrefcount(g) <= 2  # `g` itself and getrefcount's argument
-                        accumulate_into_grad(leaf._variable, g, owned)
-                    g = None
-        finally:
-            errstate.__exit__(None, None, None)
-            pop_state(_state)
+                    old = buf[input_nr]
+                    buf[input_nr] = g if old is None else sum_grads(old, g)
+            if remaining:
+                continue
+            if leaf_parts is not None and nxt in leaf_parts:
+                buf[0] = _in_forward_order(leaf_parts.pop(nxt))
+            if best is None:
+                best = nxt
+            else:
+                self.mark_ready(nxt)
+        if ready_leaves:
+            # Without this frame's references to the outputs, a gradient only the list
+            # refers to is a fresh buffer that .grad may take over (PyTorch steals it the
+            # same way, by use count).
+            outputs = buf = g = None
+            while ready_leaves:
+                leaf, g = ready_leaves.pop()
+                owned = _getrefcount(g) <= 2  # `g` and getrefcount's argument (a line of its
+                accumulate_into_grad(leaf._variable, g, owned)  # own: call args hold `g` too)
+        heap = self._heap
+        if best is not None and (not heap or heap[0][0] >= -best._seq):
+            return best
+        if best is not None:
+            self.mark_ready(best)
+        return self._pop_ready()
+
+    def _pop_ready(self):
+        heap = self._heap
+        return heapq.heappop(heap)[2] if heap else None
 
     def _instrument(self, node, grads):
         """With ``inputs=``: capture gradients at the inputs; say whether ``node`` must run."""
@@ -407,7 +378,7 @@ class GraphTask:
         if caps:
             # A node that will not run fires only the tensor hooks of captured inputs
             # (PyTorch's note: backward(inputs=) does not fire hooks below the inputs).
-            hooked = grads if is_needed else _call_tensor_pre_hooks(node, grads)
+            hooked = grads if is_needed else call_tensor_pre_hooks(node, grads)
             for input_nr, index in caps:
                 self.captured[index] = hooked[input_nr]
         return is_needed
@@ -429,6 +400,13 @@ class GraphTask:
         return node.apply(grads)
 
 
+def _is_plain_leaf(acc):
+    """A leaf accumulator with no hook of any kind (its gradient goes straight to .grad)."""
+    var = acc._variable
+    return var is not None and acc._pre_hooks is None and acc._post_hooks is None and \
+        not var._hooks and not var._post_acc_hooks
+
+
 def _in_forward_order(parts):
     """The sum of a leaf's ``[(producer sequence number, gradient)]``, earliest producer
     first (stable: one producer's several gradients keep their order)."""
@@ -437,101 +415,6 @@ def _in_forward_order(parts):
     for _, g in parts[1:]:
         total = sum_grads(total, g)
     return total
-
-
-def _validate(node, nxt, input_nr, g, create_graph):
-    shape, dtype = nxt._out_meta[input_nr]
-    if isinstance(g, Tensor):
-        if not create_graph:
-            g = g._data
-        else:
-            if g._data.shape != shape:
-                if reduction_axes(g._data.shape, shape) is None:
-                    _invalid_shape(node, g._data.shape, shape)
-                g = g.sum_to_size(shape)
-            if g._data.dtype != dtype:
-                if g._data.dtype.kind == "c" and dtype.kind != "c":
-                    g = g.real
-                g = g.to(dtype)
-            return g
-    elif create_graph:
-        g = _make(np.asarray(g))
-        return _validate(node, nxt, input_nr, g, create_graph)
-    elif type(g) is not np.ndarray and not isinstance(g, ArrayStorage):
-        g = np.asarray(g)  # a NumPy scalar from a full reduction (a sparse gradient stays)
-    if g.shape != shape:
-        if reduction_axes(g.shape, shape) is None:
-            _invalid_shape(node, g.shape, shape)
-        g = sum_to_shape(g, shape)
-    if g.dtype != dtype:
-        if g.dtype.kind == "c" and dtype.kind != "c":
-            g = g.real
-        g = g.astype(dtype)
-    return g
-
-
-def _invalid_shape(node, got, expected):
-    raise RuntimeError(f"Function {node.name()} returned an invalid gradient - got "
-                       f"{list(got)} but expected shape compatible with {list(expected)}")
-
-
-def _to_user(g):
-    return g if (g is None or isinstance(g, Tensor)) else _make(g)
-
-
-def _from_user(value):
-    if value is None or _state.grad_enabled:
-        return value
-    if isinstance(value, Tensor):
-        return value._data
-    return value
-
-
-def _call_tensor_pre_hooks(node, grads):
-    grads = list(grads)
-    for nr in range(len(grads)):
-        hooks = node._tensor_hooks_for(nr)
-        if hooks and grads[nr] is not None:
-            g = grads[nr]
-            for hook in hooks:
-                result = hook(_to_user(g))
-                if result is not None:
-                    if not isinstance(result, Tensor):
-                        raise TypeError(f"hook returned a {type(result).__name__}, "
-                                        "expected a Tensor or None")
-                    g = _from_user(result)
-            grads[nr] = g
-    retains = node._retains_grad_hooks
-    if retains:
-        for nr, hook in list(retains.items()):
-            if nr < len(grads) and grads[nr] is not None:
-                hook(_to_user(grads[nr]) if _state.grad_enabled else grads[nr])
-    return grads
-
-
-def _call_node_pre_hooks(node, grads):
-    for hook in tuple(node._pre_hooks.values()):
-        result = hook(tuple(_to_user(g) for g in grads))
-        if result is not None:
-            result = tuple(result)
-            if len(result) != len(grads):
-                raise RuntimeError(f"hook returned {len(result)} gradients for {node.name()}, "
-                                   f"expected {len(grads)}")
-            grads = [_from_user(r) for r in result]
-    return grads
-
-
-def _call_node_post_hooks(node, outputs, grads):
-    user_outputs = tuple(_to_user(g) for g in grads)
-    for hook in tuple(node._post_hooks.values()):
-        result = hook(tuple(_to_user(o) for o in outputs), user_outputs)
-        if result is not None:
-            result = tuple(result)
-            if len(result) != len(outputs):
-                raise RuntimeError(f"hook returned {len(result)} gradients for {node.name()}, "
-                                   f"expected {len(outputs)}")
-            outputs = tuple(_from_user(r) for r in result)
-    return outputs
 
 
 def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_unused,

@@ -35,6 +35,25 @@ def pop_state(state):
         setattr(state, name, value)
 
 
+class thread_state:
+    """``with thread_state(state, name=value, ...):`` sets thread-local values for a block
+    and restores what that entry replaced (:func:`push_state` and :func:`pop_state` as one
+    context manager)."""
+
+    __slots__ = ("state", "values")
+
+    def __init__(self, state, **values):
+        self.state = state
+        self.values = values
+
+    def __enter__(self):
+        push_state(self.state, **self.values)
+        return self
+
+    def __exit__(self, *exc):
+        pop_state(self.state)
+
+
 class _ModeState(ThreadState):
     def __init__(self):
         super().__init__(grad_enabled=True, inference=False)

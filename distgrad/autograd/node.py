@@ -6,6 +6,7 @@ engine can reduce a broadcast gradient and cast it in one place for every op),
 and its hooks. ``AccumulateGrad`` is the node of a leaf tensor.
 """
 import itertools
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -121,6 +122,7 @@ class Node:
 
 # Concurrent backward passes may accumulate into the same leaf; PyTorch locks too.
 _accumulate_lock = threading.Lock()
+_getrefcount = sys.getrefcount
 
 
 class AccumulateGrad(Node):
@@ -184,6 +186,13 @@ def accumulate_into_grad(variable, g, owned=False):
     """
     with _accumulate_lock:
         old = variable._grad
+        if old is None and type(g) is np.ndarray:  # the first dense gradient: most calls
+            flags = g.flags
+            if not owned or not flags.writeable or not flags.c_contiguous or \
+                    (g.base is not None and not _sole_view(g)):
+                g = g.copy()
+            variable._grad = _tensor._make(g)
+            return
         if _is_storage(g) or (old is not None and _is_storage(old._data)):
             _accumulate_storage(variable, old, g, owned)
             return
@@ -193,12 +202,7 @@ def accumulate_into_grad(variable, g, owned=False):
             else:
                 variable._grad = old + g
             return
-        if old is None:
-            if not owned or g.base is not None or not g.flags.writeable or \
-                    not g.flags.c_contiguous:
-                g = g.copy()
-            variable._grad = _tensor._make(g)
-        elif old._requires_grad:
+        if old._requires_grad:
             variable._grad = old + _tensor._make(g)
         else:
             data = old._data
@@ -207,6 +211,15 @@ def accumulate_into_grad(variable, g, owned=False):
                 old._vc[0] += 1
             else:
                 old._data = data + g
+
+
+def _sole_view(g):
+    """Whether ``g`` is a whole view (a reshape, an unsqueeze) of a buffer nothing else
+    refers to: a gradient that ``.grad`` may keep as its caller keeps ``g`` itself. A view
+    of the caller's ``gradient=`` or of another gradient still alive is copied."""
+    base = g.base
+    return type(base) is np.ndarray and base.flags.owndata and base.size == g.size and \
+        _getrefcount(base) <= 3  # g's reference, `base` and getrefcount's argument
 
 
 def _is_storage(a):

@@ -172,15 +172,13 @@ def record(cls, out, inputs, saved=(), meta=None):
     ``saved`` lists the tensors to keep, in the order of ``cls._saved_names``
     without the trailing ``"result"``, which is added here when declared.
     """
-    t = _make(out)
     if not _state.grad_enabled:
-        return t
+        return _make(out)
     edges, any_grad = _edges(inputs)
     if not any_grad:
-        return t
+        return _make(out)
     node = new_node(cls, edges, meta, ((out.shape, out.dtype),))
-    t._grad_fn = node
-    t._requires_grad = True
+    t = _make(out, node, 0, True)
     if saved or cls._result_saved:
         if cls._pack_reversed:
             kept = [SavedTensor(s, False) for s in reversed(saved)]

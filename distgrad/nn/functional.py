@@ -17,6 +17,7 @@ from ..ops.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d,
                            max_pool1d, max_pool1d_with_indices, max_pool2d,
                            max_pool2d_with_indices)
 from ..ops import embedding_bag as _embedding_bag
+from ..ops import layer_norm as _layer_norm
 from ..sparse import gradients as _sparse_gradients  # the gradients of sparse=True
 from ..ops.attention import scaled_dot_product_attention
 from .multi_head_attention import multi_head_attention_forward
@@ -341,6 +342,13 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         raise RuntimeError(f"Given normalized_shape={list(normalized_shape)}, expected input with "
                            f"shape [*, {', '.join(str(s) for s in normalized_shape)}], but got "
                            f"input of size{list(input.shape)}")
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None and tuple(param.shape) != normalized_shape:
+            raise RuntimeError(f"Expected {name} to be of same shape as normalized_shape, but got "
+                               f"{name} of shape {list(param.shape)} and normalized_shape = "
+                               f"{list(normalized_shape)}")
+    if _fusable_layer_norm(input, weight, bias):
+        return _layer_norm.layer_norm(input, normalized_shape, weight, bias, eps)
     dims = tuple(range(input.ndim - k, input.ndim))
     mu = input.mean(dims, keepdim=True)
     centered = input - mu
@@ -351,6 +359,14 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if bias is not None:
         out = out + bias
     return out
+
+
+def _fusable_layer_norm(input, weight, bias):
+    """The fused op covers floating inputs with parameters of their dtype; anything else
+    (integers, mixed dtypes) keeps the composite's promotion rules."""
+    dtype = array_of(input).dtype
+    return dtype.kind == "f" and all(p is None or array_of(p).dtype == dtype
+                                     for p in (weight, bias))
 
 
 def _embedding_vjp(xp, g, m):

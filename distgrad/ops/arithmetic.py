@@ -30,11 +30,24 @@ RsubBackward1 = defop("RsubBackward1", vjps=(lambda xp, g, m: g * -m["alpha"],))
 MulBackward0 = defop("MulBackward0", saved=("self", "other"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, y: g * xp.conj(y),
     lambda xp, g, m, x, y: g * xp.conj(x)))
-MulScalarBackward = defop("MulBackward0", vjps=(lambda xp, g, m: g * np.conj(m["other"]), _NO_GRAD))
+
+
+def _conj_number(value):
+    """The conjugate of a Python number as a Python number: NumPy keeps it a weak scalar,
+    so a float32 gradient stays float32 (``np.conj(3)`` is a float64 that would promote it
+    and cost a cast back)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value.conjugate()
+
+
+MulScalarBackward = defop("MulBackward0", vjps=(lambda xp, g, m: g * _conj_number(m["other"]),
+                                                _NO_GRAD))
 DivBackward0 = defop("DivBackward0", saved=("self", "other"), pack_reversed=True, vjps=(
     lambda xp, g, m, x, y: g / xp.conj(y),
     lambda xp, g, m, x, y: -g * xp.conj(x / y / y)))
-DivScalarBackward = defop("DivBackward0", vjps=(lambda xp, g, m: g / np.conj(m["other"]), _NO_GRAD))
+DivScalarBackward = defop("DivBackward0", vjps=(lambda xp, g, m: g / _conj_number(m["other"]),
+                                                _NO_GRAD))
 NegBackward0 = defop("NegBackward0", vjps=(lambda xp, g, m: -g,))
 ReciprocalBackward0 = defop("ReciprocalBackward0", saved=("result",), vjps=(
     lambda xp, g, m, r: -g * xp.conj(r * r),))

@@ -11,6 +11,7 @@ from ..autograd import dtype as _dt
 from ..autograd.tensor import Tensor
 from ..autograd._internal import array_of, wrap, defop, record
 from . import np_backend
+from .erf import erf as erf_array
 from .indexing import where
 
 __all__ = ["exp", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "abs", "absolute",
@@ -111,12 +112,13 @@ erf = _defunary("erf", np_backend.erf, ErfBackward0)
 def _sigmoid_array(a):
     if a.dtype.kind == "c":
         return 1 / (1 + np.exp(-a))
-    # Split by sign so exp never overflows.
-    out = np.empty_like(a)
-    pos = a >= 0
-    out[pos] = 1 / (1 + np.exp(-a[pos]))
-    e = np.exp(a[~pos])
-    out[~pos] = e / (1 + e)
+    # 1 / (1 + exp(-a)) is exact at both ends in floating point: exp(-a) overflows to inf
+    # (sigmoid 0) or underflows to 0 (sigmoid 1), which errstate keeps quiet.
+    out = np.negative(a, out=np.empty_like(a))  # out=: a 0-d result stays an array
+    with np.errstate(over="ignore"):
+        np.exp(out, out=out)
+    out += 1
+    np.reciprocal(out, out=out)
     return out
 
 
@@ -141,6 +143,8 @@ def relu(input):
 
 
 def _gelu_vjp(xp, g, m, x):
+    if m["approximate"] == "tanh" and not xp.is_tensor_backend():
+        return _gelu_tanh_grad(g, x)
     if m["approximate"] == "tanh":
         kappa = 0.044715
         x_sq = x * x
@@ -149,9 +153,65 @@ def _gelu_vjp(xp, g, m, x):
         left = 0.5 * x
         right = 1 + t
         return g * (0.5 * right + left * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * kappa * x_sq))
+    if not xp.is_tensor_backend():
+        return _gelu_exact_grad(g, x)
     cdf = 0.5 * (1 + xp.erf(x * _INV_SQRT_2))
     pdf = xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
     return g * (cdf + x * pdf)
+
+
+def _square(x):
+    """``x * x`` as a new floating array to work in place on (also for 0-d ``x``, where
+    NumPy would return an immutable scalar)."""
+    return np.multiply(x, x, out=np.empty(x.shape, np.result_type(x.dtype, 0.5)))
+
+
+def _gelu_tanh_inner(x):
+    """``tanh(sqrt(2/pi) * (x + 0.044715 x^3))`` on one temporary."""
+    t = _square(x)
+    t *= 0.044715
+    t += 1
+    t *= x
+    t *= _SQRT_2_OVER_PI
+    return np.tanh(t, out=t)
+
+
+def _gelu_tanh_grad(g, x):
+    """``g * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))`` in place
+    on two temporaries (the tanh GELU's backward)."""
+    t = _gelu_tanh_inner(x)
+    d = _square(x)
+    d *= 3 * 0.044715
+    d += 1
+    d *= x
+    d *= _SQRT_2_OVER_PI
+    d *= 1 - t * t
+    t += 1
+    d += t
+    d *= 0.5
+    d *= g
+    return d
+
+
+def _normal_cdf(x):
+    """``0.5 * (1 + erf(x / sqrt(2)))`` with one temporary besides erf's."""
+    cdf = erf_array(x * _INV_SQRT_2)
+    cdf += 1
+    cdf *= 0.5
+    return cdf
+
+
+def _gelu_exact_grad(g, x):
+    """``g * (cdf(x) + x * pdf(x))`` in NumPy, in place on two temporaries (GELU's
+    backward is one of a transformer's largest elementwise steps)."""
+    pdf = _square(x)
+    pdf *= -0.5
+    np.exp(pdf, out=pdf)
+    pdf *= x
+    pdf *= _INV_SQRT_2PI
+    pdf += _normal_cdf(x)
+    pdf *= g
+    return pdf
 
 
 GeluBackward0 = defop("GeluBackward0", saved=("self",), vjps=(_gelu_vjp,))
@@ -162,9 +222,13 @@ def gelu(input, approximate="none"):
         raise RuntimeError(f"approximate argument must be either none or tanh, got {approximate!r}")
     x = array_of(input)
     if approximate == "tanh":
-        res = 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+        res = _gelu_tanh_inner(x)
+        res += 1
+        res *= x
+        res *= 0.5
     else:
-        res = 0.5 * x * (1 + np_backend.erf(x * _INV_SQRT_2))
+        res = _normal_cdf(x)
+        res *= x
     return record(GeluBackward0, res.astype(x.dtype, copy=False), (input,), (input,),
                   {"approximate": approximate})
 

@@ -248,6 +248,46 @@ def test_user_gradient_is_never_aliased_by_dot_grad():
     assert b.grad.tolist() == [1.0]
 
 
+def test_view_gradients_are_kept_only_when_nothing_else_holds_their_buffer():
+    # reshape's backward hands the leaf a view of its incoming gradient: of the user's
+    # gradient here (copied), of a fresh product below (kept, as PyTorch steals it).
+    x = leaf(1.0, 2.0, 3.0, 4.0)
+    g = distgrad.ones(2, 2, dtype=distgrad.float64)
+    x.reshape(2, 2).backward(g)
+    x.grad.zero_()
+    assert g.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    x.grad = None
+    y = x.reshape(2, 2) * 3
+    y.sum().backward()
+    assert x.grad.tolist() == [3.0, 3.0, 3.0, 3.0]
+    x.grad.add_(1)  # .grad owns its buffer: writing it changes nothing else
+    assert x.grad.tolist() == [4.0] * 4 and y.tolist() == [[3.0, 6.0], [9.0, 12.0]]
+    a = leaf(1.0, 2.0)
+    b = leaf(1.0, 2.0)
+    (a.reshape(2, 1) * b.reshape(2, 1)).sum().backward()
+    a.grad.mul_(10)
+    assert b.grad.tolist() == [1.0, 2.0]
+    c, d = leaf(1.0, 2.0), leaf(1.0, 2.0)
+    (c.reshape(2, 1) + d.reshape(2, 1)).backward(distgrad.ones(2, 1, dtype=distgrad.float64) * 2)
+    c.grad.mul_(10)  # both views were of add's one gradient
+    assert d.grad.tolist() == [2.0, 2.0] and c.grad.tolist() == [20.0, 20.0]
+
+
+def test_a_fresh_gradient_becomes_dot_grad_without_a_copy():
+    # PyTorch steals a gradient buffer nothing else holds; a copy would double the peak.
+    import tracemalloc
+    w = distgrad.zeros(1 << 20, dtype=distgrad.float32, requires_grad=True)
+    loss = (w * 2).sum()
+    tracemalloc.start()
+    try:
+        loss.backward()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert w.grad.tolist()[:2] == [2.0, 2.0]
+    assert peak < 1.5 * 4 * (1 << 20), peak  # one gradient buffer (4 MB), not two
+
+
 def test_grad_fn_names_and_next_functions():
     x = leaf(1.0, 2.0)
     y = (x * 2).exp().sum()
