@@ -57,7 +57,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from . import wire
-from .errors import ProtocolError
+from .errors import ProtocolError, describe_exception
 from .link import SimulatedLink, parse_link
 
 __all__ = ["Transport", "send_frames", "frames_nbytes"]
@@ -485,7 +485,8 @@ class Transport:
         """Hand one message that came in on the router to its handler."""
         h = self.handlers
         if not 0 <= src < self.world_size:
-            self.drop(f"source rank {src} is not in the world")
+            self.refuse(frames[0].bytes, kind, mid, f"source rank {src} is not in the world of "
+                                                    f"{self.world_size} processes")
             h.on_late(None, segments)
         elif kind == Kind.CALL:
             h.on_request(frames[0].bytes, mid, src, extra, segments, frames[2:])
@@ -505,6 +506,16 @@ class Transport:
         else:
             self.drop(f"{Kind.NAMES.get(kind, kind)} on the request socket")
             h.on_late(src, segments)
+
+    def refuse(self, ident, kind, mid, why):
+        """Drop a message that came on connection ``ident``; a CALL expecting an answer (a
+        readable header promises one) gets a ``ProtocolError`` saying ``why``, on that
+        connection: its sender learns at once instead of waiting out its timeout."""
+        self.drop(why)
+        if mid != 0 and kind in (Kind.CALL, Kind.SYSTEM):
+            body, _ = wire.encode(describe_exception(ProtocolError(f"{self.name} refused the "
+                                                                   f"message: {why}"), ""))
+            self._send_router(ident, [wire.pack_header(Kind.ERROR, mid, self.rank), body])
 
     def _on_dealer(self, sock, rank):
         # Peers send everything to the router; a router sends nothing back on a
