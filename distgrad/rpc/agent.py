@@ -37,6 +37,7 @@ from .allowlist import Allowlist, ref_of
 from .barrier import ShutdownBarrier
 from .bookkeeping import EXTRA as BOOKKEEPING, Bookkeeping
 from .calls import Pending, PendingCalls
+from .credentials import Credential, world_secret
 from .dispatch import SYSTEM_OPS, Dispatcher, Request
 from .errors import (ProtocolError, RpcError, RpcTimeoutError, UnknownWorkerError,
                      WorkerUnreachableError, rebuild_exception)
@@ -132,10 +133,11 @@ class Agent:
         # peers' requests run on handler threads: keep the memory they free for the next
         # one instead of page-faulting it in again (see utils/allocator.py)
         keep_freed_memory()
-        self.transport = t = Transport(self.name, self.rank, self.world_size, opts, self)
+        self.transport = t = Transport(self.name, self.rank, self.world_size, opts, self,
+                                       Credential(opts.mechanism))
         self.stats = t.stats
+        secret = world_secret(opts)
         try:
-            t.start_auth()
             if opts.transport == "ipc":
                 self._ipc_dir = opts.ipc_dir or owned_tempdir(IPC_DIR_PREFIX)
                 address = f"ipc://{self._ipc_dir}/{uuid.uuid4().hex[:12]}.sock"
@@ -149,7 +151,7 @@ class Agent:
             if server is None and self.rank == 0:
                 bind = (f"tcp://{opts.bind_addr}:0" if rendezvous_file
                         else resolve_address(opts.init_method))
-                server = RendezvousServer(t.ctx, bind, curve)
+                server = RendezvousServer(t.ctx, bind, curve, secret)
             self._rendezvous = server  # answers late joiners until this agent shuts down
             if server is not None and not server.started:
                 server.start(self.world_size, opts.rendezvous_timeout)
@@ -165,13 +167,13 @@ class Agent:
             # the server's own timeout (with the missing ranks) should be what rank 0 reports
             wait = opts.rendezvous_timeout + (2.0 if server is not None else 0.0)
             table = join(t.ctx, address, self.name, self.rank, self.world_size, endpoint, wait,
-                         curve)
-            self.workers = [WorkerInfo(n, r) for n, r, _ in table]
+                         curve, t.credential.registration, secret)
+            self.workers = [WorkerInfo(n, r) for n, r, _, _ in table]
             self._by_name = {w.name: w for w in self.workers}
             self.pool = HandlerPool(min(opts.num_worker_threads, 4), name=f"rpc-{self.name}")
             self._start_shm()
             self.running = True  # before connect starts the I/O thread and peers' calls run
-            t.connect([ep for _, _, ep in table])
+            t.connect([ep for _, _, ep, _ in table], [auth[1] for _, _, _, auth in table])
             self._probe_shm()
         except BaseException:
             self._teardown(announce=None)
