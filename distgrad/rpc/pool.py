@@ -19,6 +19,7 @@ class HandlerPool:
         self._lock = threading.Lock()
         self._min = max(1, min_threads)
         self._threads = self._idle = self._min  # started just below
+        self.peak = self._min                    # the most threads it ever had at once
         self._max = max_threads
         self._name = name
         self._idle_exit = idle_exit
@@ -60,6 +61,7 @@ class HandlerPool:
                 self._idle -= 1  # an idle thread will take it
             elif self._threads < self._max:
                 self._threads += 1  # a new thread, counted busy until it finishes a job
+                self.peak = max(self.peak, self._threads)
                 spawn = True
         self._q.put((fn, args))  # first: a thread freed meanwhile may take it at once
         if spawn:

@@ -60,3 +60,37 @@ def hold_identity(dst, identity, seconds):
         return received
     finally:
         ctx.destroy(linger=0)
+
+
+def flood(dst, bodies, timeout=30.0):
+    """Send every body of ``bodies`` as a CALL to rank ``dst`` from one socket of this
+    process (as itself: a member that floods, it forges nothing), all at once; return the
+    answers' kinds and texts (an ERROR's message), in the order they came, once all came
+    or ``timeout`` passed."""
+    import time
+    transport = current_agent().transport
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        for option, value in transport.client_options(dst).items():
+            setattr(s, option, value)
+        s.connect(transport.endpoints[dst])
+        for i, body in enumerate(bodies):
+            s.send_multipart([wire.pack_header(wire.Kind.CALL, i + 1, transport.rank), body])
+        answers, end = [], time.monotonic() + timeout
+        while len(answers) < len(bodies) and time.monotonic() < end:
+            if s.poll(100):
+                frames = s.recv_multipart()
+                kind = wire.unpack_header(frames[0])[0]
+                body = msgpack.unpackb(frames[1]) if kind == wire.Kind.ERROR else None
+                answers.append([kind, body[2] if body else None])
+        return answers
+    finally:
+        ctx.destroy(linger=0)
+
+
+def handler_threads():
+    """(threads of the handler pool now, the most it ever had)."""
+    pool = current_agent().pool
+    return pool._threads, pool.peak
