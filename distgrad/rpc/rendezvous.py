@@ -37,6 +37,7 @@ import zmq
 
 from .credentials import MECHANISMS, SECRET_ENV, prove, proven
 from .errors import RpcError, RpcTimeoutError
+from .lifetimes import join_all
 
 __all__ = ["RendezvousServer", "MeetingPoint", "join", "resolve_address", "RendezvousError",
            "file_path", "publish", "read_published", "unpublish"]
@@ -298,8 +299,8 @@ class MeetingPoint:
             if MeetingPoint._registry.get(self.address) is self:
                 del MeetingPoint._registry[self.address]
         self._stop.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        if timeout > 0:  # 0: the caller knows it ends within its poll slice (_POLL_SLICE)
+            join_all([self._thread], timeout, f"meeting point {self.address}")
 
     def send(self, ident, payload):
         """Reply to ``ident`` (serving thread only); a peer that left is not an error."""

@@ -59,6 +59,7 @@ from zmq.utils.monitor import parse_monitor_message
 from . import wire
 from .credentials import ZAP_ENDPOINT, Admission, Credential
 from .errors import ProtocolError, describe_exception
+from .lifetimes import join_all
 from .link import SimulatedLink, parse_link
 
 __all__ = ["Transport", "send_frames", "frames_nbytes"]
@@ -643,11 +644,7 @@ class Transport:
                 self._announce = announce
             self._stop = True
             self._wake.signal()
-            if threading.current_thread() is not self._thread:
-                self._thread.join(timeout)
-                if self._thread.is_alive():
-                    log.warning("%s: the RPC I/O thread did not stop within %.0f s", self.name,
-                                timeout)
+            join_all([self._thread], timeout, f"RPC transport of {self.name}")
         elif self._thread is None:
             self._close_sockets()
         self.ctx.destroy(linger=0)
