@@ -100,7 +100,11 @@ class Dispatcher:
         holds no more threads than the gate's slots), the next ones the gate lets in."""
         job = (request, frames, size)
         while job is not None:
-            job = self.serve(*job[:2], gated=job[2])
+            src = job[0].src
+            try:
+                job = self.serve(*job[:2], gated=job[2])
+            finally:
+                self.gate.finished(src)
 
     def _admit_next(self, src, size, inline):
         """``src``'s request of ``size`` body bytes is decoded and checked: start the requests

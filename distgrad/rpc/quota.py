@@ -7,9 +7,10 @@ admitted to decoding through a gate of their own (:class:`PeerGate`): at most
 ``slots`` of them decode at once, holding at most ``decoding_bytes`` of bodies (one
 is always admitted, whatever its size); the others wait, in arrival order, and a
 peer may keep at most ``waiting_requests`` requests and ``waiting_bytes`` of bodies
-waiting: beyond that its request is refused at once with a
-:class:`~distgrad.rpc.errors.BackpressureError` that says why. Other peers' gates are
-untouched: a peer at its bound locks nobody else out.
+waiting, and at most ``serving`` requests may hold a handler thread or wait for one
+(by default a share of the pool: ``1024 // world_size``, at least 16): beyond that its
+request is refused at once with a :class:`~distgrad.rpc.errors.BackpressureError` that
+says why. Other peers' gates are untouched: a peer at its bound locks nobody else out.
 
 Decoding never waits for another request, so requests waiting for their peer's
 decoding cannot deadlock (once decoded, a request runs on its thread as before:
@@ -25,17 +26,18 @@ __all__ = ["PeerGate"]
 
 
 class _Peer:
-    __slots__ = ("decoding", "decoding_bytes", "waiting", "waiting_bytes")
+    __slots__ = ("decoding", "decoding_bytes", "waiting", "waiting_bytes", "serving")
 
     def __init__(self):
-        self.decoding = self.decoding_bytes = self.waiting_bytes = 0
+        self.decoding = self.decoding_bytes = self.waiting_bytes = self.serving = 0
         self.waiting = collections.deque()   # (size, job)
 
 
 class PeerGate:
     def __init__(self, world_size, slots=4, decoding_bytes=16 << 20, waiting_requests=4096,
-                 waiting_bytes=256 << 20):
+                 waiting_bytes=256 << 20, serving=None):
         self.slots, self.decoding_bytes = slots, decoding_bytes
+        self.serving = serving if serving is not None else max(16, 1024 // world_size)
         self.waiting_requests, self.waiting_bytes = waiting_requests, waiting_bytes
         self._lock = threading.Lock()
         self._peers = [_Peer() for _ in range(world_size)]
@@ -50,7 +52,12 @@ class PeerGate:
         later); :class:`BackpressureError` if ``src`` is at its bound."""
         with self._lock:
             p = self._peers[src]
+            if p.serving >= self.serving:
+                raise BackpressureError(
+                    f"rank {src} has {p.serving} requests being served or waiting here, its "
+                    f"bound ({self.serving}): the request was refused; wait for some to finish")
             if not p.waiting and self._fits(p, size):
+                p.serving += 1
                 p.decoding += 1
                 p.decoding_bytes += size
                 return True
@@ -63,7 +70,13 @@ class PeerGate:
                     "request was refused; send fewer at once")
             p.waiting.append((size, job))
             p.waiting_bytes += size
+            p.serving += 1
             return False
+
+    def finished(self, src):
+        """A request of ``src`` that was admitted is done with its handler thread."""
+        with self._lock:
+            self._peers[src].serving -= 1
 
     def decoded(self, src, size):
         """A request of ``src`` finished decoding; return the jobs that may decode now (their
@@ -82,7 +95,7 @@ class PeerGate:
         return ready
 
     def load(self, src):
-        """(decoding, waiting) requests of ``src`` now."""
+        """(decoding, waiting, serving) requests of ``src`` now."""
         with self._lock:
             p = self._peers[src]
-            return p.decoding, len(p.waiting)
+            return p.decoding, len(p.waiting), p.serving

@@ -21,14 +21,26 @@ def test_each_peers_requests_decode_within_its_own_bounds():
     with pytest.raises(BackpressureError, match=r"rank 1 has 3 requests .* waiting"):
         g.admit(1, 10, "f")
     assert g.admit(2, 500, "x")                         # another peer: a gate of its own
-    assert g.load(1) == (2, 3) and g.load(2) == (1, 0)  # (one is admitted, whatever its size)
+    assert g.load(1) == (2, 3, 5) and g.load(2) == (1, 0, 1)  # (one is admitted, any size)
     assert g.decoded(1, 10) == ["c"] and g.decoded(1, 10) == ["d"]
-    assert g.decoded(1, 10) == ["e"] and g.load(1) == (2, 0)
+    assert g.decoded(1, 10) == ["e"] and g.load(1) == (2, 0, 5)
     # bytes: decoding ones hold at most 100 bytes of bodies, waiting ones at most 1000
     assert g.admit(0, 80, "big") and g.admit(0, 30, "next") is False
     with pytest.raises(BackpressureError, match="bytes"):
         g.admit(0, 990, "huge")
     assert g.decoded(0, 80) == ["next"]
+
+
+def test_a_peer_holds_at_most_its_share_of_handler_threads():
+    g = PeerGate(2, slots=8, serving=3)
+    assert all(g.admit(1, 1, job) for job in "abc") and g.decoded(1, 1) == []
+    with pytest.raises(BackpressureError, match=r"rank 1 has 3 requests being served or "
+                                                r"waiting here, its bound \(3\)"):
+        g.admit(1, 1, "d")      # two are still decoding, one runs: all hold a thread
+    assert g.admit(0, 1, "x")   # the other peer is not locked out
+    g.finished(1)
+    assert g.admit(1, 1, "d")
+    assert PeerGate(4).serving == 256 and PeerGate(1000).serving == 16
 
 
 def test_a_peer_cannot_fill_the_rref_table_for_the_others():
