@@ -65,8 +65,9 @@ def test_a_flooding_member_holds_few_threads_and_the_others_are_served(rpc_world
                            timeout=90)
     assert len(answers) == 1000 and {kind for kind, _ in answers} == {wire.Kind.ERROR}
     _, peak = rpc.rpc_sync("worker1", f"{forger.__name__}:handler_threads")
-    # decoding is bounded per peer (4 at once): the flood does not start a thread per message
-    assert peak <= peak_before + 6, (peak_before, peak)
+    # decoding is bounded per peer (4 at once): the flood does not start a thread per
+    # message (at most the slots decoding, and as many finishing their error replies)
+    assert peak <= peak_before + 2 * 4, (peak_before, peak)
     flood = rpc.rpc_async("worker2", f"{forger.__name__}:flood", (1, [b"\x93\xc1"] * 1000),
                           timeout=90)
     # the others are served meanwhile
