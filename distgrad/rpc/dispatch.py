@@ -104,7 +104,7 @@ class Dispatcher:
             try:
                 job = self.serve(*job[:2], gated=job[2])
             finally:
-                self.gate.finished(src)
+                self._start_all(self.gate.finished(src))
 
     def _admit_next(self, src, size, inline):
         """``src``'s request of ``size`` body bytes is decoded and checked: start the requests
@@ -113,12 +113,15 @@ class Dispatcher:
         first = ready.pop(0) if inline and ready else None
         if first is not None:
             self.agent.stats["handoffs"] += 1
-        for job in ready:
+        self._start_all(ready)
+        return first
+
+    def _start_all(self, jobs):
+        for job in jobs:
             try:
                 self._start(*job)
             except RuntimeError:  # the pool is shut down: this process is leaving
-                break
-        return first
+                return
 
     def serve_here(self, request, frames):
         """A SYSTEM call: serve it on this (the I/O) thread; only :data:`SYSTEM_OPS`."""

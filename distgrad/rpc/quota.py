@@ -7,14 +7,16 @@ admitted to decoding through a gate of their own (:class:`PeerGate`): at most
 ``slots`` of them decode at once, holding at most ``decoding_bytes`` of bodies (one
 is always admitted, whatever its size); the others wait, in arrival order, and a
 peer may keep at most ``waiting_requests`` requests and ``waiting_bytes`` of bodies
-waiting, and at most ``serving`` requests may hold a handler thread or wait for one
-(by default a share of the pool: ``1024 // world_size``, at least 16): beyond that its
-request is refused at once with a :class:`~distgrad.rpc.errors.BackpressureError` that
-says why. Other peers' gates are untouched: a peer at its bound locks nobody else out.
+waiting: beyond that its request is refused at once with a
+:class:`~distgrad.rpc.errors.BackpressureError` that says why. And a peer holds at most
+``serving`` handler threads (decoding or running its requests; by default a share of
+the pool, ``1024 // world_size``, at least 16): a request that comes while it holds
+them all is refused the same way, and waiting ones wait for one to finish. Other
+peers' gates are untouched: a peer at its bound locks nobody else out.
 
 Decoding never waits for another request, so requests waiting for their peer's
 decoding cannot deadlock (once decoded, a request runs on its thread as before:
-nested calls still get a thread). Array buffers are not counted: they are views of
+nested calls still get a thread, up to the peer's share). Array buffers are not counted: they are views of
 the received frames, not copies.
 """
 import collections
@@ -54,8 +56,9 @@ class PeerGate:
             p = self._peers[src]
             if p.serving >= self.serving:
                 raise BackpressureError(
-                    f"rank {src} has {p.serving} requests being served or waiting here, its "
-                    f"bound ({self.serving}): the request was refused; wait for some to finish")
+                    f"rank {src} has {p.serving} requests being served here, its bound "
+                    f"({self.serving} handler threads): the request was refused; wait for "
+                    "some to finish")
             if not p.waiting and self._fits(p, size):
                 p.serving += 1
                 p.decoding += 1
@@ -70,29 +73,35 @@ class PeerGate:
                     "request was refused; send fewer at once")
             p.waiting.append((size, job))
             p.waiting_bytes += size
-            p.serving += 1
             return False
 
-    def finished(self, src):
-        """A request of ``src`` that was admitted is done with its handler thread."""
-        with self._lock:
-            self._peers[src].serving -= 1
+    def _next(self, p):  # with the lock held
+        ready = []
+        while p.waiting and p.serving < self.serving and self._fits(p, p.waiting[0][0]):
+            size, job = p.waiting.popleft()
+            p.waiting_bytes -= size
+            p.decoding += 1
+            p.decoding_bytes += size
+            p.serving += 1
+            ready.append(job)
+        return ready
 
     def decoded(self, src, size):
-        """A request of ``src`` finished decoding; return the jobs that may decode now (their
-        decoding counted), in arrival order."""
-        ready = []
+        """A request of ``src`` finished decoding; return the waiting jobs that may decode
+        now (counted), in arrival order."""
         with self._lock:
             p = self._peers[src]
             p.decoding -= 1
             p.decoding_bytes -= size
-            while p.waiting and self._fits(p, p.waiting[0][0]):
-                size, job = p.waiting.popleft()
-                p.waiting_bytes -= size
-                p.decoding += 1
-                p.decoding_bytes += size
-                ready.append(job)
-        return ready
+            return self._next(p)
+
+    def finished(self, src):
+        """A request of ``src`` is done with its handler thread; return the waiting jobs
+        that may decode now (counted)."""
+        with self._lock:
+            p = self._peers[src]
+            p.serving -= 1
+            return self._next(p)
 
     def load(self, src):
         """(decoding, waiting, serving) requests of ``src`` now."""
