@@ -75,7 +75,10 @@ def _outsider_events(endpoint, frames_list, **options):
     monitor = s.get_monitor_socket()
     try:
         for frames in frames_list:
-            s.send_multipart(frames, zmq.NOBLOCK)
+            try:   # (waits up to sndtimeo for the connection's pipe)
+                s.send_multipart(frames)
+            except zmq.Again:   # refused before anything could even be queued
+                break
         events, answers = set(), 0
         deadline = time.monotonic() + 20   # a refusal comes at once; a loaded machine is slow
         quiet_until = None                 # after it, a moment more for a stray answer
