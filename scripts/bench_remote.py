@@ -40,7 +40,8 @@ def forge_for(seconds, victims, rate=200):
     ``rate`` times a second, what issue 22's attacker sent, claiming another rank (with
     its own credential: a member forging) and again without credentials on a fresh
     connection (an outsider). Returns {"refused": answers refusing it, "served": answers
-    serving it (must stay 0), "sent": messages}."""
+    serving it (must stay 0), "sent": messages queued, "unsent": messages that found no
+    connection to be queued on}."""
     import time
 
     import msgpack
@@ -50,7 +51,7 @@ def forge_for(seconds, victims, rate=200):
     agent = current_agent()
     t = agent.transport
     me = agent.rank
-    out = {"refused": 0, "served": 0, "sent": 0}
+    out = {"refused": 0, "served": 0, "sent": 0, "unsent": 0}
     ctx = zmq.Context()
     members = {}
     try:
@@ -74,15 +75,17 @@ def forge_for(seconds, victims, rate=200):
                                       {"@bk": [["rref.add", [[[other, mid], [other, mid]]]]]}),
                      msgpack.packb(["@bk", [], {}, None])],
                 ]
-                for m in messages:
-                    members[v].send_multipart(m, zmq.NOBLOCK)
                 outsider = ctx.socket(zmq.DEALER)
                 outsider.linger = 0
                 outsider.connect(t.endpoints[v])
-                for m in messages:
-                    outsider.send_multipart(m, zmq.NOBLOCK)
+                for sock in (members[v], outsider):
+                    for m in messages:
+                        try:
+                            sock.send_multipart(m, zmq.NOBLOCK)
+                            out["sent"] += 1
+                        except zmq.Again:  # no connection to queue it on (yet, or refused)
+                            out["unsent"] += 1
                 outsider.close()
-                out["sent"] += 2 * len(messages)
             for s in members.values():
                 while s.poll(0):
                     kind = wire.unpack_header(s.recv_multipart()[0])[0]

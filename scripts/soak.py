@@ -96,8 +96,9 @@ def main():
                                   for g in growth.values())
         forged = forging.wait() if forging is not None else None
         if forged is not None:
-            print(f"forging peer: {forged['sent']} messages sent, {forged['refused']} refused "
-                  f"with an answer, {forged['served']} served")
+            print(f"forging peer: {forged['sent']} messages sent ({forged['unsent']} more found "
+                  f"no connection), {forged['refused']} refused with an answer, "
+                  f"{forged['served']} served")
             ok = ok and forged["served"] == 0
         print(json.dumps({"bench": "soak", "minutes": args.minutes, "periods": rows,
                           "slowest_vs_first": worst, "growth_rss_threads_fds": growth,
