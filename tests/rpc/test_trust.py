@@ -71,8 +71,14 @@ def test_a_call_from_a_source_outside_the_world_is_answered(rpc_world, src):
 def _outsider_events(endpoint, frames_list, **options):
     """Connect to ``endpoint`` without this world's credentials (or with ``options``), send
     each message of ``frames_list``; return (answers received, handshake events seen)."""
-    ctx, s = _raw(endpoint, **options)
-    monitor = s.get_monitor_socket()
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.sndtimeo = 5000
+    for k, v in options.items():
+        setattr(s, k, v)
+    monitor = s.get_monitor_socket()   # before connecting: a refusal can come at once
+    s.connect(endpoint)
     try:
         for frames in frames_list:
             try:   # (waits up to sndtimeo for the connection's pipe)
