@@ -56,6 +56,17 @@ def _link(text):
     return text
 
 
+def _switch(text):
+    """argparse type: on/off (true/false, 1/0)."""
+    if isinstance(text, bool):
+        return text
+    value = {"on": True, "true": True, "1": True, "yes": True,
+             "off": False, "false": False, "0": False, "no": False}.get(str(text).lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not on or off")
+    return value
+
+
 def _signal_number(text):
     """argparse type: ``USR1``, ``SIGUSR1`` or a number."""
     name = text.upper()
@@ -93,6 +104,11 @@ def add_arguments(p):
                    help="a module whose functions and classes may run here, with its "
                         "submodules; repeatable (env: DISTGRAD_ALLOWED_MODULES, "
                         "comma-separated)")
+    p.add_argument("--authenticate", type=_switch, default=_switch(env("DISTGRAD_AUTHENTICATE", "on")),
+                   metavar="on|off",
+                   help="admit only the world's members, each as its own rank; the world's "
+                        "secret comes from DISTGRAD_WORLD_SECRET (default: on; env: "
+                        "DISTGRAD_AUTHENTICATE)")
     p.add_argument("--num-threads", type=_in_range(int, 1), default=16,
                    help="handler threads kept ready (default: %(default)s)")
     p.add_argument("--rpc-timeout", type=_in_range(float, 0.0), default=60.0, metavar="SECONDS",
@@ -205,7 +221,7 @@ def run(args, parser=None):
     try:
         opts = RpcBackendOptions(
             init_method=init_method or "env://", transport=args.transport,
-            bind_addr=args.bind_addr, allowed_modules=allowed,
+            bind_addr=args.bind_addr, allowed_modules=allowed, authenticate=args.authenticate,
             num_worker_threads=args.num_threads, rpc_timeout=args.rpc_timeout,
             rendezvous_timeout=args.rendezvous_timeout, heartbeat_interval=args.heartbeat_interval,
             heartbeat_timeout=args.heartbeat_timeout, shm_threshold=args.shm_threshold,

@@ -8,7 +8,11 @@ most 1.5x raw pyzmq; throughput at least 0.8x raw pyzmq for 1 MB and larger and
 above PyTorch's at every size; with the same-host shared-memory path, 64 MB at
 least 2x PyTorch's figure.
 
-    python scripts/bench_rpc.py [--quick]
+Then the cost of authentication (``RpcBackendOptions.authenticate``, on by default):
+worlds with it on and off, alternating, round trip and 64 MB echo over the socket
+path; target: within 5% of each other.
+
+    python scripts/bench_rpc.py [--quick] [--auth-only]
 """
 import argparse
 import json
@@ -117,6 +121,57 @@ def bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold
         raw.close()
 
 
+def bench_auth(small_dg, big, reps, batches, rounds):
+    """Median seconds per round trip and per 64 MB echo with authentication on and off:
+    ``rounds`` worlds of each, alternating (one process has one world at a time), so load
+    noise hits both alike."""
+    from distgrad.distributed import rpc
+    from distgrad.testing.world import World
+    f = "bench_remote:echo"
+    times = {True: {"rt": [], "big": []}, False: {"rt": [], "big": []}}
+    for i in range(rounds):
+        # which goes first alternates: a world starting while the last one's processes
+        # are still exiting would be slower for it, whichever it is
+        for auth in ((True, False) if i % 2 == 0 else (False, True)):
+            world = World(1, transport="tcp", num_worker_threads=4, shm_threshold=0,
+                          allowed_modules=["bench_remote"], authenticate=auth).start()
+            try:
+                for _ in range(300):
+                    rpc.rpc_sync("worker1", f, (small_dg,))
+                for _ in range(2):
+                    rpc.rpc_sync("worker1", f, (big,))
+                for _ in range(batches):
+                    t = time.perf_counter()
+                    for _ in range(reps):
+                        rpc.rpc_sync("worker1", f, (small_dg,))
+                    times[auth]["rt"].append((time.perf_counter() - t) / reps)
+                    t = time.perf_counter()
+                    for _ in range(2):
+                        rpc.rpc_sync("worker1", f, (big,))
+                    times[auth]["big"].append((time.perf_counter() - t) / 2)
+            finally:
+                world.close()
+    return {auth: {k: statistics.median(v) for k, v in d.items()} for auth, d in times.items()}
+
+
+def report_auth(auth, result):
+    on, off = auth[True], auth[False]
+    mb = big_mb = SIZES_MB[-1]
+    print(f"\nauthentication on (PLAIN + ZAP, source bound to the connection) vs off, tcp "
+          f"loopback, socket path")
+    print(f"{'metric':<27}{'auth on':>10}{'auth off':>10}{'on/off':>8}")
+    print(f"{'round trip 16 floats (us)':<27}{on['rt'] * 1e6:10.1f}{off['rt'] * 1e6:10.1f}"
+          f"{on['rt'] / off['rt']:8.3f}")
+    print(f"{f'echo {mb} MB (MB/s)':<27}{2 * mb / on['big']:10.1f}{2 * mb / off['big']:10.1f}"
+          f"{off['big'] / on['big']:8.3f}")
+    result["auth"] = {"rt_us": {"on": on["rt"] * 1e6, "off": off["rt"] * 1e6,
+                                "ratio": on["rt"] / off["rt"]},
+                      f"echo_{big_mb}MB_MBps": {"on": 2 * mb / on["big"],
+                                                "off": 2 * mb / off["big"],
+                                                "ratio": on["big"] / off["big"]}}
+    return on["rt"] / off["rt"] <= 1.05 and on["big"] / off["big"] <= 1.05
+
+
 def _torch_worker(port):
     import torch.distributed.rpc as trpc
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -157,6 +212,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--auth-only", action="store_true",
+                    help="only the cost of authentication (on vs off)")
     args = ap.parse_args()
     reps, batches = (200, 7) if args.quick else (500, 15)
     small = np.ones(16, dtype=np.float32)
@@ -166,6 +223,13 @@ def main():
     except Exception:
         small_dg = small
     arrays = {mb: np.ones(mb * (1 << 20) // 4, dtype=np.float32) for mb in SIZES_MB}
+    auth = bench_auth(small_dg, arrays[SIZES_MB[-1]], reps, max(3, batches // 3),
+                      rounds=3 if args.quick else 5)
+    if args.auth_only:
+        result = {"bench": "rpc_auth", "transport": "tcp"}
+        result["targets_met"] = bool(report_auth(auth, result))
+        print(json.dumps(result))
+        return
     raw, dg = bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold=0)
     raw2, shm = bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, 1 << 20)
     th = None if args.no_torch else bench_torch(reps, batches)
@@ -198,7 +262,8 @@ def main():
         result[f"echo_{mb}MB_MBps"]["ratio"] >= 0.8 for mb in SIZES_MB)
     torch_ok = th is None or (all(dg[mb] < th[mb] for mb in SIZES_MB)
                               and result["echo_64MB_MBps"]["shm_vs_torch"] >= 2.0)
-    result["targets_met"] = bool(zmq_ok and torch_ok)
+    auth_ok = report_auth(auth, result)
+    result["targets_met"] = bool(zmq_ok and torch_ok and auth_ok)
     print(json.dumps(result))
 
 

@@ -8,7 +8,12 @@ Passes when steps/s in every minute is within 10% of the first minute's and no
 process grew by more than 10 threads, 20 fds or 50 MB of RSS after the first
 minute.
 
-    python scripts/soak.py [--minutes 5] [--width 128] [--batch 64]
+With ``--forger``, a third worker is a forging peer all along: it sends every other
+process what issue 22's attacker sent, claiming other ranks (a member forging) and
+without credentials (an outsider); none of it may be served, and the members' figures
+must stay flat as without it.
+
+    python scripts/soak.py [--minutes 5] [--width 128] [--batch 64] [--forger]
 """
 import argparse
 import json
@@ -31,6 +36,8 @@ def main():
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--period", type=float, default=60.0, help="seconds per reported period")
+    ap.add_argument("--forger", action="store_true",
+                    help="a third worker forges messages to the others all along")
     args = ap.parse_args()
 
     import distgrad
@@ -41,8 +48,14 @@ def main():
     from distgrad.testing.world import World
     from bench_remote import make_mlp, process_stats
 
-    world = World(2, transport="tcp", allowed_modules=["bench_remote"]).start()
+    world = World(3 if args.forger else 2, transport="tcp",
+                  allowed_modules=["bench_remote"]).start()
+    forging = None
     try:
+        if args.forger:  # worker3 forges until the soak ends (and a little longer)
+            forging = rpc.rpc_async("worker3", "bench_remote:forge_for",
+                                    (args.minutes * 60 + 5, [0, 1, 2]),
+                                    timeout=args.minutes * 60 + 60)
         d = args.width
         stage1 = RemoteModule("worker1", make_mlp, args=(d, 2))
         stage2 = RemoteModule("worker2", make_mlp, args=(d, 2))
@@ -81,9 +94,15 @@ def main():
                   for w in first["stats"]}
         ok = worst >= 0.9 and all(g[0] <= 50 and g[1] <= 10 and g[2] <= 20
                                   for g in growth.values())
+        forged = forging.wait() if forging is not None else None
+        if forged is not None:
+            print(f"forging peer: {forged['sent']} messages sent ({forged['unsent']} more found "
+                  f"no connection), {forged['refused']} refused with an answer, "
+                  f"{forged['served']} served")
+            ok = ok and forged["served"] == 0
         print(json.dumps({"bench": "soak", "minutes": args.minutes, "periods": rows,
                           "slowest_vs_first": worst, "growth_rss_threads_fds": growth,
-                          "targets_met": ok}))
+                          "forger": forged, "targets_met": ok}))
     finally:
         world.close()
 

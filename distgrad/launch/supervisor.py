@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+from distgrad.rpc.credentials import SECRET_ENV, new_world_secret
 from distgrad.utils.tempdirs import owned_tempdir
 
 from . import checkpoint as ckpt
@@ -108,6 +109,7 @@ class Supervisor:
         self.live = False       # this attempt's start record was seen (see _this_attempt)
         self._tmp = None
         self._selector = selectors.DefaultSelector()
+        self.world_secret = new_world_secret()  # one per launch: its restarts keep it
 
     # -- starting --
     def start(self, resume_from=None, attempt=0):
@@ -167,6 +169,9 @@ class Supervisor:
             env[var] = threads
         env["DISTGRAD_PDEATHSIG"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
+        if self.layout.local and not env.get(SECRET_ENV):
+            # this launcher forms the world: its secret goes to the members with the address
+            env[SECRET_ENV] = self.world_secret
         # a child of this launcher takes its place from the command line, not from a
         # scheduler's variables meant for the launcher
         for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DISTGRAD_COORDINATOR"):

@@ -9,6 +9,10 @@ Layers, bottom to top, one job each:
 ``calls``                 pending calls: deadlines, peer failure, backpressure
 ``dispatch``              request -> handler -> reply, on a handler pool
 ``owner``                 RRef values held here and the owner operations
+``forks``                 the RRef fork protocol (making, sending, dropping forks)
+``credentials``           who may connect: credentials, the world secret, ZAP answers
+``quota``                 what each peer's requests may hold while they decode
+``lifetimes``             owners join their threads; stuck ones are reported
 ``barrier``               the shutdown barrier (rank 0)
 ``bookkeeping``           notices for peers that ride along on other messages
 ``shm``                   the same-host shared-memory path for large arrays
@@ -37,6 +41,8 @@ from .allowlist import Allowlist, ref_of
 from .barrier import ShutdownBarrier
 from .bookkeeping import EXTRA as BOOKKEEPING, Bookkeeping
 from .calls import Pending, PendingCalls
+from .credentials import Credential, world_secret
+from .forks import Forks
 from .dispatch import SYSTEM_OPS, Dispatcher, Request
 from .errors import (ProtocolError, RpcError, RpcTimeoutError, UnknownWorkerError,
                      WorkerUnreachableError, rebuild_exception)
@@ -107,9 +113,11 @@ class Agent:
         self.owner = OwnerTable(world_size, ttl=max(2 * (options.rpc_timeout or 60.0), 60.0))
         self.barrier = ShutdownBarrier(world_size) if rank == 0 else None
         self.bookkeeping = Bookkeeping(world_size)
-        self.bookkeeping.register("rref.add", self._on_forks_made)
+        self.forks = Forks(self, rank, world_size, self.owner, self.new_id, self.post_notice,
+                           lambda: self.running)
+        self.bookkeeping.register("rref.add", self.forks.on_made)
         self.bookkeeping.register("shm.release", self._on_segments_released)
-        self.bookkeeping.register("rref.del", self._on_forks_dropped)
+        self.bookkeeping.register("rref.del", self.forks.on_dropped)
         self.dispatcher = Dispatcher(self)
         self.pool = None
         self.transport = None
@@ -132,10 +140,11 @@ class Agent:
         # peers' requests run on handler threads: keep the memory they free for the next
         # one instead of page-faulting it in again (see utils/allocator.py)
         keep_freed_memory()
-        self.transport = t = Transport(self.name, self.rank, self.world_size, opts, self)
+        self.transport = t = Transport(self.name, self.rank, self.world_size, opts, self,
+                                       Credential(opts.mechanism))
         self.stats = t.stats
+        secret = world_secret(opts)
         try:
-            t.start_auth()
             if opts.transport == "ipc":
                 self._ipc_dir = opts.ipc_dir or owned_tempdir(IPC_DIR_PREFIX)
                 address = f"ipc://{self._ipc_dir}/{uuid.uuid4().hex[:12]}.sock"
@@ -149,7 +158,7 @@ class Agent:
             if server is None and self.rank == 0:
                 bind = (f"tcp://{opts.bind_addr}:0" if rendezvous_file
                         else resolve_address(opts.init_method))
-                server = RendezvousServer(t.ctx, bind, curve)
+                server = RendezvousServer(t.ctx, bind, curve, secret)
             self._rendezvous = server  # answers late joiners until this agent shuts down
             if server is not None and not server.started:
                 server.start(self.world_size, opts.rendezvous_timeout)
@@ -165,13 +174,13 @@ class Agent:
             # the server's own timeout (with the missing ranks) should be what rank 0 reports
             wait = opts.rendezvous_timeout + (2.0 if server is not None else 0.0)
             table = join(t.ctx, address, self.name, self.rank, self.world_size, endpoint, wait,
-                         curve)
-            self.workers = [WorkerInfo(n, r) for n, r, _ in table]
+                         curve, t.credential.registration, secret)
+            self.workers = [WorkerInfo(n, r) for n, r, _, _ in table]
             self._by_name = {w.name: w for w in self.workers}
             self.pool = HandlerPool(min(opts.num_worker_threads, 4), name=f"rpc-{self.name}")
             self._start_shm()
             self.running = True  # before connect starts the I/O thread and peers' calls run
-            t.connect([ep for _, _, ep in table])
+            t.connect([ep for _, _, ep, _ in table], [auth[1] for _, _, _, auth in table])
             self._probe_shm()
         except BaseException:
             self._teardown(announce=None)
@@ -369,16 +378,6 @@ class Agent:
         self.shm.released(src, [name for names in items if type(names) is list
                                 for name in names if type(name) is str])
 
-    def _on_forks_made(self, src, items):
-        for item in items:
-            if type(item) is list and len(item) == 2:
-                self.owner.add_fork(item[0], item[1], 1, src)
-
-    def _on_forks_dropped(self, src, items):
-        for item in items:
-            if type(item) is list and len(item) == 2:
-                self.owner.add_fork(item[0], item[1], -1, src)
-
     # ------------------------------------------------------------------ codec contexts
     def decode_context(self, src, segments=()):
         return _MessageContext(self, src, segments)
@@ -396,46 +395,18 @@ class Agent:
         self.shm.give_back(dst, ctx.segments)
         ctx.segments = []
 
-    # ------------------------------------------------------------------ RRefs
+    # ------------------------------------------------------------------ RRefs (forks.py)
     def adopt_rref(self, rref):
-        """An ``RRef(value)`` made in this process becomes an owner RRef."""
-        rref._bind(self, self.rank, self.new_id(), self.new_id())
-        self.owner.add_fork(rref._rid, rref._fid, 1)
-        self.owner.set_value(rref._rid, rref._value)
+        self.forks.adopt(rref)
 
     def encode_rref(self, rref, dst):
-        if rref._rid is None:  # RRef(value) made before init_rpc: adopt it now
-            self.adopt_rref(rref)
-        fid = self.new_id()
-        if rref._owner == self.rank:
-            self.owner.add_fork(rref._rid, fid, 1)
-        else:
-            # A notice, in order with this process's later ones: the owner counts the new
-            # fork before it hears that our own fork (which we hold now) was dropped, so the
-            # value outlives both; the receiver's own drop may come first (counts may go
-            # negative for a while). No message and no wait of its own.
-            self.post_notice(rref._owner, "rref.add", [list(rref._rid), list(fid)])
-        return [rref._owner, list(rref._rid), list(fid)]
+        return self.forks.encode(rref, dst)
 
     def decode_rref(self, meta):
-        if type(meta) is not list or len(meta) != 3:
-            raise codec.CodecError("malformed RRef")
-        owner, rid, fid = meta
-        if type(owner) is not int or not 0 <= owner < self.world_size:
-            raise codec.CodecError(f"RRef owner {owner!r} out of range")
-        for x in (rid, fid):
-            if type(x) is not list or len(x) != 2 or not all(type(i) is int for i in x):
-                raise codec.CodecError(f"malformed RRef id {x!r}")
-        return RRef._make(self, owner, tuple(rid), tuple(fid))
+        return self.forks.decode(meta)
 
     def release_fork(self, owner, rid, fid):
-        """An RRef object died (any thread, maybe inside a lock): tell the owner, later."""
-        if not self.running:
-            return
-        if owner == self.rank:
-            self.owner.add_fork(rid, fid, -1)
-        else:
-            self.post_notice(owner, "rref.del", [list(rid), list(fid)])
+        self.forks.release(owner, rid, fid)
 
     # ------------------------------------------------------------------ transport events
     # (all on the I/O thread; none blocks)

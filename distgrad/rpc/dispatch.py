@@ -21,7 +21,8 @@ import logging
 import traceback
 
 from . import interceptors, wire
-from .errors import ProtocolError, RefusedCallError, describe_exception
+from .errors import BackpressureError, ProtocolError, RefusedCallError, describe_exception
+from .quota import PeerGate
 from ..futures import Future
 
 __all__ = ["Request", "Dispatcher", "SYSTEM_OPS"]
@@ -73,51 +74,106 @@ class Dispatcher:
 
     def __init__(self, agent):
         self.agent = agent
+        self.gate = PeerGate(agent.world_size)  # each peer's requests decoding at once
 
     # ------------------------------------------------------------------ arrival (I/O thread)
     def submit(self, request, frames):
-        """A CALL: serve it on a handler thread (the one hand-off of a request)."""
+        """A CALL: serve it on a handler thread (the one hand-off of a request), once its
+        peer's gate admits it to decoding (``quota.py``); refused at the peer's bound."""
+        size = len(frames[0])
+        try:
+            now = self.gate.admit(request.src, size, (request, frames, size))
+        except BackpressureError as e:
+            self.agent.stats["refused_over_quota"] += 1
+            self.reply_error(request, e)
+            return
+        if now:
+            self._start(request, frames, size)
+
+    def _start(self, request, frames, size):
         self.agent.stats["handoffs"] += 1
-        self.agent.pool.submit(self.serve, request, frames)
+        self.agent.pool.submit(self._serve_gated, request, frames, size)
+
+    def _serve_gated(self, request, frames, size):
+        """A handler thread's job: serve a request its peer's gate admitted, and then, while
+        each ends before running anything (a malformed or refused one: a flood of them
+        holds no more threads than the gate's slots), the next ones the gate lets in."""
+        job = (request, frames, size)
+        while job is not None:
+            src = job[0].src
+            try:
+                job = self.serve(*job[:2], gated=job[2])
+            finally:
+                self._start_all(self.gate.finished(src))
+
+    def _admit_next(self, src, size, inline):
+        """``src``'s request of ``size`` body bytes is decoded and checked: start the requests
+        its gate lets in now; the first is returned when ``inline`` (this thread serves it)."""
+        ready = self.gate.decoded(src, size)
+        first = ready.pop(0) if inline and ready else None
+        if first is not None:
+            self.agent.stats["handoffs"] += 1
+        self._start_all(ready)
+        return first
+
+    def _start_all(self, jobs):
+        for job in jobs:
+            try:
+                self._start(*job)
+            except RuntimeError:  # the pool is shut down: this process is leaving
+                return
 
     def serve_here(self, request, frames):
         """A SYSTEM call: serve it on this (the I/O) thread; only :data:`SYSTEM_OPS`."""
         self.serve(request, frames, system=True)
 
     # ------------------------------------------------------------------ a handler thread
-    def serve(self, req, frames, system=False):
-        agent = self.agent
+    def serve(self, req, frames, system=False, gated=None):
+        """Serve one request. ``gated``: its body size, when its peer's gate counts it until
+        it is decoded and checked (or answered with why not); then the gate lets the next
+        ones in, and the first of them is returned if this request ended there."""
         try:
-            size = sum(len(f) for f in frames)
-            if size > agent.options.max_message_size:
-                raise ProtocolError(f"request of {size} bytes exceeds max_message_size "
-                                    f"({agent.options.max_message_size})")
-            target, args, kwargs, remote = self._decode(req, frames)
-            req.target = target
-            if system and target not in SYSTEM_OPS:
-                raise RefusedCallError(f"{target!r} may not be sent as a SYSTEM message (only "
-                                       f"{sorted(SYSTEM_OPS)})")
-            if remote is not None:
-                agent.owner.add_fork(remote[0], remote[1], 1, req.src)
-                req.remote = (tuple(remote[0]), tuple(remote[1]))
-            args, kwargs = interceptors.receive_request(req, args, kwargs)
-            if target.startswith("@"):
-                op = agent.internal_ops.get(target)
-                if op is None:
-                    raise RefusedCallError(f"unknown internal operation {target!r}")
-                fn, args = op, (req, *args)
-            else:
-                fn = agent.allowlist.resolve(target)
-            with self._scopes(req):
-                result = fn(*args, **kwargs)
-            if isinstance(result, Future) and (_is_async(fn) or target.startswith("@")):
-                # replying never blocks: on whichever thread completes the Future
-                result._add_inline_callback(lambda f: self._finish(req, f))
-                return
+            fn, args, kwargs = self._prepare(req, frames, system)
         except BaseException as e:  # noqa: BLE001 - every error goes back to the caller
             self.reply_error(req, e)
-            return
+            return None if gated is None else self._admit_next(req.src, gated, True)
+        if gated is not None:
+            self._admit_next(req.src, gated, False)
+        try:
+            with self._scopes(req):
+                result = fn(*args, **kwargs)
+            if isinstance(result, Future) and (_is_async(fn) or req.target.startswith("@")):
+                # replying never blocks: on whichever thread completes the Future
+                result._add_inline_callback(lambda f: self._finish(req, f))
+                return None
+        except BaseException as e:  # noqa: BLE001 - every error goes back to the caller
+            self.reply_error(req, e)
+            return None
         self.reply(req, result)
+        return None
+
+    def _prepare(self, req, frames, system):
+        """(function, args, kwargs) of a request: decoded, checked, resolved."""
+        agent = self.agent
+        size = sum(len(f) for f in frames)
+        if size > agent.options.max_message_size:
+            raise ProtocolError(f"request of {size} bytes exceeds max_message_size "
+                                f"({agent.options.max_message_size})")
+        target, args, kwargs, remote = self._decode(req, frames)
+        req.target = target
+        if system and target not in SYSTEM_OPS:
+            raise RefusedCallError(f"{target!r} may not be sent as a SYSTEM message (only "
+                                   f"{sorted(SYSTEM_OPS)})")
+        if remote is not None:
+            agent.owner.add_fork(remote[0], remote[1], 1, req.src)
+            req.remote = (tuple(remote[0]), tuple(remote[1]))
+        args, kwargs = interceptors.receive_request(req, args, kwargs)
+        if target.startswith("@"):
+            op = agent.internal_ops.get(target)
+            if op is None:
+                raise RefusedCallError(f"unknown internal operation {target!r}")
+            return op, (req, *args), kwargs
+        return agent.allowlist.resolve(target), args, kwargs
 
     def _decode(self, req, frames):
         agent = self.agent

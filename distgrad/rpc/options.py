@@ -21,9 +21,17 @@ class RpcBackendOptions:
     ``allowed_modules``: module names (and their submodules) whose functions and
     classes peers may call here, on top of distgrad's own entry points and the
     module that called ``init_rpc`` (see ``allowlist.py``).
+    ``authenticate``: admit only connections of the world's members, each as its own
+    rank, and refuse a message whose source is not its connection's (see
+    ``rpc/credentials.py``; on by default, off only for measurements and clients that
+    speak the protocol by hand). ``world_secret``: the world's secret (text), which
+    every member must hold to join; default: the ``DISTGRAD_WORLD_SECRET`` environment
+    variable (the launcher and the test harness set it), else none: the world is closed
+    once it formed, but anyone who reaches the rendezvous while it forms may join.
     ``curve_public_key``/``curve_secret_key``: a shared world key pair (Z85 bytes,
-    from :func:`generate_curve_keypair`); with it every socket uses CURVE and only
-    processes holding the secret key can connect.
+    from :func:`generate_curve_keypair`); with it the rendezvous runs CURVE (only
+    processes holding the secret key can join) and every connection is encrypted,
+    with a key pair of each process's own: for networks others can read.
     ``heartbeat_interval``/``heartbeat_timeout``: seconds between ZMTP heartbeats,
     and how long a stopped or unreachable peer may stay silent before it is
     reported dead (a killed one is reported within ~0.2 s).
@@ -45,6 +53,8 @@ class RpcBackendOptions:
     transport: str = "tcp"
     bind_addr: str = "127.0.0.1"
     allowed_modules: Sequence[str] = ()
+    authenticate: bool = True
+    world_secret: Optional[str] = None
     curve_public_key: Optional[bytes] = None
     curve_secret_key: Optional[bytes] = None
     heartbeat_interval: float = 0.5
@@ -78,10 +88,23 @@ class RpcBackendOptions:
                                  f"not {value!r}")
         if self.heartbeat_timeout < 2 * self.heartbeat_interval:
             raise ValueError("heartbeat_timeout must be at least twice heartbeat_interval")
+        if not isinstance(self.authenticate, bool):
+            raise ValueError(f"RpcBackendOptions.authenticate must be True or False, not "
+                             f"{self.authenticate!r}")
+        if self.world_secret is not None and (not isinstance(self.world_secret, (str, bytes))
+                                              or not self.world_secret):
+            raise ValueError("RpcBackendOptions.world_secret must be a non-empty text")
         if self.simulated_link is not None:
             parse_link(self.simulated_link)  # a malformed link is refused here, named
         if isinstance(self.allowed_modules, str):
             self.allowed_modules = (self.allowed_modules,)
+
+    @property
+    def mechanism(self):
+        """How connections authenticate: "curve", "plain", or "none" (turned off)."""
+        if self.curve_public_key is not None:
+            return "curve"
+        return "plain" if self.authenticate else "none"
 
     def set_device_map(self, to, device_map):  # torch compatibility; CPU only
         self.device_maps[to] = dict(device_map)

@@ -15,8 +15,10 @@ legitimately send:
 * a fork id is ``(creator rank, counter)``: only its creator registers it;
 * an entry that a peer's messages created but that never received a value (a
   forged id, or the creating call lost with a dead peer) expires after
-  ``ttl`` seconds; at most ``max_entries`` entries exist, ``max_waiting`` fetches
-  per peer wait for a value;
+  ``ttl`` seconds; at most ``max_entries`` entries exist, of which at most
+  ``max_pending_per_peer`` were created by one peer and have no value yet (a peer at
+  its bound cannot fill the table for the others), ``max_waiting`` fetches per peer
+  wait for a value;
 * a fetch of a value that is not ready does not hold a thread: it is a Future,
   failed with a timeout if the value does not come.
 """
@@ -30,7 +32,7 @@ __all__ = ["OwnerTable", "OwnerOps"]
 
 
 class _Entry:
-    __slots__ = ("value", "exc", "ready", "forks", "waiters", "expires", "src")
+    __slots__ = ("value", "exc", "ready", "forks", "waiters", "expires", "src", "pending")
 
     def __init__(self, expires, src):
         self.value = None
@@ -40,6 +42,7 @@ class _Entry:
         self.waiters = []        # (Future, deadline, src) of fetches waiting for the value
         self.expires = expires   # an entry that never gets a value is dropped then
         self.src = src           # the peer whose message created the entry (None: this process)
+        self.pending = src is not None   # counted in its peer's entries without a value
 
 
 def _rref_id(x, what):
@@ -51,13 +54,16 @@ def _rref_id(x, what):
 class OwnerTable:
     """Values this process owns on behalf of RRefs, with their fork counts."""
 
-    def __init__(self, world_size, ttl=120.0, max_entries=1 << 20, max_waiting=4096):
+    def __init__(self, world_size, ttl=120.0, max_entries=1 << 20, max_waiting=4096,
+                 max_pending_per_peer=1 << 16):
         self._lock = threading.RLock()  # re-entrant: RRef.__del__ may run inside a locked section
         self._ready = threading.Condition(self._lock)
         self._entries = {}
         self.world_size = world_size
         self.ttl, self.max_entries, self.max_waiting = ttl, max_entries, max_waiting
         self._waiting = {}   # src -> number of parked fetches
+        self.max_pending_per_peer = max_pending_per_peer
+        self._pending = {}   # src -> entries its messages created that have no value yet
         self.next_expiry = float("inf")
 
     def __len__(self):
@@ -68,10 +74,20 @@ class OwnerTable:
         if e is None:
             if len(self._entries) >= self.max_entries:
                 raise RpcError(f"RRef owner table full ({self.max_entries} entries)")
+            if src is not None and self._pending.get(src, 0) >= self.max_pending_per_peer:
+                raise RpcError(f"rank {src} already made {self.max_pending_per_peer} RRef "
+                               "entries here that have no value yet, its bound")
             expires = time.monotonic() + self.ttl if src is not None else float("inf")
             e = self._entries[rid] = _Entry(expires, src)
+            if src is not None:
+                self._pending[src] = self._pending.get(src, 0) + 1
             self.next_expiry = min(self.next_expiry, expires)
         return e
+
+    def _settle(self, e):  # with the lock held: the entry has a value or is gone
+        if e.pending:
+            e.pending = False
+            self._pending[e.src] -= 1
 
     def _maybe_free(self, rid, e):  # with the lock held
         if e.ready and not e.forks:
@@ -98,6 +114,7 @@ class OwnerTable:
         with self._lock:
             e = self._entry(rid, None)
             e.value, e.exc, e.ready = value, exc, True
+            self._settle(e)
             e.expires = float("inf")
             waiters, e.waiters = e.waiters, []
             for _, _, src in waiters:
@@ -167,6 +184,7 @@ class OwnerTable:
                 e.waiters = keep
                 if not e.ready and not e.waiters and e.expires <= now:
                     del self._entries[rid]
+                    self._settle(e)
                 elif not e.ready:
                     nxt = min(nxt, e.expires)
             self.next_expiry = nxt
@@ -180,12 +198,14 @@ class OwnerTable:
             for rid, e in list(self._entries.items()):
                 if e.src == src and not e.ready and not e.waiters:
                     del self._entries[rid]
+                    self._settle(e)
 
     def clear(self):
         with self._lock:
             waiters = [w[0] for e in self._entries.values() for w in e.waiters]
             self._entries.clear()
             self._waiting.clear()
+            self._pending.clear()
         for fut in waiters:
             fut.set_exception(RpcError("the RRef owner shut down"))
 

@@ -3,12 +3,16 @@
 A handler that makes a nested RPC blocks its own thread while it waits; if every
 thread could be blocked that way, the replies it waits for would starve. So a
 request never waits for a busy thread: when none is idle, a new one starts (up to
-a large cap). Idle threads beyond ``min_threads`` retire after a while.
+a large cap). Idle threads beyond ``min_threads`` retire after a while. The pool owns
+its threads: :meth:`shutdown` joins them (a job still running after ``join_timeout``
+is reported by thread name and stack).
 """
 import itertools
 import logging
 import queue
 import threading
+
+from .lifetimes import join_all
 
 log = logging.getLogger("distgrad.rpc")
 
@@ -19,12 +23,14 @@ class HandlerPool:
         self._lock = threading.Lock()
         self._min = max(1, min_threads)
         self._threads = self._idle = self._min  # started just below
+        self.peak = self._min                    # the most threads it ever had at once
         self._max = max_threads
         self._name = name
         self._idle_exit = idle_exit
         self._stopped = False
         self._mine = threading.local()
         self._names = itertools.count(1)
+        self._running = set()   # the threads started and not finished (under the lock)
         for _ in range(self._min):
             self._start_thread()
 
@@ -43,11 +49,14 @@ class HandlerPool:
         take long, and every thread finishing a job needs the lock to say it is idle."""
         t = threading.Thread(target=self._run, name=f"{self._name}-{next(self._names)}",
                              daemon=True)
+        with self._lock:
+            self._running.add(t)
         try:
             t.start()
         except RuntimeError:  # no more threads: the job waits in the queue for a free one
             log.exception("could not start an RPC handler thread")
             with self._lock:
+                self._running.discard(t)
                 self._threads -= 1
                 self._idle -= 1  # keeps busy() = jobs not finished; < 0 until one frees
 
@@ -60,12 +69,20 @@ class HandlerPool:
                 self._idle -= 1  # an idle thread will take it
             elif self._threads < self._max:
                 self._threads += 1  # a new thread, counted busy until it finishes a job
+                self.peak = max(self.peak, self._threads)
                 spawn = True
         self._q.put((fn, args))  # first: a thread freed meanwhile may take it at once
         if spawn:
             self._start_thread()
 
     def _run(self):
+        try:
+            self._serve()
+        finally:
+            with self._lock:
+                self._running.discard(threading.current_thread())
+
+    def _serve(self):
         self._mine.yes = True
         idle_for = 0.0
         while True:
@@ -91,9 +108,14 @@ class HandlerPool:
             with self._lock:
                 self._idle += 1
 
-    def shutdown(self):
+    def shutdown(self, join_timeout=2.0):
+        """Stop taking jobs; every thread ends after its job. Joins them (not the calling
+        thread, if it is one of them) for up to ``join_timeout`` seconds; returns the
+        threads still running then (reported)."""
         with self._lock:
             self._stopped = True
             n = self._threads
+            threads = list(self._running)
         for _ in range(n):
             self._q.put((None, ()))
+        return join_all(threads, join_timeout, f"handler pool {self._name!r}")

@@ -17,6 +17,12 @@ earlier run left behind.
 Every registration gets an answer: a malformed one, another world size, a rank
 out of range, a name or rank already taken (both claimants are told, and the
 rendezvous is abandoned: the world would be ambiguous), a complete world.
+
+A registration also carries what checks its sender's credential (``auth``: mechanism
+and verifier, see ``credentials.py``), which the table hands to every member. With a
+world secret, a registration proves it holds the secret (``proof``: an HMAC over its
+content) and the answer proves the same over the table; one without the proof, or with
+a wrong one, is refused with a message naming it, and the secret never crosses the wire.
 """
 import collections
 import logging
@@ -29,7 +35,9 @@ import urllib.parse
 import msgpack
 import zmq
 
+from .credentials import MECHANISMS, SECRET_ENV, prove, proven
 from .errors import RpcError, RpcTimeoutError
+from .lifetimes import join_all
 
 __all__ = ["RendezvousServer", "MeetingPoint", "join", "resolve_address", "RendezvousError",
            "file_path", "publish", "read_published", "unpublish"]
@@ -129,8 +137,12 @@ def _secure(sock, curve, server):
         sock.curve_secretkey = secret
 
 
+_NO_AUTH = ["none", None]
+
+
 def _registration(frame):
-    """(name, rank, world_size, endpoint) of a registration, or a text saying what is wrong."""
+    """(name, rank, world_size, endpoint, auth, proof) of a registration, or a text saying
+    what is wrong."""
     if len(frame) > _MAX_REGISTRATION:
         return f"a registration is at most {_MAX_REGISTRATION} bytes"
     try:
@@ -146,7 +158,17 @@ def _registration(frame):
         return "'rank' and 'world_size' must be integers (world_size >= 1)"
     if type(ep) is not str or not ep.startswith(("tcp://", "ipc://")) or len(ep) > 1024:
         return "'endpoint' must be a tcp:// or ipc:// address"
-    return name, rank, ws, ep
+    auth = reg.get("auth", _NO_AUTH)
+    if type(auth) is not list or len(auth) != 2 or auth[0] not in MECHANISMS \
+            or not (auth[1] is None if auth[0] == "none" else type(auth[1]) is str
+                    and 0 < len(auth[1]) <= 256):
+        return f"'auth' must be [mechanism, verifier] with a mechanism of {list(MECHANISMS)}"
+    return name, rank, ws, ep, auth, reg.get("proof")
+
+
+def _registered(name, rank, world_size, endpoint, auth):
+    """What a registration's proof covers."""
+    return [name, rank, world_size, endpoint, auth]
 
 
 # ---------------------------------------------------------------------- meeting points
@@ -277,8 +299,8 @@ class MeetingPoint:
             if MeetingPoint._registry.get(self.address) is self:
                 del MeetingPoint._registry[self.address]
         self._stop.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        if timeout > 0:  # 0: the caller knows it ends within its poll slice (_POLL_SLICE)
+            join_all([self._thread], timeout, f"meeting point {self.address}")
 
     def send(self, ident, payload):
         """Reply to ``ident`` (serving thread only); a peer that left is not an error."""
@@ -331,11 +353,13 @@ class MeetingPoint:
 class _Registrations:
     """The rendezvous as a meeting point's handler: collects ``world_size``
     registrations, answers each with the table, and keeps answering late or clashing
-    ones with why they cannot join."""
+    ones with why they cannot join. With ``secret``, only registrations that prove they
+    hold it count."""
 
     accepts = "map"
 
-    def __init__(self):
+    def __init__(self, secret=None):
+        self.secret = secret
         self.world_size = self.deadline = self.timeout = None
         self.table = self.error = None
         self._early = []          # registrations that came before start()
@@ -382,9 +406,13 @@ class _Registrations:
         if isinstance(reg, str):
             send({"ok": False, "error": f"malformed registration: {reg}"})
             return
-        name, rank, ws, ep = reg
+        name, rank, ws, ep, auth, proof = reg
         world_size, seen = self.world_size, self._seen
-        if self.table is not None:
+        refusal = self._unproven(name, rank, ws, ep, auth, proof)
+        if refusal is not None:
+            log.warning("rendezvous: refused %r (rank %r): %s", name, rank, refusal)
+            send({"ok": False, "error": refusal})
+        elif self.table is not None:
             send({"ok": False, "error": f"the world of {world_size} processes is already "
                                         f"complete; {name!r} (rank {rank}) cannot join it"})
         elif self.error is not None:
@@ -395,18 +423,43 @@ class _Registrations:
         elif not 0 <= rank < world_size:
             send({"ok": False, "error": f"rank {rank} of {name!r} is out of range for "
                                         f"world_size {world_size}"})
-        elif rank in seen or any(n == name for n, _ in seen.values()):
+        elif rank in seen or any(s[0] == name for s in seen.values()):
             other = seen.get(rank, (None,))[0]
             clash = (f"rank {rank} is claimed by both {other!r} and {name!r}"
                      if rank in seen else f"worker name {name!r} is used twice")
             send({"ok": False, "error": clash})
             self.failed(point, f"rendezvous abandoned: {clash}")
+        elif seen and auth[0] != next(iter(seen.values()))[2][0]:
+            mechanism = next(iter(seen.values()))[2][0]
+            send({"ok": False, "error": f"{name!r} (rank {rank}) authenticates with {auth[0]!r}"
+                                        f", the others with {mechanism!r}: every process of "
+                                        "a world must use the same RpcBackendOptions "
+                                        "(authenticate, CURVE keys)"})
         else:
-            seen[rank] = (name, ep)
+            seen[rank] = (name, ep, auth)
             self._idents[rank] = ident
             if len(seen) == world_size:
-                self.table = [[seen[r][0], r, seen[r][1]] for r in range(world_size)]
-                self._reply_all(point, {"ok": True, "workers": self.table})
+                self.table = [[seen[r][0], r, seen[r][1], seen[r][2]] for r in range(world_size)]
+                answer = {"ok": True, "workers": self.table}
+                if self.secret is not None:
+                    answer["proof"] = prove(self.secret, "table", self.table)
+                self._reply_all(point, answer)
+
+    def _unproven(self, name, rank, ws, ep, auth, proof):
+        """Why a registration does not prove it holds the world's secret (None: it does)."""
+        who = f"{name!r} (rank {rank})"
+        if self.secret is None:
+            if proof is None:
+                return None
+            return (f"{who} holds a world secret but the rendezvous has none: give every "
+                    f"process of the world the same {SECRET_ENV}")
+        if proof is None:
+            return (f"{who} has no world secret: this world requires one (set {SECRET_ENV} "
+                    "as for the other processes)")
+        if not proven(self.secret, "registration", _registered(name, rank, ws, ep, auth), proof):
+            return (f"{who} has a wrong world secret: its {SECRET_ENV} differs from the "
+                    "rendezvous's")
+        return None
 
 
 def _rendezvous_bind_error(address, e):
@@ -423,9 +476,9 @@ class RendezvousServer:
     it. ``ctx`` is accepted for the callers' sake; the point has its own socket.
     """
 
-    def __init__(self, ctx, address, curve=None):
+    def __init__(self, ctx, address, curve=None, secret=None):
         self._point = MeetingPoint.acquire(address, curve, bind_error=_rendezvous_bind_error)
-        self._registrations = _Registrations()
+        self._registrations = _Registrations(secret)
         try:
             self._point.attach(self._registrations)
         except BaseException:
@@ -468,15 +521,23 @@ class RendezvousServer:
         self._point.release(timeout)
 
 
-def join(ctx, address, name, rank, world_size, endpoint, timeout, curve=None):
-    """Register with the rendezvous at ``address``; return [[name, rank, endpoint], ...]."""
+def join(ctx, address, name, rank, world_size, endpoint, timeout, curve=None, auth=None,
+         secret=None):
+    """Register with the rendezvous at ``address``; return [[name, rank, endpoint, auth],
+    ...]. ``auth`` is this process's [mechanism, verifier]; with ``secret`` the
+    registration proves it holds the world's secret, and so must the answer."""
+    auth = list(auth) if auth is not None else _NO_AUTH
+    registration = {"name": name, "rank": rank, "world_size": world_size,
+                    "endpoint": endpoint, "auth": auth}
+    if secret is not None:
+        registration["proof"] = prove(secret, "registration",
+                                      _registered(name, rank, world_size, endpoint, auth))
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     _secure(sock, curve, server=False)
     try:
         sock.connect(address)
-        sock.send(msgpack.packb({"name": name, "rank": rank, "world_size": world_size,
-                                 "endpoint": endpoint}))
+        sock.send(msgpack.packb(registration))
         if not sock.poll(int(timeout * 1000)):
             raise RpcTimeoutError(f"rendezvous at {address} did not answer {name!r} "
                                   f"(rank {rank}) within {timeout:g} s: is rank 0 running, and "
@@ -492,4 +553,9 @@ def join(ctx, address, name, rank, world_size, endpoint, timeout, curve=None):
     if type(reply) is not dict or not reply.get("ok"):
         err = reply.get("error") if type(reply) is dict else reply
         raise RendezvousError(f"rendezvous failed for {name!r} (rank {rank}): {err}")
-    return reply["workers"]
+    table = reply["workers"]
+    if secret is not None and not proven(secret, "table", table, reply.get("proof")):
+        raise RendezvousError(f"the rendezvous at {address} answered {name!r} (rank {rank}) "
+                              "without proof that it holds the world secret: another "
+                              f"process answers there, or rank 0 has another {SECRET_ENV}")
+    return table

@@ -57,7 +57,9 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from . import wire
-from .errors import ProtocolError
+from .credentials import ZAP_ENDPOINT, Admission, Credential
+from .errors import ProtocolError, describe_exception
+from .lifetimes import join_all
 from .link import SimulatedLink, parse_link
 
 __all__ = ["Transport", "send_frames", "frames_nbytes"]
@@ -70,7 +72,7 @@ _BATCH = 64               # messages taken from one socket before looking at the
 _LEAVE_LINGER = 100       # ms a LEAVE may take to reach a live peer when we close
 _OWN_LINGER = 1000        # ms a thread's last messages may take to leave after it ends
 _MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
-              | zmq.EVENT_CONNECTED)
+              | zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
 def _received_frame(a):
@@ -178,12 +180,26 @@ class Transport:
     ``on_peer_down(rank, why, left)`` a peer died (``left=False``) or left;
     ``on_peer_up(rank)`` a peer reported down answers again;
     ``on_fatal(exc)`` the I/O thread stops because of ``exc``.
+
+    With a ``credential`` (``credentials.py``) other than "none", the router admits only
+    connections presenting a credential of the world's table (given to :meth:`connect`),
+    each as the rank it registered, and a message whose header claims another rank than
+    its connection's is refused. The ZAP handler is the I/O thread's: connections that
+    come before the table is known wait for it.
     """
 
-    def __init__(self, name, rank, world_size, options, handlers):
+    def __init__(self, name, rank, world_size, options, handlers, credential=None):
         self.name, self.rank, self.world_size = name, rank, world_size
         self.options = options
         self.handlers = handlers
+        self.credential = credential or Credential("none")
+        self.admission = None      # the ZAP side, once the world's verifiers are known
+        self._verifiers = None
+        self._zap = None           # the context's ZAP handler socket (the I/O thread's)
+        self._user_ids = ["%d" % r for r in range(world_size)]
+        # routing identities nobody else can guess: a member cannot take over another's
+        # connection (a ROUTER hands an identity over to its newest connection)
+        self._tag = b"" if self.credential.mechanism == "none" else os.urandom(6).hex().encode()
         self.ctx = zmq.Context()
         self.stats = collections.Counter()
         self._on_system = getattr(handlers, "on_system_request", None)
@@ -209,7 +225,6 @@ class Transport:
         self.router = None
         self.dealers = []
         self._monitors = {}
-        self._auth = None
         self.grace = max(0.5, options.heartbeat_interval)
         zmtp_timeout = max(options.heartbeat_timeout - self.grace - options.heartbeat_interval,
                            options.heartbeat_interval)
@@ -217,7 +232,9 @@ class Transport:
                     int(options.heartbeat_timeout * 1000))
 
     # ------------------------------------------------------------------ setup
-    def socket(self, kind, server=False):
+    def socket(self, kind, server=False, peer=None):
+        """A socket with this transport's settings: the router (``server``), or a client
+        to rank ``peer`` presenting this process's credential."""
         s = self.ctx.socket(kind)
         s.linger = 0
         s.sndhwm = 0  # never block the I/O thread: backpressure is per call (calls.py)
@@ -226,34 +243,19 @@ class Transport:
         s.heartbeat_ivl, s.heartbeat_timeout, s.heartbeat_ttl = ivl, timeout, ttl
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 1000
-        curve = self._curve()
-        if curve is not None:
-            public, secret = curve
-            s.curve_publickey, s.curve_secretkey = public, secret
-            if server:
-                s.curve_server = True
-            else:
-                s.curve_serverkey = public
+        if server:
+            self.credential.serve(s)
+        elif peer is not None:
+            for option, value in self.client_options(peer).items():
+                setattr(s, option, value)
         return s
 
-    def _curve(self):
-        o = self.options
-        return None if o.curve_public_key is None else (o.curve_public_key, o.curve_secret_key)
-
-    def start_auth(self):
-        """CURVE: admit only clients presenting the world's public key."""
-        curve = self._curve()
-        if curve is None:
-            return
-        from zmq.auth.thread import ThreadAuthenticator
-        world_public = curve[0]
-
-        class _OnlyWorldKey:
-            def callback(self, domain, key):
-                return key == zmq.utils.z85.decode(world_public) or key == world_public
-        self._auth = ThreadAuthenticator(self.ctx)
-        self._auth.start()
-        self._auth.configure_curve_callback(domain="*", credentials_provider=_OnlyWorldKey())
+    def client_options(self, peer):
+        """Socket options that present this process's credential to rank ``peer`` (a test
+        that speaks the protocol by hand connects as this process with them)."""
+        if self.credential.mechanism == "none":
+            return {}
+        return self.credential.client_options(self.rank, self._verifiers[peer])
 
     def bind(self, address):
         """Bind the router (``tcp://host:0`` or ``ipc://path``); return the real endpoint.
@@ -262,6 +264,11 @@ class Transport:
         a stop, a network blip) while this side still holds the old connection, the new
         one must take the identity over, or every reply to that peer goes to the dead
         connection and is lost (ZeroMQ's default keeps the old one)."""
+        if self.credential.mechanism != "none" and self._zap is None:
+            # bound before the router: libzmq refuses PLAIN clients while no handler is
+            self._zap = self.ctx.socket(zmq.ROUTER)
+            self._zap.linger = 0
+            self._zap.bind(ZAP_ENDPOINT)
         r = self.router = self.socket(zmq.ROUTER, server=True)
         r.router_mandatory = 1
         r.router_handover = 1
@@ -269,13 +276,19 @@ class Transport:
         r.bind(address)
         return r.last_endpoint.decode()
 
-    def connect(self, endpoints):
-        """Connect a dealer to every peer and start the I/O thread."""
+    def connect(self, endpoints, verifiers=None):
+        """Connect a dealer to every peer and start the I/O thread. ``verifiers`` (rank ->
+        what checks its credential) is the world's table from the rendezvous."""
         self.endpoints = list(endpoints)
+        if self.credential.mechanism != "none":
+            if verifiers is None or len(verifiers) != self.world_size:
+                raise ValueError("an authenticated transport needs every rank's verifier")
+            self._verifiers = list(verifiers)
+            self.admission = Admission(self.name, self.credential.mechanism, verifiers)
         now = time.monotonic()
         for r, ep in enumerate(self.endpoints):
-            d = self.socket(zmq.DEALER)
-            d.identity = b"%d" % self.rank
+            d = self.socket(zmq.DEALER, peer=r)
+            d.identity = b"%d:%s" % (self.rank, self._tag) if self._tag else b"%d" % self.rank
             self._monitors[d.get_monitor_socket(_MONITORED)] = r
             d.connect(ep)
             self.dealers.append(d)
@@ -343,10 +356,10 @@ class Transport:
         self._count(frames)
 
     def _own_socket(self, dst):
-        s = self.socket(zmq.DEALER)
+        s = self.socket(zmq.DEALER, peer=dst)
         # a distinct identity per connection (the router would hand one identity over to
         # the newest connection); the rank in front names the sender in logs
-        s.identity = b"%d:%d" % (self.rank, next(self._own_ids))
+        s.identity = b"%d:%s%d" % (self.rank, self._tag, next(self._own_ids))
         s.connect(self.endpoints[dst])
         return s
 
@@ -406,6 +419,9 @@ class Transport:
             dealer_rank[d] = r
         for m in self._monitors:
             poller.register(m, zmq.POLLIN)
+        zap = self._zap
+        if zap is not None:
+            poller.register(zap, zmq.POLLIN)
         router, handlers = self.router, self.handlers
         while not self._stop:
             now = time.monotonic()
@@ -424,6 +440,8 @@ class Transport:
                     self._guarded(self._on_dealer, sock, dealer_rank[sock])
                 elif sock in self._monitors:
                     self._guarded(self._on_monitor, sock, self._monitors[sock])
+                elif sock is zap:
+                    self._guarded(self._on_zap)
             now = time.monotonic()
             if self.link is not None:
                 self.link.release(now)
@@ -471,6 +489,28 @@ class Transport:
                 continue
             yield frames, kind, mid, src, extra, segments
 
+    def _on_zap(self):
+        """Answer libzmq's ZAP requests: admit a connection as the rank its credential
+        proves, or refuse it (see ``credentials.py``)."""
+        for _ in range(_BATCH):
+            try:
+                request = self._zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if b"" not in request:
+                continue
+            envelope = request[:request.index(b"") + 1]
+            answer = self.admission.answer(request[len(envelope):])
+            if answer is not None:
+                self._zap.send_multipart(envelope + answer, zmq.NOBLOCK)
+
+    def _user_id(self, frames):
+        """The rank (text) the connection of a message was admitted as."""
+        try:
+            return frames[1].get("User-Id")
+        except zmq.ZMQError:  # admitted by no ZAP handler
+            return None
+
     def _on_router(self):
         link = self.link
         for message in self._incoming(self.router, 1):
@@ -485,7 +525,13 @@ class Transport:
         """Hand one message that came in on the router to its handler."""
         h = self.handlers
         if not 0 <= src < self.world_size:
-            self.drop(f"source rank {src} is not in the world")
+            self.refuse(frames[0].bytes, kind, mid, f"source rank {src} is not in the world of "
+                                                    f"{self.world_size} processes")
+            h.on_late(None, segments)
+        elif self.admission is not None and (user := self._user_id(frames)) != \
+                self._user_ids[src]:
+            self.refuse(frames[0].bytes, kind, mid, f"it claims to come from rank {src}, but its "
+                                                    f"connection was admitted as rank {user}")
             h.on_late(None, segments)
         elif kind == Kind.CALL:
             h.on_request(frames[0].bytes, mid, src, extra, segments, frames[2:])
@@ -493,7 +539,8 @@ class Transport:
             h.on_reply(src, kind, mid, extra, segments, frames[2:])
         elif kind == Kind.SYSTEM and self._on_system is not None:
             self._on_system(frames[0].bytes, mid, src, extra, segments, frames[2:])
-        elif kind in (Kind.RELEASE, Kind.LEAVE) and frames[0].bytes != b"%d" % src:
+        elif kind in (Kind.RELEASE, Kind.LEAVE) and self.admission is None \
+                and frames[0].bytes != b"%d" % src:
             # one-way messages come from the peer's own dealer, whose identity is its rank
             self.drop(f"{Kind.NAMES[kind]} claiming rank {src} from another connection")
         elif kind == Kind.RELEASE:
@@ -505,6 +552,16 @@ class Transport:
         else:
             self.drop(f"{Kind.NAMES.get(kind, kind)} on the request socket")
             h.on_late(src, segments)
+
+    def refuse(self, ident, kind, mid, why):
+        """Drop a message that came on connection ``ident``; a CALL expecting an answer (a
+        readable header promises one) gets a ``ProtocolError`` saying ``why``, on that
+        connection: its sender learns at once instead of waiting out its timeout."""
+        self.drop(why)
+        if mid != 0 and kind in (Kind.CALL, Kind.SYSTEM):
+            body, _ = wire.encode(describe_exception(ProtocolError(f"{self.name} refused the "
+                                                                   f"message: {why}"), ""))
+            self._send_router(ident, [wire.pack_header(Kind.ERROR, mid, self.rank), body])
 
     def _on_dealer(self, sock, rank):
         # Peers send everything to the router; a router sends nothing back on a
@@ -532,6 +589,10 @@ class Transport:
                     self._suspect.setdefault(rank, time.monotonic() + self.grace)
             elif event == zmq.EVENT_CONNECTED:
                 self._refused.pop(rank, None)
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._suspect.pop(rank, None)
+                self._peer_down(rank, "it refused this process's credentials (is it a member "
+                                      "of another world?)", left=False)
             elif event == zmq.EVENT_CLOSED and rank in self._suspect:
                 # reconnections refused twice in a row (once can be the old connection
                 # closing): nobody listens on the peer's endpoint any more
@@ -567,7 +628,7 @@ class Transport:
         # let the last replies (router) and LEAVE (dealers) out; a LEAVE to a peer that is
         # already gone would wait for the whole linger, so the dealers' is short
         linger = 1000 if self._announce is not None else 0
-        for s in [*self._monitors, self.router]:
+        for s in [*self._monitors, self.router, self._zap]:
             if s is not None and not s.closed:
                 s.close(linger=linger)
         for r, d in enumerate(self.dealers):
@@ -583,15 +644,8 @@ class Transport:
                 self._announce = announce
             self._stop = True
             self._wake.signal()
-            if threading.current_thread() is not self._thread:
-                self._thread.join(timeout)
-                if self._thread.is_alive():
-                    log.warning("%s: the RPC I/O thread did not stop within %.0f s", self.name,
-                                timeout)
+            join_all([self._thread], timeout, f"RPC transport of {self.name}")
         elif self._thread is None:
             self._close_sockets()
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
         self.ctx.destroy(linger=0)
         self._wake.close()

@@ -18,7 +18,7 @@ from .errors import ProtocolError, UnsendableError
 
 __all__ = ["VERSION", "Kind", "pack_header", "unpack_header", "encode", "decode"]
 
-VERSION = 3
+VERSION = 4  # 4: connections are authenticated and bound to a rank (PROTOCOL.md)
 MAX_HEADER = 64 * 1024
 
 

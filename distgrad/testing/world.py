@@ -30,6 +30,7 @@ from pathlib import Path
 import zmq
 
 from distgrad.rpc import api
+from distgrad.rpc.credentials import SECRET_ENV, new_world_secret
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.rendezvous import RendezvousServer
 from distgrad.rpc.agent import IPC_DIR_PREFIX
@@ -51,7 +52,7 @@ _WORKER_FLAGS = {"rpc_timeout": "--rpc-timeout", "heartbeat_interval": "--heartb
                  "max_inflight_per_worker": "--max-inflight",
                  "max_message_size": "--max-message-size",
                  "rendezvous_timeout": "--rendezvous-timeout",
-                 "simulated_link": "--simulated-link"}
+                 "simulated_link": "--simulated-link", "authenticate": "--authenticate"}
 
 
 def _read_at_runtime(env):
@@ -90,6 +91,8 @@ class World:
         if start_method not in ("fork", "spawn"):
             raise ValueError(f"start_method must be 'fork' or 'spawn', not {start_method!r}")
         self.start_method = start_method
+        # the world's secret, made here as the world is formed here (as the launcher does)
+        options.setdefault("world_secret", new_world_secret())
         self.options = options
         self.names = [f"worker{i}" for i in range(n + 1)]
         self.procs = {}
@@ -117,10 +120,10 @@ class World:
         curve = None
         if self.options.get("curve_public_key"):
             curve = (self.options["curve_public_key"], self.options["curve_secret_key"])
-        if self.transport == "ipc":
-            server = RendezvousServer(self._ctx, f"ipc://{self.dir}/rdv.sock", curve)
-        else:
-            server = RendezvousServer(self._ctx, "tcp://127.0.0.1:0", curve)
+        secret = self.options["world_secret"]
+        secret = secret.encode() if isinstance(secret, str) else secret
+        address = f"ipc://{self.dir}/rdv.sock" if self.transport == "ipc" else "tcp://127.0.0.1:0"
+        server = RendezvousServer(self._ctx, address, curve, secret)
         self.init_method = server.address
         try:
             for i in range(1, self.n + 1):
@@ -170,6 +173,8 @@ class World:
             e[TEST_MODULES_ENV] = json.dumps(self.test_modules)
         if self.allow_advice:
             e[ADVICE_ENV] = self.allow_advice
+        secret = self.options["world_secret"]
+        e[SECRET_ENV] = secret.decode() if isinstance(secret, bytes) else secret
         if self.options.get("curve_public_key"):
             e["DISTGRAD_CURVE_PUBLIC_KEY"] = self.options["curve_public_key"].decode()
             e["DISTGRAD_CURVE_SECRET_KEY"] = self.options["curve_secret_key"].decode()

@@ -63,15 +63,15 @@ def test_garbage_is_dropped_counted_and_serving_goes_on(rpc_world, transport):
     rpc_world(1, transport=transport)
     endpoint = current_agent().transport.endpoints[1]
     ctx = zmq.Context()
-    try:
-        s = _raw_dealer(ctx, endpoint)
+    try:  # as this process (rank 0): with its credential
+        s = _raw_dealer(ctx, endpoint, **current_agent().transport.client_options(1))
         bad = [
             [b"garbage"],                                                  # truncated
             [b"\xc1", b"x"],                                               # not msgpack
             [msgpack.packb([99, 1, 1, 0, None]), GOOD_BODY],               # unknown version
             [msgpack.packb([1, 77, 1, 0, None]), GOOD_BODY],               # unknown kind
             [b"\x91" + b"\x00" * 70000, GOOD_BODY],                        # oversized header
-            [wire.pack_header(wire.Kind.RELEASE, 0, 0, None, ["x"]), b""],  # forged one-way
+            [wire.pack_header(wire.Kind.RELEASE, 0, 1, None, ["x"]), b""],  # forged one-way
         ]
         for frames in bad:
             s.send_multipart(frames)

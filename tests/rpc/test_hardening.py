@@ -16,12 +16,17 @@ from support import rpc_funcs as f
 pytestmark = pytest.mark.timeout(90)
 
 
-def _raw(endpoint):
+def _raw(rank=1):
+    """A socket that speaks the protocol by hand to ``rank``, as this process (rank 0): it
+    presents this process's credential."""
+    transport = current_agent().transport
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.linger = 0
     s.sndtimeo = 5000  # a test must fail, not hang, if the worker went away
-    s.connect(endpoint)
+    for option, value in transport.client_options(rank).items():
+        setattr(s, option, value)
+    s.connect(transport.endpoints[rank])
     return ctx, s
 
 
@@ -114,7 +119,7 @@ def test_no_lost_wakeup_after_bursts_of_async_calls(rpc_world):
 # ---------------------------------------------------------------------- hostile input
 def test_every_call_with_a_readable_header_gets_a_reply(rpc_world):
     rpc_world(1)
-    ctx, s = _raw(current_agent().transport.endpoints[1])
+    ctx, s = _raw(1)
     bodies = [
         b"\x93\xc1", b"", msgpack.packb(None), msgpack.packb([1, 2, 3, 4]),
         _call("support.rpc_funcs:add", [1, 2], remote=[[1], [2]]),           # unhashable ids
@@ -146,7 +151,7 @@ def test_every_call_with_a_readable_header_gets_a_reply(rpc_world):
 
 def test_fuzzing_a_live_worker_with_ten_thousand_frames(rpc_world):
     world = rpc_world(1)
-    ctx, s = _raw(current_agent().transport.endpoints[1])
+    ctx, s = _raw(1)
     rng = random.Random(1234)
     good = [wire.pack_header(wire.Kind.CALL, 1, 0), _call("support.rpc_funcs:add", [1, 2])]
 
@@ -182,7 +187,7 @@ def test_fuzzing_a_live_worker_with_ten_thousand_frames(rpc_world):
 @pytest.mark.no_leak_check  # the forged fetches leave waiting entries that only expire
 def test_forged_internal_operations_are_validated_and_bounded(rpc_world):
     rpc_world(1)
-    ctx, s = _raw(current_agent().transport.endpoints[1])
+    ctx, s = _raw(1)
     try:
         # a fork id may only be registered by its creator: a notice in which rank 0 claims
         # rank 1's fork is refused (counted; notices get no answer) and creates no entry
@@ -212,8 +217,8 @@ def test_forged_internal_operations_are_validated_and_bounded(rpc_world):
         while (busy := rpc.rpc_sync("worker1", f.busy_handlers)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert busy == 0
-        # a LEAVE claiming to be rank 0 from a connection that is not rank 0's dealer
-        s.send_multipart([wire.pack_header(wire.Kind.LEAVE, 0, 0, "forged"), b""])
+        # a LEAVE claiming to be another rank than the one its connection was admitted as
+        s.send_multipart([wire.pack_header(wire.Kind.LEAVE, 0, 1, "forged"), b""])
         time.sleep(0.5)
         assert rpc.rpc_sync("worker1", f.nested_call, ("worker0", f.add, (1, 2))) == 3
         # the shutdown barrier is rank 0's: nobody else holds it, nobody arrives for rank 0
@@ -227,7 +232,7 @@ def test_forged_internal_operations_are_validated_and_bounded(rpc_world):
 
 def test_an_oversized_message_disconnects_the_sender_only(rpc_world):
     rpc_world(1, max_message_size=1 << 20)
-    ctx, s = _raw(current_agent().transport.endpoints[1])
+    ctx, s = _raw(1)
     try:
         s.send_multipart([wire.pack_header(wire.Kind.CALL, 1, 0), b"\x00" * (2 << 20)])
         assert not s.poll(500)  # dropped by libzmq before any decoding

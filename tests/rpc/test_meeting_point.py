@@ -178,7 +178,8 @@ _PROGRAM = textwrap.dedent("""
         t = torch.tensor([float(rank + 1)])
         dist.all_reduce(t)
         y = rpc.rpc_sync(f"w{(rank + 1) % world_size}", double, args=(t,))
-        print("RESULT", rank, t.item(), y.item(), flush=True)
+        # one string, one write: the three processes share the pipe, unbuffered
+        print(f"RESULT {rank} {t.item()} {y.item()}", flush=True)
         rpc.shutdown()
         dist.destroy_process_group()
 

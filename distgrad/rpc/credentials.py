@@ -1,0 +1,166 @@
+"""Who may talk to a world: each process's own credential, the world's secret, and the
+ZAP answers that admit a connection as one rank of the world.
+
+Connections are authenticated, not messages: once ZeroMQ's handshake admitted a
+connection (ZAP, RFC 27), every message on it carries the rank it was admitted as
+(its ``User-Id``), and the transport refuses a message whose header claims another
+rank. Large tensors pay nothing per byte.
+
+Each process makes its own credential when it starts (:class:`Credential`) and
+registers only what checks it (its *verifier*) at the rendezvous, which hands the
+table of verifiers to every member. Two mechanisms:
+
+``plain`` (the default): a random 32-byte token per process, presented with ZeroMQ's
+    PLAIN mechanism; peers hold its SHA-256 only, so no member can present another
+    member's token. The token crosses the network in the clear at each handshake:
+    right on one host or a network nobody else can read, not on an untrusted one.
+``curve``: a CURVE key pair per process (when the options carry the world's CURVE key
+    pair, which also encrypts the rendezvous); the connection is encrypted and the
+    secret key never leaves its process. What it costs: every byte is encrypted.
+
+The world's secret (``DISTGRAD_WORLD_SECRET`` or ``RpcBackendOptions.world_secret``),
+made by whoever forms the world and handed to its members as the rendezvous address
+is, never crosses the wire: a registration proves it holds the secret with an HMAC over
+its own content, and the rendezvous proves the same over the table it answers with. A
+world without a secret is still closed once it formed (no connection is admitted
+without a registered credential), but while it forms anyone who reaches the rendezvous
+may register (a rank claimed twice abandons the world).
+"""
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+
+import msgpack
+import zmq
+from zmq.utils import z85
+
+__all__ = ["SECRET_ENV", "MECHANISMS", "Credential", "Admission", "world_secret",
+           "new_world_secret", "prove", "proven"]
+
+log = logging.getLogger("distgrad.rpc")
+
+#: The environment variable through which a world's members receive its secret.
+SECRET_ENV = "DISTGRAD_WORLD_SECRET"
+#: How a connection is authenticated; "none" only when authentication is turned off.
+MECHANISMS = ("none", "plain", "curve")
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler
+
+
+def new_world_secret():
+    """A fresh world secret (text), for whoever forms a world."""
+    return secrets.token_hex(32)
+
+
+def world_secret(options):
+    """The world secret of ``options`` or of the environment, as bytes (None: no secret)."""
+    s = getattr(options, "world_secret", None) or os.environ.get(SECRET_ENV) or None
+    return s.encode() if isinstance(s, str) else s
+
+
+def prove(secret, what, content):
+    """HMAC of ``content`` (msgpack-able) under ``secret``, labelled ``what``: what shows a
+    registration or a table came from a holder of the secret."""
+    return hmac.new(secret, what.encode() + b"\0" + msgpack.packb(content),
+                    hashlib.sha256).hexdigest()
+
+
+def proven(secret, what, content, proof):
+    return type(proof) is str and hmac.compare_digest(prove(secret, what, content), proof)
+
+
+class Credential:
+    """This process's credential for one world. ``verifier`` is what its peers check (and
+    all they learn): the token's SHA-256 (plain) or the public key (curve)."""
+
+    def __init__(self, mechanism):
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"unknown authentication mechanism {mechanism!r}")
+        self.mechanism = mechanism
+        self.verifier = None
+        if mechanism == "plain":
+            self._token = secrets.token_hex(32).encode()
+            self.verifier = hashlib.sha256(self._token).hexdigest()
+        elif mechanism == "curve":
+            self._public, self._secret = zmq.curve_keypair()
+            self.verifier = self._public.decode()
+
+    @property
+    def registration(self):
+        """What the rendezvous learns and hands to the members: [mechanism, verifier]."""
+        return [self.mechanism, self.verifier]
+
+    def serve(self, sock):
+        """Make ``sock`` (a bound ROUTER) admit only connections the ZAP handler admits."""
+        if self.mechanism == "plain":
+            sock.plain_server = True
+        elif self.mechanism == "curve":
+            sock.curve_server = True
+            sock.curve_publickey, sock.curve_secretkey = self._public, self._secret
+
+    def client_options(self, rank, peer_verifier):
+        """Socket options that make a client socket present this credential as ``rank`` to
+        the peer whose verifier is ``peer_verifier``."""
+        if self.mechanism == "plain":
+            return {"plain_username": b"%d" % rank, "plain_password": self._token}
+        if self.mechanism == "curve":
+            return {"curve_serverkey": peer_verifier.encode(), "curve_publickey": self._public,
+                    "curve_secretkey": self._secret}
+        return {}
+
+
+class Admission:
+    """The ZAP side: which rank, if any, a connection's credentials prove. Made with the
+    world's table of verifiers (rank -> verifier) once the rendezvous answered."""
+
+    def __init__(self, name, mechanism, verifiers):
+        self.name, self.mechanism = name, mechanism
+        self._verifiers = list(verifiers)
+        self._by_key = {v: r for r, v in enumerate(self._verifiers)} \
+            if mechanism == "curve" else {}
+        self.refused = 0
+
+    def answer(self, request):
+        """The ZAP reply frames (after the envelope) to ``request`` (the frames after it)."""
+        if len(request) < 6:
+            return None  # not a ZAP request: libzmq never sends one
+        version, request_id, _domain, address, _identity, mechanism = request[:6]
+        credentials = request[6:]
+        try:
+            rank, why = self._admit(mechanism, credentials)
+        except Exception as e:  # noqa: BLE001 - refused, never left waiting for an answer
+            rank, why = None, f"credentials that could not be checked ({type(e).__name__})"
+        if rank is None:
+            self.refused += 1
+            level = logging.WARNING if self.refused <= 10 else logging.DEBUG
+            log.log(level, "%s: refused a connection from %s: %s", self.name,
+                    address.decode(errors="replace") or "a local peer", why)
+            return [b"1.0", request_id, b"400", why.encode()[:255], b"", b""]
+        return [b"1.0", request_id, b"200", b"OK", b"%d" % rank, b""]
+
+    def _admit(self, mechanism, credentials):
+        if mechanism.decode(errors="replace").lower() != self.mechanism:
+            return None, (f"it authenticates with {mechanism.decode(errors='replace')}, this "
+                          f"world with {self.mechanism}")
+        if self.mechanism == "plain":
+            if len(credentials) != 2:
+                return None, "malformed PLAIN credentials"
+            user, password = credentials
+            try:
+                rank = int(user)
+            except ValueError:
+                rank = -1
+            if not 0 <= rank < len(self._verifiers) or user != b"%d" % rank:
+                return None, f"it claims to be {user[:32]!r}, not a rank of this world"
+            digest = hashlib.sha256(password).hexdigest()
+            if not hmac.compare_digest(digest, self._verifiers[rank] or ""):
+                return None, f"wrong credentials for rank {rank} (not a member of this world)"
+            return rank, None
+        if len(credentials) != 1 or len(credentials[0]) != 32:
+            return None, "malformed CURVE credentials"
+        rank = self._by_key.get(z85.encode(credentials[0]).decode())
+        if rank is None:
+            return None, "its CURVE key is not one of this world's members"
+        return rank, None

@@ -1,0 +1,247 @@
+"""Trust across hosts: who may talk to a world, what a source may claim, and that every
+CALL is answered, also when its sender is refused."""
+import threading
+import time
+
+import msgpack
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from distgrad.distributed import rpc
+from distgrad.rpc import current_agent, wire
+from distgrad.rpc.credentials import SECRET_ENV
+from distgrad.rpc.errors import RpcError
+from distgrad.rpc.rendezvous import RendezvousError, RendezvousServer, join
+from distgrad.testing.world import World
+from support import forger
+from support import rpc_funcs as f
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _raw(endpoint, **options):
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.sndtimeo = 5000  # a test must fail, not hang, if the worker went away
+    for k, v in options.items():
+        setattr(s, k, v)
+    s.connect(endpoint)
+    return ctx, s
+
+
+def _member(rank):
+    """A socket to ``rank`` that speaks the protocol by hand as this process (rank 0), with
+    its credential: what a member that forges its messages would use."""
+    transport = current_agent().transport
+    return _raw(transport.endpoints[rank], **transport.client_options(rank))
+
+
+def _call(target, args, kwargs=None, remote=None):
+    return msgpack.packb([target, args, kwargs or {}, remote])
+
+
+def _answer(s, timeout=5.0):
+    assert s.poll(int(timeout * 1000)), "no answer"
+    frames = s.recv_multipart()
+    kind, mid, _, _, _ = wire.unpack_header(frames[0])
+    body = msgpack.unpackb(frames[1]) if len(frames) > 1 else None
+    return kind, mid, body
+
+
+@pytest.mark.parametrize("src", [10**9, -1, 2])
+def test_a_call_from_a_source_outside_the_world_is_answered(rpc_world, src):
+    rpc_world(1)
+    ctx, s = _member(1)
+    try:
+        for kind in (wire.Kind.CALL, wire.Kind.SYSTEM):
+            s.send_multipart([wire.pack_header(kind, 41, src), _call(f.add.__module__ + ":add",
+                                                                      [1, 2])])
+            answer, mid, body = _answer(s)
+            assert (answer, mid) == (wire.Kind.ERROR, 41)
+            assert body[0] == "ProtocolError" and f"source rank {src} is not in the world" \
+                in body[2]
+    finally:
+        ctx.destroy(linger=0)
+    assert rpc.rpc_sync("worker1", f.add, (2, 2)) == 4
+
+
+# ---------------------------------------------------------------------- the attacks of issue 22
+def _outsider_events(endpoint, frames_list, **options):
+    """Connect to ``endpoint`` without this world's credentials (or with ``options``), send
+    each message of ``frames_list``; return (answers received, handshake events seen)."""
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.sndtimeo = 5000
+    for k, v in options.items():
+        setattr(s, k, v)
+    monitor = s.get_monitor_socket()   # before connecting: a refusal can come at once
+    s.connect(endpoint)
+    try:
+        for frames in frames_list:
+            try:   # (waits up to sndtimeo for the connection's pipe)
+                s.send_multipart(frames)
+            except zmq.Again:   # refused before anything could even be queued
+                break
+        events, answers = set(), 0
+        deadline = time.monotonic() + 20   # a refusal comes at once; a loaded machine is slow
+        quiet_until = None                 # after it, a moment more for a stray answer
+        while time.monotonic() < (quiet_until or deadline):
+            if monitor.poll(50):
+                events.add(recv_monitor_message(monitor)["event"])
+            while s.poll(0):
+                s.recv_multipart()
+                answers += 1
+            if quiet_until is None and events & _REFUSED:
+                quiet_until = time.monotonic() + 0.3
+        return answers, events
+    finally:
+        ctx.destroy(linger=0)
+
+
+_REFUSED = {zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}
+
+
+def _attacks(src):
+    """The messages of issue 22, each claiming rank ``src``."""
+    add = f"{f.add.__module__}:add"
+    return [
+        [wire.pack_header(wire.Kind.CALL, 1, src), _call("@barrier", [])],
+        [wire.pack_header(wire.Kind.SYSTEM, 2, src), _call("@barrier", [])],
+        [wire.pack_header(wire.Kind.CALL, 3, src, {"autograd": [[src, 123], [], []]}),
+         _call(add, [1, 2])],
+        [wire.pack_header(wire.Kind.SYSTEM, 0, src, {"@bk": [["rref.add", [[[src, 9], [src, 9]]]]]}),
+         _call("@bk", [])],
+    ]
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_an_outsider_gets_no_connection_to_any_member(rpc_world, transport):
+    rpc_world(2, transport=transport)
+    agent = current_agent()
+    before = rpc.rpc_sync("worker1", f.agent_stats)
+    public, secret = zmq.curve_keypair()
+    for rank in (0, 1):
+        for options in ({}, {"identity": b"0"},
+                        {"plain_username": b"0", "plain_password": b"guessed"},
+                        {"plain_username": b"1", "plain_password": b"guessed"},
+                        {"curve_serverkey": public, "curve_publickey": public,
+                         "curve_secretkey": secret}):
+            answers, events = _outsider_events(agent.transport.endpoints[rank],
+                                               _attacks(0) + _attacks(2), **options)
+            assert answers == 0 and events & _REFUSED, (rank, options, events)
+    # nothing changed for the members: rank 0 did not arrive at the shutdown barrier (where
+    # the workers wait: its arrival would end the world), no entry was made, calls work
+    assert 0 in agent.barrier.missing()   # (the workers arrive when they will)
+    after = rpc.rpc_sync("worker1", f.agent_stats)
+    assert after["rrefs"] == 0 and after.get("dropped", 0) == before.get("dropped", 0)
+    assert [rpc.rpc_async(w, f.add, (i, 1)).wait(10) for i in range(20)
+            for w in ("worker1", "worker2")][-1] == 20
+
+
+def test_a_member_cannot_speak_as_another_rank(rpc_world):
+    rpc_world(2)
+    agent = current_agent()
+    forge = f"{forger.__name__}:send_forged"
+    # worker2 claims to be rank 0 at rank 0's barrier (CALL and SYSTEM alike), where the
+    # workers wait: rank 0's arrival would end the world
+    for kind in (wire.Kind.CALL, wire.Kind.SYSTEM):
+        answer = rpc.rpc_sync("worker2", forge, (0, kind, 0, "@barrier"))
+        assert answer is not None and answer[:2] == [wire.Kind.ERROR, 77]
+        assert answer[2][0] == "ProtocolError"
+        assert "claims to come from rank 0" in answer[2][2] and "admitted as rank 2" in answer[2][2]
+    assert 0 in agent.barrier.missing()   # (the workers arrive when they will)
+    # worker2 claims to be rank 0 at worker1: with autograd contexts, and RRef forks
+    for frames in _attacks(0):
+        kind, mid, src, extra, _ = wire.unpack_header(frames[0])
+        answer = rpc.rpc_sync("worker2", forge, (1, kind, 0, "@bk" if mid == 0 else
+                                                  f"{f.add.__module__}:add", [1, 2], extra, None,
+                                                  mid or 0, True, 1.0 if mid == 0 else 3.0))
+        if mid == 0:   # a one-way message: refused without an answer
+            assert answer is None
+        else:
+            assert answer[0] == wire.Kind.ERROR and "admitted as rank 2" in answer[2][2]
+    stats = rpc.rpc_sync("worker1", f.agent_stats)
+    assert stats["rrefs"] == 0 and stats["dropped"] >= 4
+    assert rpc.rpc_sync("worker1", f.add, (2, 3)) == 5
+
+
+def test_a_member_cannot_take_over_another_members_connection(rpc_world):
+    rpc_world(2)
+    hold = f"{forger.__name__}:hold_identity"
+    holders = [rpc.rpc_async("worker2", hold, (1, identity, 2.0))
+               for identity in (b"0", b"0:1", b"0:2")]
+    results = [rpc.rpc_async("worker1", f.add, (i, i)) for i in range(200)]
+    assert [r.wait(20) for r in results] == [2 * i for i in range(200)]
+    assert [h.wait(20) for h in holders] == [0, 0, 0]   # nothing meant for rank 0 went to them
+
+
+def test_without_authentication_a_world_still_works(rpc_world):
+    rpc_world(1, authenticate=False)
+    assert current_agent().transport.credential.mechanism == "none"
+    assert rpc.rpc_sync("worker1", f.add, (2, 3)) == 5
+
+
+# ---------------------------------------------------------------------- the world's secret
+def _rendezvous(secret, world_size=2):
+    ctx = zmq.Context()
+    srv = RendezvousServer(ctx, "tcp://127.0.0.1:0", secret=secret)
+    srv.start(world_size, 10.0)
+    return ctx, srv
+
+
+def _join(ctx, srv, name, rank, secret, world_size=2):
+    return join(ctx, srv.address, name, rank, world_size, "tcp://127.0.0.1:1", 5.0,
+                auth=["plain", "ab" * 32], secret=secret)
+
+
+def test_a_missing_or_wrong_secret_is_refused_naming_the_process(caplog):
+    ctx, srv = _rendezvous(b"right")
+    try:
+        with pytest.raises(RendezvousError, match=r"'intruder' \(rank 1\) has no world secret.*"
+                                                  + SECRET_ENV):
+            _join(ctx, srv, "intruder", 1, None)
+        with pytest.raises(RendezvousError, match=r"'guesser' \(rank 1\) has a wrong world secret"):
+            _join(ctx, srv, "guesser", 1, b"wrong")
+        assert "refused 'guesser' (rank 1)" in caplog.text   # rank 0 says who, too
+        # the world forms with the members that hold it; their table is proven
+        done = []
+        t = threading.Thread(target=lambda: done.append(_join(ctx, srv, "w0", 0, b"right")))
+        t.start()
+        table = _join(ctx, srv, "w1", 1, b"right")
+        t.join(10)
+        assert [row[:2] for row in table] == [["w0", 0], ["w1", 1]] and done == [table]
+    finally:
+        srv.stop()
+        ctx.destroy(linger=0)
+
+
+def test_an_answer_without_proof_of_the_secret_is_not_believed():
+    ctx = zmq.Context()
+    try:   # someone else answers at the rendezvous address, with a table of its own
+        impostor = ctx.socket(zmq.ROUTER)
+        address = f"tcp://127.0.0.1:{impostor.bind_to_random_port('tcp://127.0.0.1')}"
+        joined = []
+        t = threading.Thread(target=lambda: joined.append(pytest.raises(
+            RendezvousError, join, ctx, address, "w0", 0, 1, "tcp://127.0.0.1:1", 5.0,
+            auth=["plain", "ab" * 32], secret=b"ours")))
+        t.start()
+        assert impostor.poll(5000)
+        ident, _ = impostor.recv_multipart()
+        impostor.send_multipart([ident, msgpack.packb(
+            {"ok": True, "workers": [["w0", 0, "tcp://127.0.0.1:2", ["none", None]]]})])
+        t.join(10)
+        assert "without proof that it holds the world secret" in str(joined[0].value)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_worker_with_a_wrong_secret_says_so_and_exits():
+    world = World(1, worker_env={SECRET_ENV: "not-the-worlds"}, rendezvous_timeout=2.0)
+    with pytest.raises(RpcError, match=r"missing ranks \[1\]"):
+        world.start()
+    assert "could not join the world: rendezvous failed for 'worker1' (rank 1): 'worker1' " \
+        f"(rank 1) has a wrong world secret: its {SECRET_ENV} differs" in world.log_text("worker1")

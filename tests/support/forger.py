@@ -1,0 +1,96 @@
+"""A member that forges: run on a worker of a test world, it speaks the protocol by hand
+with its own credential (it is a member) but claims what it is not."""
+import msgpack
+import zmq
+
+from distgrad.rpc import current_agent, wire
+
+
+def call_body(target, args=(), kwargs=None, remote=None):
+    return msgpack.packb([target, list(args), kwargs or {}, remote])
+
+
+def send_forged(dst, kind, src, target, args=(), extra=None, identity=None, mid=77,
+                credential=True, timeout=3.0):
+    """Send ``target(*args)`` to rank ``dst`` in a message of ``kind`` whose header claims
+    rank ``src``, from a socket of this process (with its credential unless
+    ``credential`` is False, with routing ``identity`` if given). Returns the answer as
+    ``[kind, msg_id, body]`` (body decoded), or None when nothing came within ``timeout``."""
+    transport = current_agent().transport
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        if identity is not None:
+            s.identity = identity
+        if credential:
+            for option, value in transport.client_options(dst).items():
+                setattr(s, option, value)
+        s.connect(transport.endpoints[dst])
+        s.send_multipart([wire.pack_header(kind, mid, src, extra), call_body(target, args)])
+        if not s.poll(int(timeout * 1000)):
+            return None
+        frames = s.recv_multipart()
+        answer_kind, answer_mid, _, _, _ = wire.unpack_header(frames[0])
+        return [answer_kind, answer_mid, msgpack.unpackb(frames[1]) if len(frames) > 1 else None]
+    finally:
+        ctx.destroy(linger=0)
+
+
+def hold_identity(dst, identity, seconds):
+    """Connect to rank ``dst`` with routing ``identity`` (another rank's, say) as this
+    process, and keep the connection for ``seconds``: a member trying to take over
+    another's connection."""
+    import time
+    transport = current_agent().transport
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        s.identity = identity
+        for option, value in transport.client_options(dst).items():
+            setattr(s, option, value)
+        s.connect(transport.endpoints[dst])
+        end = time.monotonic() + seconds
+        received = 0
+        while time.monotonic() < end:
+            if s.poll(50):
+                s.recv_multipart()
+                received += 1
+        return received
+    finally:
+        ctx.destroy(linger=0)
+
+
+def flood(dst, bodies, timeout=30.0):
+    """Send every body of ``bodies`` as a CALL to rank ``dst`` from one socket of this
+    process (as itself: a member that floods, it forges nothing), all at once; return the
+    answers' kinds and texts (an ERROR's message), in the order they came, once all came
+    or ``timeout`` passed."""
+    import time
+    transport = current_agent().transport
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        for option, value in transport.client_options(dst).items():
+            setattr(s, option, value)
+        s.connect(transport.endpoints[dst])
+        for i, body in enumerate(bodies):
+            s.send_multipart([wire.pack_header(wire.Kind.CALL, i + 1, transport.rank), body])
+        answers, end = [], time.monotonic() + timeout
+        while len(answers) < len(bodies) and time.monotonic() < end:
+            if s.poll(100):
+                frames = s.recv_multipart()
+                kind = wire.unpack_header(frames[0])[0]
+                body = msgpack.unpackb(frames[1]) if kind == wire.Kind.ERROR else None
+                answers.append([kind, body[2] if body else None])
+        return answers
+    finally:
+        ctx.destroy(linger=0)
+
+
+def handler_threads():
+    """(threads of the handler pool now, the most it ever had)."""
+    pool = current_agent().pool
+    return pool._threads, pool.peak
