@@ -1,4 +1,5 @@
 """``distgrad.autograd``: the local engine, with ``torch.autograd``'s API."""
+from .deferred_weight_grads import defer_weight_grads
 from .engine import backward, grad
 from .function import Function, FunctionCtx, once_differentiable
 from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled,
@@ -11,4 +12,5 @@ Variable = Tensor  # the legacy name, kept for programs that still use it
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "once_differentiable", "enable_grad",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "no_grad",
-           "set_grad_enabled", "gradcheck", "gradgradcheck", "GradcheckError", "graph", "Variable"]
+           "set_grad_enabled", "gradcheck", "gradgradcheck", "GradcheckError", "graph", "Variable",
+           "defer_weight_grads"]  # distgrad's own: pipelines' split backward

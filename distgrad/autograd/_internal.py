@@ -17,6 +17,7 @@ extension points for the distributed engine (``GraphTask``, ``execute``, task
 extensions) are part of the door too.
 """
 from .broadcast import reduction_axes, sum_to_shape
+from .deferred_weight_grads import keep_weight_grad
 from .engine import (GraphTask, current_graph_task, execute, make_root_grads, task_extension,
                      set_task_extension)
 from .grad_mode import _state as grad_mode_state
@@ -38,6 +39,7 @@ __all__ = [
     "apply_inplace", "check_inplace", "write_inplace",
     # recording ops
     "defop", "record", "record_view", "record_multi", "new_node", "OpNode", "install_backends",
+    "keep_weight_grad",
     "Node", "AccumulateGrad", "init_node", "next_sequence_nr", "SavedTensor", "sum_grads",
     "accumulate_into_grad", "saved_tensors_hooks_state", "grad_mode_state",
     # the engine, for the distributed engine

@@ -55,6 +55,8 @@ class AutogradCoordinator(Coordinator):
         self.classify = model["loss"] == "cross_entropy"
         self.aux_weight = model["aux_weight"]
         self.hooks = CoordinatorHooks(self.plan)
+        # the stages leave linear weights' gradients for finish_backward
+        self.deferring = bool(self.plan.deferred_weight_names)
 
     # -- setup --
     def _setup(self):
@@ -64,7 +66,8 @@ class AutogradCoordinator(Coordinator):
                 "stage": k, "stages": len(self.workers), "layers": list(p.layers[k]),
                 "seed": config["run"]["seed"], "factory": p.factory,
                 "factory_kwargs": config["model"]["kwargs"], "timeout": self.timeout,
-                "trace": self.trace.enabled, "resume_from": self.resume_from},),
+                "trace": self.trace.enabled, "resume_from": self.resume_from,
+                "deferred_weights": self.plan.deferred_weight_names},),
                 timeout=self.timeout)
             for k, w in enumerate(self.workers)]
         info = self._gather([s.rpc_async(timeout=self.timeout).describe()
@@ -152,6 +155,9 @@ class AutogradCoordinator(Coordinator):
                         out["aux_loss"] = sum(a.item() for a in auxes)
                         dist_autograd.backward(cid, auxes)
                 with self.trace.span("optimizer step", step=step):
+                    if self.deferring:
+                        self._gather([s.rpc_async(timeout=self.timeout).finish_backward(step)
+                                      for s in self.stages], step)
                     self.optimizer.step(cid)
             except Exception as e:  # noqa: BLE001 - the run fails, naming the worker
                 raise self._failure(e, step) from None

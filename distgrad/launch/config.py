@@ -177,6 +177,12 @@ SCHEMA = {
                                                              "accumulation)"),
         "schedule": Field(str, "gpipe", choices=("gpipe", "1f1b"),
                           doc="order of forward and backward passes on each stage"),
+        "defer_weight_grads": Field(bool, True, doc="a micro-batch's backward computes "
+                                    "the gradients the stage before waits for; linear "
+                                    "weights' gradients follow in one product per weight "
+                                    "before the optimizer step (same results; keeps the "
+                                    "stage's inputs until then). Not with model.aux_weight, "
+                                    "world.replicas > 1 or [offload]"),
     },
     "data": {
         "source": Field(str, required=True, doc="\"spirals\", \"gaussians\" or "

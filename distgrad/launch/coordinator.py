@@ -160,6 +160,7 @@ class Coordinator:
                      "factory_kwargs": config["model"]["kwargs"], "optimizer": p.optimizer,
                      "optimizer_kwargs": p.optimizer_kwargs, "loss": config["model"]["loss"],
                      "hooks": p.hooks, "schedule": config["pipeline"]["schedule"],
+                     "deferred_weights": p.deferred_weight_names,
                      "offload": config["offload"], "timeout": self.timeout,
                      "trace": self.trace.enabled, "resume_from": self.resume_from},)
         return self._gather(self._to_all(_stage.setup, spec), self.start - 1)

@@ -19,10 +19,12 @@ backward passes sum them.
 Hooks see the whole model here, each stage only its own part in a pipeline: a
 clipping hook clips by the global norm here and per stage there.
 """
+from contextlib import nullcontext
+
 import distgrad
 
 from .data import Batches, micro_batches, split
-from .resolve import plan
+from .resolve import deferred_weights, plan
 from .losses import LOSSES, auxiliary_loss
 
 __all__ = ["train_in_one_process"]
@@ -45,17 +47,20 @@ def train_in_one_process(config, steps=None, on_step=None):
     count = config["pipeline"]["micro_batches"]
     losses = []
     aux_weight = config["model"]["aux_weight"]
+    # as the stages do: linear weights' gradients once per step (plan.defer_weight_grads)
+    deferred = deferred_weights(model, p.deferred_weight_names) or nullcontext()
     for step in range(steps):
         x, y = batches.batch(step)
         total = 0.0
         outputs = []
-        for xm, ym in zip(micro_batches(x, count), micro_batches(y, count)):
-            z = model(distgrad.from_numpy(xm))
-            loss = loss_fn(z, distgrad.from_numpy(ym)) * (len(ym) / len(y))
-            loss.backward(retain_graph=aux_weight > 0)
-            total += loss.item()
-            if aux_weight:
-                outputs.append((z, len(ym)))
+        with deferred:
+            for xm, ym in zip(micro_batches(x, count), micro_batches(y, count)):
+                z = model(distgrad.from_numpy(xm))
+                loss = loss_fn(z, distgrad.from_numpy(ym)) * (len(ym) / len(y))
+                loss.backward(retain_graph=aux_weight > 0)
+                total += loss.item()
+                if aux_weight:
+                    outputs.append((z, len(ym)))
         if aux_weight:
             _auxiliary_backward(model, outputs, aux_weight, len(y))
         for hook, kwargs in p.hooks:

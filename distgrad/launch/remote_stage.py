@@ -20,6 +20,7 @@ from distgrad.distributed.optim import local_optimizer
 from distgrad.distributed.rpc import RRef
 
 from .checkpoint import atomic_save, stage_path
+from .resolve import deferred_weights
 from .stage import CommandOrder, build_module, load_stage_state, stage_state
 from .trace import Recorder, flow_id, grad_flow_id
 
@@ -37,6 +38,12 @@ class RemoteStage:
         self.resume_from = spec["resume_from"]
         if self.resume_from:
             load_stage_state(self.resume_from, self.index, self.layers, self.module)
+        # Linear weights' gradients wait for finish_backward (pipeline.defer_weight_grads):
+        # the backward reaches the stage before sooner, and one product per weight over
+        # all micro-batches runs at the BLAS's full-batch speed.
+        self.deferred = deferred_weights(self.module, spec["deferred_weights"])
+        if self.deferred is not None:
+            self.deferred.activate()
 
     def describe(self):
         """Its size and process, and RRefs to its module and parameters (by name)."""
@@ -66,6 +73,20 @@ class RemoteStage:
             self.trace.on_gradient(y, ("receive", "grad", grad_flow_id(key, mb, self.index)))
         return y
 
+    def finish_backward(self, key):
+        """Accumulate the weight gradients the step's backward passes left for later into
+        their distributed autograd context (before the optimizer step reads it)."""
+        if self.deferred is not None:
+            with self.trace.span("weight gradients", step=key):
+                self.deferred.flush()
+        return True
+
+    def discard_backward(self):
+        """A failed step: drop the weight gradients it left for later."""
+        if self.deferred is not None:
+            self.deferred.discard()
+        return True
+
     def load_optimizer(self, optimizer_id):
         """Resume: the local optimizer of ``DistributedOptimizer`` ``optimizer_id`` takes
         its state from the checkpoint this stage was built from."""
@@ -83,4 +104,8 @@ class RemoteStage:
         return True
 
     def take_trace(self):
+        """The stage's trace events, at the end of the run (deferral ends too)."""
+        if self.deferred is not None:
+            self.deferred.deactivate()
+            self.deferred.discard()
         return self.trace.take()

@@ -12,6 +12,7 @@ import importlib
 import inspect
 
 import distgrad
+from distgrad.autograd import defer_weight_grads
 import distgrad.optim
 
 from . import data as _data
@@ -19,7 +20,8 @@ from . import models as _models
 from .config import ConfigError
 from .grid import Grid
 
-__all__ = ["Plan", "CoordinatorHook", "plan", "reference", "even_balance", "WORKER_MODULES"]
+__all__ = ["Plan", "CoordinatorHook", "plan", "reference", "even_balance", "WORKER_MODULES",
+           "deferred_weights"]
 
 #: modules every stage worker allows: the commands, built-in models and hooks
 WORKER_MODULES = ("distgrad.launch.stage", "distgrad.launch.remote_stage", "distgrad.launch.models",
@@ -92,9 +94,24 @@ class Plan:
                 self.coordinator_hooks.append(CoordinatorHook(i, kind, fn, kwargs,
                                                               hook.get("stages"),
                                                               hook.get("parameter")))
+        world = config["world"]
+        # Linear weights' gradients after a step's micro-batches, where that changes no
+        # result: not with a second backward over the graph (model.aux_weight), gradients
+        # averaged during backward (replicas) or inputs offloaded (they would be kept).
+        self.defer_weight_grads = bool(
+            config["pipeline"]["defer_weight_grads"] and not model["aux_weight"]
+            and not config["offload"] and world["strategy"] != "ddp"
+            and (world.get("replicas") or 1) == 1)
         self.layers = self._split()
         for hook in self.coordinator_hooks:
             self._place(hook)
+        # The parameters whose gradients wait for the end of a step, by name (a stage's
+        # slice keeps the model's names). A weight with a gradient hook gets its gradient
+        # per micro-batch, as the hook sees it, in the stages and in the one-process run
+        # alike (the same sums, bit for bit).
+        hooked = {h.parameter for h in self.coordinator_hooks if h.parameter}
+        self.deferred_weight_names = [n for n in self.parameter_names if n not in hooked] \
+            if self.defer_weight_grads and config["pipeline"]["micro_batches"] > 1 else []
         self._check_optimizer()
 
     def _place(self, hook):
@@ -245,3 +262,10 @@ def _cuts(blocks, limit, stages):
         layers += n
     groups.append(layers)
     return groups if len(groups) == stages else None
+
+
+def deferred_weights(module, names):
+    """A ``defer_weight_grads`` of ``module``'s parameters called ``names``, or None."""
+    names = set(names)
+    weights = [w for n, w in module.named_parameters() if n in names]
+    return defer_weight_grads(weights) if weights else None

@@ -28,6 +28,7 @@ import distgrad
 from distgrad.distributed import rpc
 
 from .checkpoint import atomic_save, stage_path
+from .resolve import deferred_weights
 from .losses import LOSSES, add_micro_batch_loss
 from .schedule import SCHEDULES, forward_only, one_f_one_b
 from .trace import Recorder, flow_id
@@ -160,6 +161,9 @@ class Stage:
             if self.replicas.ddp is not None:  # DDP averages in the backward after a forward
                 self.schedule = one_f_one_b    # one stage: F0 B0 F1 B1 ...
         self.order = CommandOrder(f"stage {self.index}", self.timeout)
+        # linear weights' gradients once per step, after the micro-batches' backward
+        # passes have sent the stage before what it waits for (pipeline.defer_weight_grads)
+        self.deferred = deferred_weights(self.module, spec["deferred_weights"])
 
     def _trace_offload_io(self, kind, nbytes, start, end):
         # called from the tier's own threads (writes) and from backward (reads)
@@ -182,13 +186,17 @@ class Stage:
         total = sum(len(t) for t in targets) if self.last else 0
         held, sends = {}, []
         out = {"loss": 0.0, "correct": 0, "count": total}
-        with distgrad.set_grad_enabled(train):
+        deferred = self.deferred if train else None
+        with distgrad.set_grad_enabled(train), deferred or nullcontext():
             for kind, mb in order:
                 if kind == "F":
                     held[mb] = self._forward(key, mb, micro_batches, inputs, targets, total,
                                              out, sends)
                 else:
                     self._backward(key, mb, held.pop(mb), sends)
+            if deferred is not None:
+                with self.trace.span("weight gradients", step=key):
+                    deferred.flush()
         if train and self.replicas is not None and self.replicas.ddp is None:
             with self.trace.span("average gradients", step=key):
                 self.replicas.average_gradients()

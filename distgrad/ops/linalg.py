@@ -2,7 +2,7 @@
 import numpy as np
 
 from .promotion import operands
-from ..autograd._internal import array_of, defop, record
+from ..autograd._internal import array_of, defop, keep_weight_grad, record
 
 __all__ = ["matmul", "mm", "bmm", "dot", "mv", "outer", "linear"]
 
@@ -143,8 +143,26 @@ def _times_weight_transposed(x, w):
 
 # One fused node for x @ W.T + b: on the benchmark MLP it saves a node and an
 # intermediate per layer over matmul + add.
-LinearBackward0 = defop("LinearBackward0", saved=("input", "weight"), vjps=(
+_LinearNode = defop("LinearBackward0", saved=("input", "weight"), vjps=(
     _linear_vjp_input, _linear_vjp_weight, _linear_vjp_bias))
+
+
+class LinearBackward0(_LinearNode):
+    """The weight's gradient may be left for later (``autograd.defer_weight_grads``)."""
+
+    __slots__ = ()
+
+    def apply(self, grads):
+        kept = keep_weight_grad(self, grads)
+        if kept is None:
+            return _LinearNode.apply(self, grads)
+        (x, w), (input_needed, _, bias_needed) = kept
+        g = grads[0]
+        return [_linear_vjp_input(np, g, None, x, w) if input_needed else None, None,
+                _linear_vjp_bias(np, g, None, x, w) if bias_needed else None]
+
+
+LinearBackward0.__module__ = _LinearNode.__module__
 
 
 def linear(input, weight, bias=None):

@@ -31,7 +31,8 @@ def test_a_good_config_gets_its_defaults(tmp_path):
     config = load_config(write(tmp_path), ["optim.lr=0.5", "world.transport=tcp"])
     assert config["optim"]["lr"] == 0.5 and config["world"]["transport"] == "tcp"
     assert config["run"]["name"] == "c"                    # the file's name
-    assert config["pipeline"] == {"micro_batches": 1, "schedule": "gpipe"}
+    assert config["pipeline"] == {"micro_batches": 1, "schedule": "gpipe",
+                                  "defer_weight_grads": True}
     assert config["checkpoint"] == {"every": 0, "keep": 2}
     assert config["hooks"] == [] and config["offload"] == {}
     p = plan(config)

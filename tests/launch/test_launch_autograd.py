@@ -66,3 +66,20 @@ def test_three_stages_with_an_auxiliary_loss_hooks_a_link_and_a_trace_train_like
     for ident, receipt in receipts.items():
         assert receipt["ts"] >= sends[ident]["ts"] and receipt["pid"] != sends[ident]["pid"]
     assert_all_gone(launch.pids().values())
+
+
+def test_deferred_weight_gradients_train_like_one_process(launcher, tiny_config, tmp_path):
+    # pipeline.defer_weight_grads (the default): each stage's linear weights get their
+    # gradients in one product per step, accumulated into the distributed context before
+    # the optimizer step; a weight with a hook (0.weight) is computed as usual
+    config = tmp_path / "hooked.toml"
+    config.write_text(tiny_config.read_text() + HOOKS)
+    overrides = AUTOGRAD + ["world.workers=3"]
+    launch = launcher(config, *overrides, "--trace", "trace.json")
+    assert launch.wait() == 0, launch.output
+    assert launch.losses() == reference(config, overrides)      # bit for bit
+    assert all(r["param_grad_norm.stage0"] > 0 for r in launch.metrics() if "loss" in r)
+    trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    spans = {(e["pid"], e["name"]) for e in trace if e["ph"] == "X"}
+    assert {(k, "weight gradients") for k in (1, 2, 3)} <= spans
+    assert_all_gone(launch.pids().values())
