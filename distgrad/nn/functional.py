@@ -417,7 +417,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                   out, (weight,), (),
                   {"shape": array_of(weight).shape, "key": (idx,), "padding_idx": padding_idx,
                    "freq_scale": _inverse_frequency(idx, out.dtype)[..., None]
-                   if scale_grad_by_freq else None})
+                   if scale_grad_by_freq else None}, kept=(input,))
 
 
 def _inverse_frequency(idx, dtype):

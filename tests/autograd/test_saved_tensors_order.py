@@ -1,6 +1,7 @@
 """When saved-tensor hooks run, and how often: the order of pack and unpack calls, grad mode
-inside them, nested contexts, retained graphs. Each scenario is compared with PyTorch (the
-recorded expectations keep every check meaningful where torch is absent)."""
+inside them, nested contexts, retained graphs; and non-differentiable saved inputs (masks,
+conditions, indices) modified in place. Each scenario is compared with PyTorch (the recorded
+expectations keep every check meaningful where torch is absent)."""
 import pytest
 
 import distgrad
@@ -152,8 +153,72 @@ def same_hooks_object_reentered(lib):
     return log
 
 
+def modified_non_differentiable_inputs(lib):
+    """A condition, mask or index changed in place after the op: backward refuses, as for
+    any saved tensor, rather than computing a gradient from the new values."""
+    def attempt(make, modify):
+        a = lib.ones(3, requires_grad=True)
+        y, arg = make(a)
+        modify(arg)
+        try:
+            y.sum().backward()
+            return a.grad.tolist()
+        except RuntimeError as exc:
+            return "modified" if "modified by an inplace operation" in str(exc) else str(exc)
+
+    def first_false(t):
+        t[0] = False
+
+    def second_two(t):
+        t[1] = 2
+
+    def untouched(t):
+        pass
+
+    def where(a):
+        c = lib.tensor([True, False, True])
+        return lib.where(c, a, a * 2), c
+
+    def masked_fill(a):
+        m = lib.tensor([True, False, True])
+        return a.masked_fill(m, 0.0), m
+
+    def gather(a):
+        i = lib.tensor([0, 0, 1])
+        return a.gather(0, i), i
+
+    def index(a):
+        i = lib.tensor([0, 0, 1])
+        return a[i], i
+
+    def index_select(a):
+        i = lib.tensor([0, 0, 1])
+        return a.index_select(0, i), i
+
+    def embedding(a):
+        i = lib.tensor([0, 0, 1])
+        return lib.nn.functional.embedding(i, a[:, None] * 1), i
+
+    def scatter_add(a):
+        i = lib.tensor([0, 0, 1])
+        return lib.zeros(3).scatter_add(0, i, a), i
+
+    def index_add(a):
+        i = lib.tensor([0, 0, 1])
+        return lib.zeros(3).index_add(0, i, a), i
+
+    out = [("where", attempt(where, first_false)), ("where kept", attempt(where, untouched)),
+           ("masked_fill", attempt(masked_fill, first_false))]
+    for name, make in (("gather", gather), ("index", index), ("index_select", index_select),
+                       ("embedding", embedding), ("scatter_add", scatter_add),
+                       ("index_add", index_add)):
+        out.append((name, attempt(make, second_two)))
+    return out
+
+
 SCENARIOS = [pack_unpack_order, unpack_only_where_backward_runs, grad_mode_inside_hooks,
-             raw_saved_hooks_grad_mode, same_hooks_object_reentered]
+             raw_saved_hooks_grad_mode, same_hooks_object_reentered,
+             modified_non_differentiable_inputs]
 
 # Recorded from torch 2.13 (CPU).
 EXPECTED = {
@@ -195,6 +260,11 @@ EXPECTED = {
     ],
     "same_hooks_object_reentered": [
         "p1", "p1", "p2", "p2", "p1", "u1", "u2", "u2", "u1", "u1"
+    ],
+    "modified_non_differentiable_inputs": [
+        ("where", "modified"), ("where kept", [1.0, 2.0, 1.0]), ("masked_fill", "modified"),
+        ("gather", "modified"), ("index", "modified"), ("index_select", "modified"),
+        ("embedding", "modified"), ("scatter_add", "modified"), ("index_add", "modified")
     ],
 }
 
