@@ -59,7 +59,8 @@ def _tensors_in(key):
     return tuple(k for k in (key if isinstance(key, tuple) else (key,)) if isinstance(k, Tensor))
 
 
-def getitem(input, key):
+def getitem(input, key, kept=()):
+    """``input[key]``; ``kept``: tensors the key was made from (their arrays are in it)."""
     d = array_of(input)
     key_tensors = key
     key, basic = convert_key(key)
@@ -72,7 +73,7 @@ def getitem(input, key):
         node = SelectBackward0 if all(isinstance(k, (int, np.integer)) for k in key) else SliceBackward0
         return record_view(node, out, input, meta, lambda a, k=key: a[k])
     return record(IndexBackward0, np.ascontiguousarray(out), (input,), (), meta,
-                  kept=_tensors_in(key_tensors))
+                  kept=_tensors_in(key_tensors) + tuple(kept))
 
 
 def _put_self_vjp(xp, g, m):
@@ -251,7 +252,7 @@ triu = _triangle("triu", np.triu)
 def masked_select(input, mask):
     m = array_of(mask) if isinstance(mask, Tensor) else np.asarray(mask)
     shape = np.broadcast_shapes(array_of(input).shape, m.shape)
-    return getitem(input.expand(shape), np.broadcast_to(m, shape))
+    return getitem(input.expand(shape), np.broadcast_to(m, shape), kept=(mask,))
 
 
 sort_result = namedtuple("sort", ["values", "indices"])

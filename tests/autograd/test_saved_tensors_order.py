@@ -183,6 +183,13 @@ def modified_non_differentiable_inputs(lib):
         m = lib.tensor([True, False, True])
         return a.masked_fill(m, 0.0), m
 
+    def masked_select(a):
+        m = lib.tensor([True, False, True])
+        return a.masked_select(m), m
+
+    def swap_first_two(t):
+        t[0], t[1] = bool(t[1]), bool(t[0])  # as many selected as before
+
     def gather(a):
         i = lib.tensor([0, 0, 1])
         return a.gather(0, i), i
@@ -208,7 +215,8 @@ def modified_non_differentiable_inputs(lib):
         return lib.zeros(3).index_add(0, i, a), i
 
     out = [("where", attempt(where, first_false)), ("where kept", attempt(where, untouched)),
-           ("masked_fill", attempt(masked_fill, first_false))]
+           ("masked_fill", attempt(masked_fill, first_false)),
+           ("masked_select", attempt(masked_select, swap_first_two))]
     for name, make in (("gather", gather), ("index", index), ("index_select", index_select),
                        ("embedding", embedding), ("scatter_add", scatter_add),
                        ("index_add", index_add)):
@@ -263,6 +271,7 @@ EXPECTED = {
     ],
     "modified_non_differentiable_inputs": [
         ("where", "modified"), ("where kept", [1.0, 2.0, 1.0]), ("masked_fill", "modified"),
+        ("masked_select", "modified"),
         ("gather", "modified"), ("index", "modified"), ("index_select", "modified"),
         ("embedding", "modified"), ("scatter_add", "modified"), ("index_add", "modified")
     ],
