@@ -167,6 +167,10 @@ class GraphTask:
         self.leaf_parts = {} if accumulate is not None else None
         self.inline_leaves = accumulate is None  # and no inputs= (init_to_execute)
         self._shared = set()  # ids of gradients seen shared by two leaves (copied by both)
+        # ids of the buffers of the caller's gradients (``gradient=``): a leaf's first
+        # gradient that is a contiguous view of one (a reshape's, a view's) becomes .grad
+        # without a copy, sharing the caller's memory, as in PyTorch.
+        self.caller_buffers = ()
         # State of engines built on this one, by name (the distributed engine's pass).
         self.extensions = {}
         self._heap = []
@@ -359,7 +363,8 @@ class GraphTask:
             while ready_leaves:
                 leaf, g = ready_leaves.pop()
                 owned = _getrefcount(g) <= 2  # `g` and getrefcount's argument (a line of its
-                accumulate_into_grad(leaf._variable, g, owned)  # own: call args hold `g` too)
+                accumulate_into_grad(leaf._variable, g, owned,  # own: call args hold `g` too)
+                                     self.caller_buffers)
         heap = self._heap
         if best is not None and (not heap or heap[0][0] >= -best._seq):
             return best
@@ -440,6 +445,7 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
     nodes = task.compute_dependencies(root_nodes)
     if targets:
         task.init_to_execute(nodes, targets, accumulate_grad)
+    task.caller_buffers = _buffer_ids(root_grads)
     for (node, nr), g in root_edges:
         if g is not None and isinstance(node, AccumulateGrad) and node._out_meta[0][1] != \
                 (g._data.dtype if isinstance(g, Tensor) else g.dtype):
@@ -464,6 +470,15 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
         else:
             results.append(_make(g))
     return tuple(results)
+
+
+def _buffer_ids(arrays):
+    """The ids of the arrays that own the memory of ``arrays`` (ndarrays only)."""
+    ids = set()
+    for a in arrays:
+        if type(a) is np.ndarray:
+            ids.add(id(a) if a.base is None else id(a.base))
+    return ids
 
 
 def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):

@@ -13,10 +13,10 @@ __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "inference_mode",
 class ThreadState(threading.local):
     """Thread-local settings that context managers change for a block.
 
-    :func:`push_state` and :func:`pop_state` are the one way they are set and restored:
-    the previous values go on this thread's own stack, not on the context manager, so
-    one manager object may be entered again while open (nested, or in another thread)
-    and every exit restores what its own entry replaced.
+    :class:`thread_state` is the one way they are set and restored: the previous values go
+    on this thread's own stack, not on the context manager, so one manager object may be
+    entered again while open (nested, or in another thread) and every exit restores what
+    its own entry replaced.
     """
 
     def __init__(self, **defaults):
@@ -24,21 +24,10 @@ class ThreadState(threading.local):
         self.saved = []
 
 
-def push_state(state, **values):
-    state.saved.append({name: getattr(state, name) for name in values})
-    for name, value in values.items():
-        setattr(state, name, value)
-
-
-def pop_state(state):
-    for name, value in state.saved.pop().items():
-        setattr(state, name, value)
-
-
 class thread_state:
     """``with thread_state(state, name=value, ...):`` sets thread-local values for a block
-    and restores what that entry replaced (:func:`push_state` and :func:`pop_state` as one
-    context manager)."""
+    and restores what that entry replaced. Holds no per-entry state of its own, so one
+    instance may be shared, nested and used from several threads."""
 
     __slots__ = ("state", "values")
 
@@ -47,11 +36,16 @@ class thread_state:
         self.values = values
 
     def __enter__(self):
-        push_state(self.state, **self.values)
+        state = self.state
+        state.saved.append({name: getattr(state, name) for name in self.values})
+        for name, value in self.values.items():
+            setattr(state, name, value)
         return self
 
     def __exit__(self, *exc):
-        pop_state(self.state)
+        state = self.state
+        for name, value in state.saved.pop().items():
+            setattr(state, name, value)
 
 
 class _ModeState(ThreadState):
@@ -72,10 +66,6 @@ def is_grad_enabled():
 
 def is_inference_mode_enabled():
     return _state.inference
-
-
-def _set_grad_enabled(mode):
-    _state.grad_enabled = bool(mode)
 
 
 class _DecoratorContextManager:
@@ -129,7 +119,19 @@ class _NoParamDecoratorContextManager(_DecoratorContextManager):
         return cls()(orig_func)
 
 
-class no_grad(_NoParamDecoratorContextManager):
+class _GradModeBlock(_NoParamDecoratorContextManager):
+    """A block with a fixed grad mode: ``_block`` is the class's one shared switch."""
+
+    _block = None
+
+    def __enter__(self):
+        self._block.__enter__()
+
+    def __exit__(self, *exc):
+        self._block.__exit__(*exc)
+
+
+class no_grad(_GradModeBlock):
     """Disable gradient recording in this thread.
 
     >>> import distgrad
@@ -140,21 +142,13 @@ class no_grad(_NoParamDecoratorContextManager):
     False
     """
 
-    def __enter__(self):
-        push_state(_state, grad_enabled=False)
-
-    def __exit__(self, *exc):
-        pop_state(_state)
+    _block = thread_state(_state, grad_enabled=False)
 
 
-class enable_grad(_NoParamDecoratorContextManager):
+class enable_grad(_GradModeBlock):
     """Enable gradient recording in this thread (inside a ``no_grad`` block, say)."""
 
-    def __enter__(self):
-        push_state(_state, grad_enabled=True)
-
-    def __exit__(self, *exc):
-        pop_state(_state)
+    _block = thread_state(_state, grad_enabled=True)
 
 
 class set_grad_enabled(_DecoratorContextManager):
@@ -163,13 +157,16 @@ class set_grad_enabled(_DecoratorContextManager):
     def __init__(self, mode):
         self.prev = _state.grad_enabled
         self.mode = bool(mode)
-        _state.grad_enabled = self.mode
+        _state.grad_enabled = self.mode  # the call form: there is no block to restore at
 
     def __enter__(self):
-        pass
+        # The block form, as PyTorch's: entering sets the mode (again) and the exit restores
+        # the mode from before construction.
+        _state.grad_enabled = self.prev
+        thread_state(_state, grad_enabled=self.mode).__enter__()
 
     def __exit__(self, *exc):
-        _state.grad_enabled = self.prev
+        thread_state(_state).__exit__(*exc)
 
     def clone(self):
         return type(self)(self.mode)
@@ -178,19 +175,21 @@ class set_grad_enabled(_DecoratorContextManager):
 class inference_mode(_DecoratorContextManager):
     """Like ``no_grad``, and tensors made inside are inference tensors that autograd refuses later."""
 
+    _on = thread_state(_state, grad_enabled=False, inference=True)
+    # As PyTorch's (c10::InferenceMode(false) holds an AutoGradMode(true)): turning
+    # inference mode off turns grad mode on.
+    _off = thread_state(_state, grad_enabled=True, inference=False)
+
     def __init__(self, mode=True):
         self.mode = bool(mode)
 
     def __enter__(self):
         with _inference_lock:
             inference_threads[0] += 1
-        if self.mode:
-            push_state(_state, grad_enabled=False, inference=True)
-        else:
-            push_state(_state, inference=False)
+        (self._on if self.mode else self._off).__enter__()
 
     def __exit__(self, *exc):
-        pop_state(_state)
+        (self._on if self.mode else self._off).__exit__(*exc)
         with _inference_lock:
             inference_threads[0] -= 1
 

@@ -1,6 +1,6 @@
 """``distgrad.autograd.graph``: the Node type and saved-tensor hooks, as ``torch.autograd.graph``."""
 from .multi_grad_hook import register_multi_grad_hook
-from .grad_mode import pop_state, push_state
+from .grad_mode import thread_state
 from .node import Node
 from .saved import hooks_state
 
@@ -48,13 +48,14 @@ class disable_saved_tensors_hooks:
 
     def __init__(self, error_message):
         self.error_message = error_message
+        self._block = thread_state(hooks_state, disabled_message=error_message)
 
     def __enter__(self):
-        push_state(hooks_state, disabled_message=self.error_message)
+        self._block.__enter__()
         return self
 
     def __exit__(self, *exc):
-        pop_state(hooks_state)
+        self._block.__exit__(*exc)
 
     def __call__(self, fn):
         import functools

@@ -9,7 +9,7 @@ as in PyTorch, so the gradient reaches the base's earlier history correctly.
 import numpy as np
 
 from .dtype import scalar_type_name
-from .grad_mode import _state, pop_state, push_state
+from .grad_mode import _state, thread_state
 from .node import Node, init_node, next_sequence_nr
 from .recording import defop, new_node
 from .tensor import Tensor, _make
@@ -77,11 +77,8 @@ def apply_inplace(self, fn, *args, **kwargs):
                                          any(isinstance(a, Tensor) and a._requires_grad
                                              for a in args))
     if not recording:
-        push_state(_state, grad_enabled=False)
-        try:
+        with thread_state(_state, grad_enabled=False):
             res = fn(self, *args, **kwargs)
-        finally:
-            pop_state(_state)
         write_inplace(self, res._data)
         return self
     # The node sees an alias of the old value, with its own version counter, so

@@ -176,20 +176,25 @@ def sum_grads(old, g):
     return np.asarray(total) if isinstance(total, np.generic) else total
 
 
-def accumulate_into_grad(variable, g, owned=False):
+def accumulate_into_grad(variable, g, owned=False, caller_buffers=()):
     """``variable.grad += g`` with PyTorch's rules.
 
     ``owned`` says the caller holds the only reference to the array ``g``: then a
-    first gradient is taken over without a copy (PyTorch steals a buffer whose use
-    count is one); otherwise it is copied, so ``.grad`` never aliases a tensor
-    the user holds (the ``gradient=`` they passed) or another edge's gradient.
+    first gradient is taken over without a copy (PyTorch steals a tensor whose use
+    count is one); otherwise it is copied, so ``.grad`` never aliases a tensor the user
+    holds (the ``gradient=`` they passed) or another edge's gradient. A contiguous view
+    of a buffer in ``caller_buffers`` (the ids of the backward's ``gradient=`` arrays) is
+    taken over too: PyTorch steals the fresh view a reshape's backward makes of the
+    caller's gradient, so ``.grad`` shares the caller's memory (a later change to
+    either shows in both), and so does distgrad.
     """
     with _accumulate_lock:
         old = variable._grad
         if old is None and type(g) is np.ndarray:  # the first dense gradient: most calls
             flags = g.flags
             if not owned or not flags.writeable or not flags.c_contiguous or \
-                    (g.base is not None and not _sole_view(g)):
+                    (g.base is not None and not _sole_view(g)
+                     and id(g.base) not in caller_buffers):
                 g = g.copy()
             variable._grad = _tensor._make(g)
             return

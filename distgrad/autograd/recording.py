@@ -18,7 +18,7 @@ for inputs that need a gradient.
 """
 from .grad_mode import _state
 from .node import Node, init_node, next_sequence_nr
-from .saved import SavedTensor, RELEASED_MESSAGE
+from .saved import KeptInput, SavedTensor, RELEASED_MESSAGE
 from .tensor import Tensor, _make
 
 __all__ = ["OpNode", "defop", "record", "record_view", "record_multi", "new_node",
@@ -43,7 +43,7 @@ def install_backends(array_namespace, tensor_namespace):
 class OpNode(Node):
     """A built-in op's ``grad_fn``. Subclasses are made by :func:`defop`."""
 
-    __slots__ = ("_saved", "_meta", "_released")
+    __slots__ = ("_saved", "_meta", "_released", "_kept")
     _saved_names = ()
     _vjps = ()
     _vjp_all = None
@@ -54,19 +54,23 @@ class OpNode(Node):
         saved = self._saved
         if self._released and saved:
             raise RuntimeError(RELEASED_MESSAGE)
+        if self._kept:
+            for k in self._kept:
+                k.check_version(self)
         if _state.grad_enabled:
             xp = _backends.tensor
-            vals = [s.unpack(self) for s in saved]
+            vals = self._unpack_saved(SavedTensor.unpack)
             grads = [g if (g is None or isinstance(g, Tensor)) else _make(g) for g in grads]
         else:
             xp = _backends.array
             vals = []
             for s in saved:  # SavedTensor.data, inlined: this runs for every node
                 if s._has_hooks or s._vc[0] != s._version:
-                    vals.append(s.data(self))
-                else:
-                    t = s._tensor
-                    vals.append(s._data if t is None else t._data)
+                    # Hooks or a failed version check are observable: take the ordered path.
+                    vals = self._unpack_saved(SavedTensor.data)
+                    break
+                t = s._tensor
+                vals.append(s._data if t is None else t._data)
         meta = self._meta
         if self._vjp_all is not None:
             needs = tuple(nxt is not None for nxt, _ in self._next)
@@ -77,6 +81,21 @@ class OpNode(Node):
         for vjp, edge in zip(self._vjps, self._next):
             out.append(vjp(xp, g, meta, *vals) if edge[0] is not None else None)
         return out
+
+    def _unpack_saved(self, unpack):
+        """``unpack(saved, self)`` for every saved value, called in the order they were packed
+        (as PyTorch, whose unpack hooks run in pack order), returned in ``_saved_names`` order.
+        """
+        saved = self._saved
+        if not self._pack_reversed:
+            return [unpack(s, self) for s in saved]
+        vals = [None] * len(saved)
+        inputs = len(saved) - 1 if self._result_saved else len(saved)
+        for i in range(inputs - 1, -1, -1):
+            vals[i] = unpack(saved[i], self)
+        if inputs < len(saved):
+            vals[inputs] = unpack(saved[inputs], self)
+        return vals
 
     def _release(self):
         self._released = True
@@ -163,14 +182,17 @@ def new_node(cls, edges, meta, out_meta):
     init_node(node, edges, next_sequence_nr(), out_meta)
     node._meta = meta
     node._released = False
+    node._kept = ()
     return node
 
 
-def record(cls, out, inputs, saved=(), meta=None):
+def record(cls, out, inputs, saved=(), meta=None, kept=()):
     """Wrap ``out`` (an ndarray) as the result of op ``cls`` applied to tensor ``inputs``.
 
     ``saved`` lists the tensors to keep, in the order of ``cls._saved_names``
     without the trailing ``"result"``, which is added here when declared.
+    ``kept`` lists non-differentiable tensor arguments (a mask, an index) whose arrays
+    ``meta`` holds: backward raises if one of them was modified in place meanwhile.
     """
     if not _state.grad_enabled:
         return _make(out)
@@ -190,6 +212,8 @@ def record(cls, out, inputs, saved=(), meta=None):
         node._saved = kept
     else:
         node._saved = ()
+    if kept:
+        node._kept = tuple(KeptInput(k) for k in kept if isinstance(k, Tensor))
     return t
 
 

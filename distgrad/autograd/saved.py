@@ -7,11 +7,11 @@ cycle (output -> grad_fn -> output) that keeps activations alive.
 """
 import weakref
 
-from .grad_mode import ThreadState
+from .grad_mode import ThreadState, _state, thread_state
 from .node import AccumulateGrad
 from .tensor import Tensor, _describe, _make
 
-__all__ = ["SavedTensor", "SavedTensorHooksState", "hooks_state"]
+__all__ = ["SavedTensor", "KeptInput", "SavedTensorHooksState", "hooks_state"]
 
 RELEASED_MESSAGE = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -56,7 +56,7 @@ class SavedTensor:
             self._has_hooks = True
             self._edge = _input_edge(tensor, is_output)
             self._unpack_hook = unpack
-            self._packed = pack(tensor)
+            self._packed = _run_pack_hook(pack, tensor)
         else:
             self._has_hooks = False
             self._packed = None
@@ -72,12 +72,8 @@ class SavedTensor:
         if self._vc[0] != self._version:
             owner = f"output {self._output_nr} of {type(node).__name__}" if self._is_output else \
                 "an input of " + type(node).__name__
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: [{_describe(self._data if self._tensor is None else self._tensor._data)}], "
-                f"which is {owner}, is at version {self._vc[0]}; expected version {self._version} "
-                "instead. Hint: the saved tensor was modified in place after it was saved for "
-                "backward; use an out-of-place op or .clone() before modifying it.")
+            _raise_modified(self._data if self._tensor is None else self._tensor._data, owner,
+                            self._vc[0], self._version)
 
     def data(self, node):
         """The saved array, for the engine's NumPy fast path."""
@@ -137,7 +133,7 @@ class SavedTensor:
         else:
             tensor = _make(self._data, requires_grad=False, vc=self._vc)
         self._edge = _input_edge(self._tensor, self._is_output) if self._tensor is not None else None
-        self._packed = pack_hook(tensor)
+        self._packed = _run_pack_hook(pack_hook, tensor)
         self._unpack_hook = unpack_hook
         self._has_hooks = True
         self._tensor = None
@@ -148,6 +144,39 @@ class SavedTensor:
         self._tensor = None
         self._data = None
         self._packed = None
+
+
+class KeptInput:
+    """A non-differentiable input (a mask, a condition, an index) whose array an op's VJP
+    reads from the node's ``meta``: backward refuses it once it was modified in place, as
+    PyTorch's saved variables do, instead of using the new values."""
+
+    __slots__ = ("_data", "_vc", "_version")
+
+    def __init__(self, tensor):
+        self._data = tensor._data
+        self._vc = tensor._vc
+        self._version = tensor._vc[0]
+
+    def check_version(self, node):
+        if self._vc[0] != self._version:
+            _raise_modified(self._data, "an input of " + type(node).__name__, self._vc[0],
+                            self._version)
+
+
+def _raise_modified(array, owner, version, expected):
+    raise RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an "
+        f"inplace operation: [{_describe(array)}], which is {owner}, is at version {version}; "
+        f"expected version {expected} instead. Hint: the saved tensor was modified in place "
+        "after it was saved for backward; use an out-of-place op or .clone() before modifying it.")
+
+
+def _run_pack_hook(pack, tensor):
+    # As PyTorch, a pack hook runs with grad off: what it computes is storage, not part of
+    # the graph, and an op inside it that saves a tensor must not call the hook again.
+    with thread_state(_state, grad_enabled=False):
+        return pack(tensor)
 
 
 def _input_edge(tensor, is_output):

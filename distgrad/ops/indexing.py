@@ -54,8 +54,15 @@ SelectBackward0 = defop("SelectBackward0", vjps=(_index_grad,))
 IndexBackward0 = defop("IndexBackward0", vjps=(_index_grad,))
 
 
-def getitem(input, key):
+def _tensors_in(key):
+    """The tensors of an index (their arrays are part of the converted key)."""
+    return tuple(k for k in (key if isinstance(key, tuple) else (key,)) if isinstance(k, Tensor))
+
+
+def getitem(input, key, kept=()):
+    """``input[key]``; ``kept``: tensors the key was made from (their arrays are in it)."""
     d = array_of(input)
+    key_tensors = key
     key, basic = convert_key(key)
     try:
         out = d[key]
@@ -65,7 +72,8 @@ def getitem(input, key):
     if basic:
         node = SelectBackward0 if all(isinstance(k, (int, np.integer)) for k in key) else SliceBackward0
         return record_view(node, out, input, meta, lambda a, k=key: a[k])
-    return record(IndexBackward0, np.ascontiguousarray(out), (input,), (), meta)
+    return record(IndexBackward0, np.ascontiguousarray(out), (input,), (), meta,
+                  kept=_tensors_in(key_tensors) + tuple(kept))
 
 
 def _put_self_vjp(xp, g, m):
@@ -82,6 +90,7 @@ IndexPutBackward0 = defop("IndexPutBackward0", vjps=(_put_self_vjp, _put_values_
 def index_put(input, key, values):
     """Out-of-place ``input[key] = values`` (the recorded half of ``__setitem__``)."""
     d = array_of(input)
+    key_tensors = key
     if isinstance(key, tuple) or not isinstance(key, (list,)):
         key, _ = convert_key(key)
     v = as_tensor_operand(values, input)
@@ -92,7 +101,8 @@ def index_put(input, key, values):
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(array_of(v).shape)} cannot "
                            f"be broadcast to indexing result of shape "
                            f"{list(d[key].shape)}") from exc
-    return record(IndexPutBackward0, out, (input, v), (), {"key": key})
+    return record(IndexPutBackward0, out, (input, v), (), {"key": key},
+                  kept=_tensors_in(key_tensors))
 
 
 def index_select(input, dim, index):
@@ -104,7 +114,8 @@ def index_select(input, dim, index):
     key = (slice(None),) * dim + (idx.reshape(-1),)
     out = d[key]
     return record(IndexSelectBackward0, np.ascontiguousarray(out),
-                  (input,), (), {"shape": d.shape, "key": key, "accumulate": True, "dim": dim})
+                  (input,), (), {"shape": d.shape, "key": key, "accumulate": True, "dim": dim},
+                  kept=(index,))
 
 
 IndexSelectBackward0 = defop("IndexSelectBackward0", vjps=(_index_grad,))
@@ -130,7 +141,8 @@ def gather(input, dim, index, *, sparse_grad=False):
         raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
     out = np.take_along_axis(d[tuple(slice(0, s) if i != dim else slice(None)
                                      for i, s in enumerate(idx.shape))], idx, axis=dim)
-    return record(node, out, (input,), (), {"shape": d.shape, "index": idx, "dim": dim})
+    return record(node, out, (input,), (), {"shape": d.shape, "index": idx, "dim": dim},
+                  kept=(index,))
 
 
 def take_along_dim(input, indices, dim=None):
@@ -157,7 +169,8 @@ def where(condition, input=None, other=None):
     out = np.where(c, ad, bd)
     if out.dtype != dt:
         out = out.astype(dt)
-    return record(WhereBackward0, out, (a, b), (), {"condition": np.broadcast_to(c, out.shape)})
+    return record(WhereBackward0, out, (a, b), (), {"condition": np.broadcast_to(c, out.shape)},
+                  kept=(condition,))
 
 
 def _tie_vjp(xp, g, m, x, y, which):
@@ -207,7 +220,8 @@ def masked_fill(input, mask, value):
                                f"tensor with {array_of(value).ndim} dimension(s).")
         return where(mask if isinstance(mask, Tensor) else wrap(m), value.to(input.dtype), input)
     out = np.where(m, np.asarray(value, dtype=array_of(input).dtype), array_of(input))
-    return record(MaskedFillBackward0, out, (input,), (), {"mask": np.broadcast_to(m, out.shape)})
+    return record(MaskedFillBackward0, out, (input,), (), {"mask": np.broadcast_to(m, out.shape)},
+                  kept=(mask,))
 
 
 MaskedFillBackward0 = defop("MaskedFillBackward0", vjps=(lambda xp, g, m: xp.mask(g, ~m["mask"]),))
@@ -238,7 +252,7 @@ triu = _triangle("triu", np.triu)
 def masked_select(input, mask):
     m = array_of(mask) if isinstance(mask, Tensor) else np.asarray(mask)
     shape = np.broadcast_shapes(array_of(input).shape, m.shape)
-    return getitem(input.expand(shape), np.broadcast_to(m, shape))
+    return getitem(input.expand(shape), np.broadcast_to(m, shape), kept=(mask,))
 
 
 sort_result = namedtuple("sort", ["values", "indices"])

@@ -136,7 +136,8 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
     if src is None:
         return record(ScatterBackward1, out, (input,), (), {"keep": keep})
     return record(ScatterBackward0, out, (input, src), (),
-                  {"keep": keep, "index": idx, "dim": dim, "src_shape": array_of(src).shape})
+                  {"keep": keep, "index": idx, "dim": dim, "src_shape": array_of(src).shape},
+                  kept=(index,))
 
 
 def scatter_add(input, dim, index, src):
@@ -152,7 +153,7 @@ def scatter_add(input, dim, index, src):
     out = d.copy()
     np.add.at(out, positions, array_of(src)[_extent(idx)])
     return record(ScatterAddBackward0, out, (input, src), (),
-                  {"index": idx, "dim": dim, "src_shape": array_of(src).shape})
+                  {"index": idx, "dim": dim, "src_shape": array_of(src).shape}, kept=(index,))
 
 
 # -- index_add, index_fill, index_copy: a vector of positions along dim --
@@ -209,7 +210,7 @@ def index_add(input, dim, index, source, *, alpha=1):
     out = d.copy()
     np.add.at(out, key, _scaled(s, alpha).reshape(out[key].shape))
     return record(IndexAddBackward0, out, (input, source), (),
-                  {"key": key, "alpha": alpha, "source_shape": s.shape})
+                  {"key": key, "alpha": alpha, "source_shape": s.shape}, kept=(index,))
 
 
 def _filled_positions(d, dim, index, op, allow_negative):
@@ -273,4 +274,4 @@ def index_copy(input, dim, index, source):
                            f"shapes. Got self.shape = {list(d.shape)} source.shape = "
                            f"{list(s.shape)}") from None
     return record(IndexCopyBackward0, out, (input, source), (),
-                  {"keep": keep, "key": key, "source_shape": s.shape})
+                  {"keep": keep, "key": key, "source_shape": s.shape}, kept=(index,))

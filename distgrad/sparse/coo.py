@@ -14,7 +14,8 @@ of those ops run on the same protocols, so gradients come out sparse exactly whe
 PyTorch's do. Everything else raises ``NotImplementedError`` naming the operation,
 as PyTorch's "Could not run ... with arguments from the 'SparseCPU' backend": a
 sparse tensor is never turned dense behind the caller's back (``np.asarray`` on one
-raises too; ``to_dense()`` is the explicit way).
+raises too; ``to_dense()`` is the explicit way). The rules of the ufuncs live in
+``coo_arithmetic.py``, those of the array functions in ``coo_array_functions.py``.
 """
 import numbers
 
@@ -28,6 +29,11 @@ __all__ = ["COO", "SparseNotImplemented", "unsupported", "from_dense"]
 #: The codec's extension type of a COO array (a sparse tensor travels as this plus
 #: ``requires_grad``).
 CODEC_CODE = 15
+
+#: The NumPy ufuncs and array functions a COO answers, by function: coo_arithmetic.py and
+#: coo_array_functions.py fill them (``distgrad.sparse`` imports both).
+_UFUNCS = {}
+_FUNCTIONS = {}
 
 
 class SparseNotImplemented(NotImplementedError, AttributeError):
@@ -229,8 +235,8 @@ class COO(ArrayStorage):
     # Used by the engine on raw gradients: a sum of two gradients is order-free
     # (dense + sparse, sparse + dense: dense), unlike torch.add(sparse, dense).
     def __add__(self, other):
-        if isinstance(other, np.ndarray):
-            return _add(other, self, 1)
+        if isinstance(other, np.ndarray):  # np.add's rule, without the ufunc dispatch
+            return _UFUNCS[np.add](other, self)
         return np.add(self, other)
 
     def __radd__(self, other):
@@ -284,7 +290,7 @@ class COO(ArrayStorage):
         return handler(*args, **kwargs)
 
 
-# ---------------------------------------------------------------------- helpers
+
 def _linear(indices, shape):
     """Row-major linear positions of ``indices`` over the sparse dimensions of ``shape``."""
     sparse_shape = shape[:indices.shape[0]]
@@ -308,233 +314,6 @@ def from_dense(a, sparse_dim=None):
     return COO(indices, np.ascontiguousarray(values), a.shape, True)
 
 
-def _same_shape(op, x, y):
-    if x.shape != y.shape:
-        raise RuntimeError(f"{op}: expected 'self' and 'other' to have same size, but self has "
-                           f"size {_shape_text(x.shape)} while other has size "
-                           f"{_shape_text(y.shape)} (FYI: op2-sparse addition does not currently "
-                           "support broadcasting)")
-
-
-def _result_dtype(x, y):
-    return np.result_type(x.dtype, y.dtype) if x.dtype != y.dtype else x.dtype
-
-
-def _add(x, y, sign):
-    """``x + sign * y`` for the (sparse/dense) combinations PyTorch allows."""
-    op = "add" if sign > 0 else "sub"
-    if isinstance(x, COO) and isinstance(y, COO):
-        _same_shape(op, x, y)
-        if x.sparse_dim != y.sparse_dim:
-            raise RuntimeError(f"{op}: expected 'self' and 'other' to have same sparse "
-                               f"dimensions, but got {x.sparse_dim} and {y.sparse_dim}")
-        dt = _result_dtype(x, y)
-        yv = y.values if sign > 0 else -y.values
-        merged = COO(np.concatenate([x.indices, y.indices], axis=1),
-                     np.concatenate([x.values.astype(dt, copy=False), yv.astype(dt, copy=False)]),
-                     x.shape, False)
-        # Two coalesced operands merge into a coalesced sum (PyTorch's contiguous path);
-        # otherwise the result keeps both entry lists (its non-contiguous path).
-        return merged.coalesce() if x.coalesced and y.coalesced else merged
-    if isinstance(y, COO) and isinstance(x, np.ndarray) and x.ndim:
-        _same_shape(op, x, y)
-        out = np.array(x, dtype=_result_dtype(x, y), copy=True)
-        if y.nnz:
-            np.add.at(out, tuple(y.indices), y.values if sign > 0 else -y.values)
-        return out
-    if isinstance(x, COO) and isinstance(y, np.ndarray) and y.ndim:
-        raise RuntimeError(f"{op}(sparse, dense) is not supported. Use {op}(dense, sparse) "
-                           "instead.")
-    raise unsupported(f"{op} of a sparse tensor and a number (the result would be dense)")
-
-
-def _gather(x, indices):
-    """The values of coalesced ``x`` at ``indices`` (zeros where ``x`` has no entry)."""
-    x = x.coalesce()
-    have = _linear(x.indices, x.shape)
-    want = _linear(indices, x.shape)
-    pos = np.searchsorted(have, want)
-    pos_ok = np.minimum(pos, max(have.size - 1, 0))
-    hit = (pos < have.size) & (have[pos_ok] == want) if have.size else \
-        np.zeros(want.shape, dtype=bool)
-    out = np.zeros((want.size,) + x.values.shape[1:], dtype=x.dtype)
-    out[hit] = x.values[pos_ok[hit]]
-    return out
-
-
-def _multiply(x, y):
-    s = _scalar(y) if isinstance(x, COO) else _scalar(x)
-    sp, other = (x, y) if isinstance(x, COO) else (y, x)
-    if s is not None:
-        values = sp.values * s
-        return COO(sp.indices, values, sp.shape, sp.coalesced)
-    if isinstance(other, COO):
-        _same_shape("mul", sp, other)
-        a, b = sp.coalesce(), other.coalesce()
-        common, ia, ib = np.intersect1d(_linear(a.indices, a.shape), _linear(b.indices, b.shape),
-                                        assume_unique=True, return_indices=True)
-        return COO(a.indices[:, ia], a.values[ia] * b.values[ib], a.shape, True)
-    if isinstance(other, np.ndarray):
-        if other.shape != sp.shape:
-            raise RuntimeError(f"mul: a sparse tensor of size {_shape_text(sp.shape)} times a "
-                               f"dense one of size {_shape_text(other.shape)}: distgrad "
-                               "multiplies equal sizes only")
-        return COO(sp.indices, sp.values * other[tuple(sp.indices)], sp.shape, sp.coalesced)
-    raise unsupported(f"mul with {type(other).__name__}")
-
-
-def _divide(x, y):
-    s = _scalar(y)
-    if not isinstance(x, COO) or s is None:
-        raise unsupported("div (only a sparse tensor divided by a number keeps its zeros)")
-    return COO(x.indices, x.values / s, x.shape, x.coalesced)
-
-
-def _power(x, e):
-    s = _scalar(e)
-    if not isinstance(x, COO) or s is None or not np.all(np.real(s) > 0):
-        raise unsupported("pow (only a sparse tensor to a positive power keeps its zeros)")
-    return COO(x.indices, x.values ** s, x.shape, x.coalesced)
-
-
-def _elementwise(fn):
-    """A ufunc with f(0) == 0, applied to the stored values."""
-    def apply(x):
-        return COO(x.indices, fn(x.values), x.shape, x.coalesced)
-    return apply
-
-
-def _matmul(x, y):
-    if isinstance(x, COO) and isinstance(y, COO):
-        raise unsupported("matmul of two sparse tensors (torch.sparse.mm)")
-    if isinstance(x, COO):
-        if x.ndim != 2 or x.dense_dim or not isinstance(y, np.ndarray) or y.ndim not in (1, 2):
-            raise unsupported("matmul of a sparse tensor that is not a 2-D matrix, or with a "
-                              "batch")
-        if x.shape[1] != y.shape[0]:
-            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({x.shape[0]}x"
-                               f"{x.shape[1]} and {'x'.join(str(s) for s in y.shape)})")
-        rows, cols = x.indices
-        dt = _result_dtype(x, y)
-        contrib = y[cols] * (x.values[:, None] if y.ndim == 2 else x.values)
-        return _segment_sum(rows, contrib.astype(dt, copy=False), x.shape[0])
-    if not isinstance(x, np.ndarray) or x.ndim not in (1, 2):
-        raise unsupported("matmul of a batch with a sparse tensor")
-    # x @ S == (S^T @ x^T)^T
-    flipped = _matmul(_permute(y, (1, 0)), x.T if x.ndim == 2 else x)
-    return flipped.T if flipped.ndim == 2 else flipped
-
-
-def _segment_sum(rows, contrib, n):
-    """``out[r] = sum of contrib[i] where rows[i] == r`` for ``r < n``: one sort (none when
-    ``rows`` is already sorted, as in a coalesced matrix) and ``add.reduceat``, which is
-    many times faster than ``np.add.at``."""
-    out = np.zeros((n,) + contrib.shape[1:], dtype=contrib.dtype)
-    if not rows.size:
-        return out
-    if np.any(rows[1:] < rows[:-1]):
-        order = np.argsort(rows, kind="stable")
-        rows, contrib = rows[order], contrib[order]
-    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
-    out[rows[starts]] = np.add.reduceat(contrib, starts, axis=0)
-    return out
-
-
-_UFUNCS = {
-    np.add: lambda x, y: _add(x, y, 1),
-    np.subtract: lambda x, y: _add(x, y, -1),
-    np.multiply: _multiply,
-    np.true_divide: _divide,
-    np.power: _power,
-    np.matmul: _matmul,
-    np.negative: _elementwise(np.negative),
-    np.positive: _elementwise(np.positive),
-    np.conjugate: lambda x: x.conj(),
-    np.absolute: _elementwise(np.absolute),
-    np.sign: _elementwise(np.sign),
-}
-
-
-# ---------------------------------------------------------------------- array functions
-def _all_coo(arrays, what):
-    if not all(isinstance(a, COO) for a in arrays):
-        raise unsupported(f"{what} of sparse and dense tensors together")
-    first = arrays[0]
-    for a in arrays[1:]:
-        if a.sparse_dim != first.sparse_dim or a.dense_dim != first.dense_dim:
-            raise RuntimeError(f"{what}: all sparse tensors must have the same sparse and dense "
-                               "dimensions")
-    return first
-
-
-def _concatenate(arrays, axis=0, **kwargs):
-    arrays = list(arrays)
-    first = _all_coo(arrays, "cat")
-    axis = axis % first.ndim
-    if axis >= first.sparse_dim:
-        raise unsupported("cat along a dense dimension of sparse tensors")
-    indices, offset = [], 0
-    for a in arrays:
-        shifted = a.indices.copy()
-        shifted[axis] += offset
-        indices.append(shifted)
-        offset += a.shape[axis]
-    shape = list(first.shape)
-    shape[axis] = offset
-    dt = np.result_type(*[a.dtype for a in arrays])
-    return COO(np.concatenate(indices, axis=1),
-               np.concatenate([a.values.astype(dt, copy=False) for a in arrays]), shape, False)
-
-
-def _stack(arrays, axis=0, **kwargs):
-    arrays = list(arrays)
-    first = _all_coo(arrays, "stack")
-    axis = axis % (first.ndim + 1)
-    if axis > first.sparse_dim:
-        raise unsupported("stack along a dense dimension of sparse tensors")
-    expanded = [COO(np.insert(a.indices, axis, 0, axis=0), a.values,
-                    a.shape[:axis] + (1,) + a.shape[axis:], a.coalesced) for a in arrays]
-    out = _concatenate(expanded, axis)
-    out.coalesced = axis == 0 and all(a.coalesced for a in arrays)
-    return out
-
-
-def _split(a, indices_or_sections, axis=0):
-    if not isinstance(a, COO):
-        raise unsupported("split")
-    axis = axis % a.ndim
-    if axis >= a.sparse_dim:
-        raise unsupported("split along a dense dimension of a sparse tensor")
-    n = a.shape[axis]
-    if isinstance(indices_or_sections, numbers.Integral):
-        step = n // int(indices_or_sections)
-        bounds = list(range(step, n, step))
-    else:
-        bounds = [int(b) for b in indices_or_sections]
-    pieces = []
-    for start, stop in zip([0] + bounds, bounds + [n]):
-        keep = (a.indices[axis] >= start) & (a.indices[axis] < stop)
-        idx = a.indices[:, keep]
-        idx[axis] -= start
-        shape = list(a.shape)
-        shape[axis] = max(stop - start, 0)
-        pieces.append(COO(idx, a.values[keep], shape, a.coalesced))
-    return pieces
-
-
-def _squeeze(a, axis=None):
-    axes = [i for i, s in enumerate(a.shape) if s == 1] if axis is None else \
-        [x % a.ndim for x in ((axis,) if isinstance(axis, numbers.Integral) else axis)]
-    for x in axes:
-        if a.shape[x] != 1:
-            raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
-    sparse_axes = [x for x in axes if x < a.sparse_dim]
-    dense_axes = tuple(x - a.sparse_dim + 1 for x in axes if x >= a.sparse_dim)
-    indices = np.delete(a.indices, sparse_axes, axis=0)
-    values = np.squeeze(a.values, dense_axes) if dense_axes else a.values
-    shape = [s for i, s in enumerate(a.shape) if i not in axes]
-    return COO(indices, values, shape, a.coalesced)
-
 
 def _permute(a, axes):
     axes = [x % a.ndim for x in axes]
@@ -547,48 +326,6 @@ def _permute(a, axes):
     return COO(a.indices[axes[:sparse]], values, [a.shape[x] for x in axes],
                a.coalesced and keep_order)
 
-
-def _transpose(a, axes=None):
-    return _permute(a, list(range(a.ndim))[::-1] if axes is None else axes)
-
-
-def _swapaxes(a, axis1, axis2):
-    axes = list(range(a.ndim))
-    i, j = axis1 % a.ndim, axis2 % a.ndim
-    axes[i], axes[j] = axes[j], axes[i]
-    return _permute(a, axes)
-
-
-def _broadcast_to(a, shape, subok=False):
-    if tuple(shape) != a.shape:
-        raise unsupported("broadcasting a sparse tensor")
-    return a
-
-
-def _sum(a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
-    return a.sum(axis=axis, dtype=dtype, keepdims=keepdims, out=out)
-
-
-def _ndim(a):
-    return a.ndim
-
-
-def _shape(a):
-    return a.shape
-
-
-_FUNCTIONS = {
-    np.concatenate: _concatenate,
-    np.stack: _stack,
-    np.split: _split,
-    np.squeeze: _squeeze,
-    np.transpose: _transpose,
-    np.swapaxes: _swapaxes,
-    np.broadcast_to: _broadcast_to,
-    np.sum: _sum,
-    np.ndim: _ndim,
-    np.shape: _shape,
-}
 
 
 # ---------------------------------------------------------------------- the wire

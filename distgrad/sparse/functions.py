@@ -22,7 +22,8 @@ import numpy as np
 from ..autograd import dtype as _dt
 from ..autograd.device import as_cpu_device
 from ..autograd._internal import Tensor, array_of, as_array, defop, record, wrap
-from .coo import COO, _gather, _linear, from_dense, unsupported
+from .coo import COO, _linear, from_dense, unsupported
+from .coo_arithmetic import _gather
 from .layout import sparse_coo, strided
 
 __all__ = ["sparse_coo_tensor", "is_sparse", "sum", "mm", "install"]

@@ -117,8 +117,38 @@ def function_on_inference_tensor(lib):
     return [a.tolist(), b.tolist(), a.requires_grad, b.requires_grad]
 
 
+def grad_shares_caller_gradient(lib):
+    """A view's backward hands the leaf a view of the caller's ``gradient=``, which PyTorch
+    keeps as ``.grad`` without a copy: a later change to either shows in the other. A
+    gradient that reaches the leaf as the caller's own tensor, or not contiguous, is copied."""
+    out = []
+    views = {"reshape": lambda x: x.reshape(-1), "view": lambda x: x.view(6),
+             "unsqueeze": lambda x: x.unsqueeze(0), "flatten": lambda x: x.flatten()}
+    for name, view in views.items():
+        x = lib.ones(2, 3, requires_grad=True)
+        y = view(x)
+        g = lib.ones(y.shape)
+        y.backward(g, retain_graph=True)
+        g.mul_(7)
+        first = x.grad[0, 0].item()
+        y.backward(g)  # accumulates into .grad in place: the caller's gradient changes too
+        out.append((name, first, x.grad[0, 0].item(), g.reshape(-1)[0].item()))
+    x1, x2 = lib.ones(2, 3, requires_grad=True), lib.ones(2, 3, requires_grad=True)
+    g = lib.ones(6)
+    (x1.reshape(-1) + x2.reshape(-1)).backward(g)
+    x1.grad.mul_(3)
+    out.append(("two leaves", x2.grad[0, 0].item(), g[0].item()))
+    for name, g in (("leaf itself", lib.ones(6)), ("not contiguous", lib.ones(12)[::2]),
+                    ("part of a bigger buffer", lib.ones(12)[:6])):
+        x = lib.ones(6, requires_grad=True)
+        (x if name == "leaf itself" else x.view(6)).backward(g)
+        g.mul_(5)
+        out.append((name, x.grad[0].item()))
+    return out
+
+
 SCENARIOS = [scalar_op_nodes, pack_order, saved_attribute_listing, accumulate_grad_holds_leaf,
-             function_on_inference_tensor]
+             function_on_inference_tensor, grad_shares_caller_gradient]
 
 # Recorded from torch 2.13 (CPU).
 EXPECTED = {
@@ -165,6 +195,11 @@ EXPECTED = {
                                 True, ["_raw_saved_result"], True, ["_raw_saved_self"]],
     "accumulate_grad_holds_leaf": ["AccumulateGrad", True, True],
     "function_on_inference_tensor": [[2.0, 2.0], [2.0, 2.0], False, False],
+    "grad_shares_caller_gradient": [
+        ("reshape", 7.0, 14.0, 14.0), ("view", 7.0, 14.0, 14.0),
+        ("unsqueeze", 7.0, 14.0, 14.0), ("flatten", 7.0, 14.0, 14.0),
+        ("two leaves", 3.0, 3.0), ("leaf itself", 1.0), ("not contiguous", 1.0),
+        ("part of a bigger buffer", 5.0)],
 }
 
 

@@ -369,7 +369,7 @@ def test_backward_hook_wrong_length():
 
 def test_global_full_and_deprecated_hooks_exclude_each_other():
     # Like PyTorch, the first kind of global backward hook ever registered wins for good.
-    mm = distgrad.nn.modules.module
+    mm = distgrad.nn.modules.global_hooks  # its flag; the functions are re-exported by .module
     saved = mm._global_is_full_backward_hook
     try:
         mm._global_is_full_backward_hook = None

@@ -4,106 +4,33 @@ Hook semantics follow ``torch/nn/modules/module.py::_call_impl``: global hooks r
 before a module's own, forward pre-hooks may replace the args, forward hooks the
 output; full backward (pre-)hooks are implemented by :class:`BackwardHook`, an
 identity custom Function wrapped around the module's tensor inputs and outputs.
+The global hooks live in ``global_hooks``, calling a module with hooks in
+``module_call``, state dicts in ``module_state_dict``; ``Module`` binds their methods.
 """
-import functools
-import itertools
-import warnings
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict
 
 from ...autograd import dtype as _dt
 from ...autograd.grad_mode import no_grad
 from ...autograd.tensor import Tensor
 from ...multiprocessing.sharing import share_memory as _share_memory
 from ...utils.hooks import RemovableHandle
-from ._functions import BackwardHook
 from ..parameter import Parameter, zero_grads
+from . import module_call, module_state_dict
+from .global_hooks import (_global_any_call_hook, _global_buffer_registration_hooks,
+                           _global_module_registration_hooks,
+                           _global_parameter_registration_hooks, _register_plain,
+                           register_module_backward_hook, register_module_buffer_registration_hook,
+                           register_module_forward_hook, register_module_forward_pre_hook,
+                           register_module_full_backward_hook,
+                           register_module_full_backward_pre_hook,
+                           register_module_module_registration_hook,
+                           register_module_parameter_registration_hook)
 
 __all__ = ["Module", "register_module_forward_pre_hook", "register_module_forward_hook",
            "register_module_backward_hook", "register_module_full_backward_pre_hook",
            "register_module_full_backward_hook", "register_module_buffer_registration_hook",
            "register_module_module_registration_hook",
            "register_module_parameter_registration_hook"]
-
-_global_backward_pre_hooks = OrderedDict()
-_global_backward_hooks = OrderedDict()
-_global_is_full_backward_hook = None
-_global_forward_pre_hooks = OrderedDict()
-_global_forward_hooks = OrderedDict()
-_global_forward_hooks_always_called = OrderedDict()
-_global_forward_hooks_with_kwargs = OrderedDict()
-_global_buffer_registration_hooks = OrderedDict()
-_global_module_registration_hooks = OrderedDict()
-_global_parameter_registration_hooks = OrderedDict()
-# Every global call hook is also kept here: `Module.__call__` reads this one dict to
-# know whether any global hook exists (a handle removes from both).
-_global_any_call_hook = OrderedDict()
-
-
-def _register_global(hooks, hook, *extra):
-    handle = RemovableHandle(hooks, extra_dict=[_global_any_call_hook, *extra])
-    hooks[handle.id] = hook
-    _global_any_call_hook[handle.id] = True
-    return handle
-
-
-def register_module_forward_pre_hook(hook):
-    """A forward pre-hook common to all modules; runs before each module's own."""
-    return _register_global(_global_forward_pre_hooks, hook)
-
-
-def register_module_forward_hook(hook, *, with_kwargs=False, always_call=False):
-    """A forward hook common to all modules; runs before each module's own."""
-    handle = _register_global(_global_forward_hooks, hook, _global_forward_hooks_always_called,
-                              _global_forward_hooks_with_kwargs)
-    if with_kwargs:
-        _global_forward_hooks_with_kwargs[handle.id] = True
-    if always_call:
-        _global_forward_hooks_always_called[handle.id] = True
-    return handle
-
-
-def _set_global_full(flag):
-    global _global_is_full_backward_hook
-    if _global_is_full_backward_hook is (not flag):
-        raise RuntimeError("Cannot use both regular backward hooks and full backward hooks as a "
-                           "global Module hook. Please use only one of them.")
-    _global_is_full_backward_hook = flag
-
-
-def register_module_backward_hook(hook):
-    """Deprecated non-full global backward hook (use ``register_module_full_backward_hook``)."""
-    _set_global_full(False)
-    return _register_global(_global_backward_hooks, hook)
-
-
-def register_module_full_backward_pre_hook(hook):
-    """``hook(module, grad_output)`` for every module, before each module's own."""
-    return _register_global(_global_backward_pre_hooks, hook)
-
-
-def register_module_full_backward_hook(hook):
-    """``hook(module, grad_input, grad_output)`` for every module, before each module's own."""
-    _set_global_full(True)
-    return _register_global(_global_backward_hooks, hook)
-
-
-def _register_plain(hooks, hook):
-    handle = RemovableHandle(hooks)
-    hooks[handle.id] = hook
-    return handle
-
-
-def register_module_buffer_registration_hook(hook):
-    return _register_plain(_global_buffer_registration_hooks, hook)
-
-
-def register_module_module_registration_hook(hook):
-    return _register_plain(_global_module_registration_hooks, hook)
-
-
-def register_module_parameter_registration_hook(hook):
-    return _register_plain(_global_parameter_registration_hooks, hook)
-
 
 # Bumped by every change to any module's parameters or children, so `parameters()`
 # can reuse its last walk of the tree (zero_grad runs it every step).
@@ -138,27 +65,6 @@ class _TrackedDict(OrderedDict):
 
     def __reduce__(self):
         return (type(self), (list(self.items()),))
-
-
-class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
-    def __repr__(self):
-        if not self.missing_keys and not self.unexpected_keys:
-            return "<All keys matched successfully>"
-        return super().__repr__()
-
-    __str__ = __repr__
-
-
-class _WrappedHook:
-    """A deprecated backward hook bound to its module, as registered on a grad_fn."""
-
-    def __init__(self, hook, module):
-        self.hook = hook
-        self.module = module
-        functools.update_wrapper(self, hook)
-
-    def __call__(self, grad_input, grad_output):
-        return self.hook(self.module, grad_input, grad_output)
 
 
 def _addindent(s, num_spaces):
@@ -543,111 +449,11 @@ class Module:
         _share_memory(tensors)
         return self
 
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        for name, param in self._parameters.items():
-            if param is not None:
-                destination[prefix + name] = param if keep_vars else param.detach()
-        for name, buf in self._buffers.items():
-            if buf is not None and name not in self._non_persistent_buffers_set:
-                destination[prefix + name] = buf if keep_vars else buf.detach()
+    _save_to_state_dict = module_state_dict._save_to_state_dict
+    state_dict = module_state_dict.state_dict
+    _load_from_state_dict = module_state_dict._load_from_state_dict
+    load_state_dict = module_state_dict.load_state_dict
 
-    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
-        if args:
-            destination = args[0] if len(args) > 0 else destination
-            prefix = args[1] if len(args) > 1 else prefix
-            keep_vars = args[2] if len(args) > 2 else keep_vars
-        if destination is None:
-            destination = OrderedDict()
-        self._save_to_state_dict(destination, prefix, keep_vars)
-        for name, module in self._modules.items():
-            if module is not None:
-                module.state_dict(destination=destination, prefix=prefix + name + ".",
-                                  keep_vars=keep_vars)
-        for hook in self._state_dict_hooks.values():
-            result = hook(self, destination, prefix, {})
-            if result is not None:
-                destination = result
-        return destination
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs, assign=False):
-        persistent = {k: v for k, v in self._buffers.items()
-                      if k not in self._non_persistent_buffers_set}
-        local_state = {k: v for k, v in itertools.chain(self._parameters.items(),
-                                                        persistent.items()) if v is not None}
-        for name, param in local_state.items():
-            key = prefix + name
-            if key not in state_dict:
-                if strict:
-                    missing_keys.append(key)
-                continue
-            input_param = state_dict[key]
-            if not isinstance(input_param, Tensor):
-                error_msgs.append(f'While copying the parameter named "{key}", expected '
-                                  "torch.Tensor or Tensor-like object from checkpoint but "
-                                  f"received {type(input_param)}")
-                continue
-            if tuple(input_param.shape) != tuple(param.shape):
-                error_msgs.append(f"size mismatch for {key}: copying a param with shape "
-                                  f"{input_param.shape} from checkpoint, the shape in current "
-                                  f"model is {param.shape}.")
-                continue
-            try:
-                with no_grad():
-                    if assign:
-                        if isinstance(param, Parameter):
-                            new = Parameter(input_param.detach(), param.requires_grad)
-                            self._parameters[name] = new
-                        else:
-                            self._buffers[name] = input_param
-                    else:
-                        param.copy_(input_param)
-            except Exception as ex:  # collected, as PyTorch does, and raised together
-                error_msgs.append(f'While copying the parameter named "{key}", whose dimensions '
-                                  f"in the model are {param.shape} and whose dimensions in the "
-                                  f"checkpoint are {input_param.shape}, an exception occurred : "
-                                  f"{ex.args}.")
-        if strict:
-            for key in state_dict.keys():
-                if key.startswith(prefix):
-                    input_name = key[len(prefix):].split(".", 1)
-                    if input_name[0] not in self._modules and input_name[0] not in local_state:
-                        unexpected_keys.append(key)
-
-    def load_state_dict(self, state_dict, strict=True, assign=False):
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
-        missing_keys, unexpected_keys, error_msgs = [], [], []
-        state_dict = OrderedDict(state_dict)
-
-        def load(module, local_state_dict, prefix=""):
-            for hook in module._load_state_dict_pre_hooks.values():
-                hook(local_state_dict, prefix, {}, strict, missing_keys, unexpected_keys,
-                     error_msgs)
-            module._load_from_state_dict(local_state_dict, prefix, {}, True, missing_keys,
-                                         unexpected_keys, error_msgs, assign)
-            for name, child in module._modules.items():
-                if child is not None:
-                    child_prefix = prefix + name + "."
-                    child_state = {k: v for k, v in local_state_dict.items()
-                                   if k.startswith(child_prefix)}
-                    load(child, child_state, child_prefix)
-            incompatible = _IncompatibleKeys(missing_keys, unexpected_keys)
-            for hook in module._load_state_dict_post_hooks.values():
-                hook(module, incompatible)
-
-        load(self, state_dict)
-        if strict:
-            if unexpected_keys:
-                error_msgs.insert(0, "Unexpected key(s) in state_dict: {}. ".format(
-                    ", ".join(f'"{k}"' for k in unexpected_keys)))
-            if missing_keys:
-                error_msgs.insert(0, "Missing key(s) in state_dict: {}. ".format(
-                    ", ".join(f'"{k}"' for k in missing_keys)))
-        if error_msgs:
-            raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(
-                type(self).__name__, "\n\t".join(error_msgs)))
-        return _IncompatibleKeys(missing_keys, unexpected_keys)
 
     # ------------------------------------------------------------ hooks
     def _local_hook(self, hooks, hook, prepend, *extra):
@@ -708,62 +514,9 @@ class Module:
     def register_load_state_dict_post_hook(self, hook):
         return _register_plain(self._load_state_dict_post_hooks, hook)
 
-    def _get_backward_hooks(self):
-        full, non_full = [], []
-        if _global_is_full_backward_hook is True:
-            full += _global_backward_hooks.values()
-        if self._is_full_backward_hook is True:
-            full += self._backward_hooks.values()
-        if _global_is_full_backward_hook is False:
-            non_full += _global_backward_hooks.values()
-        if self._is_full_backward_hook is False:
-            non_full += self._backward_hooks.values()
-        return full, non_full
-
-    def _get_backward_pre_hooks(self):
-        return [*_global_backward_pre_hooks.values(), *self._backward_pre_hooks.values()]
-
-    def _maybe_warn_non_full_backward_hook(self, inputs, result, grad_fn):
-        if not isinstance(result, Tensor):
-            if not (isinstance(result, tuple) and all(isinstance(r, Tensor) for r in result)):
-                warnings.warn("Using non-full backward hooks on a Module that does not return a "
-                              "single Tensor or a tuple of Tensors is deprecated and will be "
-                              "removed in future versions. This hook will be missing some of the "
-                              "grad_output. Please use register_full_backward_hook to get the "
-                              "documented behavior.", FutureWarning, stacklevel=2)
-                return
-        else:
-            result = (result,)
-        if not isinstance(inputs, Tensor):
-            if not (isinstance(inputs, tuple) and all(isinstance(i, Tensor) for i in inputs)):
-                warnings.warn("Using non-full backward hooks on a Module that does not take as "
-                              "input a single Tensor or a tuple of Tensors is deprecated and will "
-                              "be removed in future versions. This hook will be missing some of "
-                              "the grad_input. Please use register_full_backward_hook to get the "
-                              "documented behavior.", FutureWarning, stacklevel=2)
-                return
-        else:
-            inputs = (inputs,)
-        out_grad_fn = {r.grad_fn for r in result if r.grad_fn is not None}
-        if len(out_grad_fn) == 0 or (len(out_grad_fn) == 1 and grad_fn not in out_grad_fn):
-            warnings.warn("Using a non-full backward hook when outputs are nested in python data "
-                          "structure is deprecated and will be removed in future versions. This "
-                          "hook will be missing some grad_output.", FutureWarning, stacklevel=2)
-        elif len(out_grad_fn) > 1:
-            warnings.warn("Using a non-full backward hook when outputs are generated by different "
-                          "autograd Nodes is deprecated and will be removed in future versions. "
-                          "This hook will be missing some grad_output. Please use "
-                          "register_full_backward_hook to get the documented behavior.",
-                          FutureWarning, stacklevel=2)
-        else:
-            inputs_grad_fn = {i.grad_fn for i in inputs if i.grad_fn is not None}
-            next_functions = {n[0] for n in grad_fn.next_functions}
-            if inputs_grad_fn != next_functions:
-                warnings.warn("Using a non-full backward hook when the forward contains multiple "
-                              "autograd Nodes is deprecated and will be removed in future "
-                              "versions. This hook will be missing some grad_input. Please use "
-                              "register_full_backward_hook to get the documented behavior.",
-                              FutureWarning, stacklevel=2)
+    _get_backward_hooks = module_call._get_backward_hooks
+    _get_backward_pre_hooks = module_call._get_backward_pre_hooks
+    _maybe_warn_non_full_backward_hook = module_call._maybe_warn_non_full_backward_hook
 
     def __call__(self, *args, **kwargs):
         if not (_global_any_call_hook or self._any_call_hook):
@@ -772,98 +525,7 @@ class Module:
 
     _call_impl = __call__
 
-    def _call_with_hooks(self, args, kwargs):
-        result = None
-        called_always = set()
-
-        def inner():
-            nonlocal result, args, kwargs
-            full_backward_hooks, non_full_backward_hooks = [], []
-            backward_pre_hooks = []
-            if self._backward_pre_hooks or _global_backward_pre_hooks:
-                backward_pre_hooks = self._get_backward_pre_hooks()
-            if self._backward_hooks or _global_backward_hooks:
-                full_backward_hooks, non_full_backward_hooks = self._get_backward_hooks()
-            for hook_id, hook in (*_global_forward_pre_hooks.items(),
-                                  *self._forward_pre_hooks.items()):
-                if hook_id in self._forward_pre_hooks_with_kwargs:
-                    res = hook(self, args, kwargs)
-                    if res is not None:
-                        if isinstance(res, tuple) and len(res) == 2:
-                            args, kwargs = res
-                        else:
-                            raise RuntimeError("forward pre-hook must return None or a tuple of "
-                                               f"(new_args, new_kwargs), but got {res}.")
-                else:
-                    res = hook(self, args)
-                    if res is not None:
-                        if not isinstance(res, tuple):
-                            res = (res,)
-                        args = res
-            bw_hook = None
-            if full_backward_hooks or backward_pre_hooks:
-                bw_hook = BackwardHook(self, full_backward_hooks, backward_pre_hooks)
-                args = bw_hook.setup_input_hook(args)
-            result = self.forward(*args, **kwargs)
-            for hook_id, hook in (*_global_forward_hooks.items(), *self._forward_hooks.items()):
-                if hook_id in self._forward_hooks_always_called or \
-                        hook_id in _global_forward_hooks_always_called:
-                    called_always.add(hook_id)
-                if hook_id in self._forward_hooks_with_kwargs or \
-                        hook_id in _global_forward_hooks_with_kwargs:
-                    res = hook(self, args, kwargs, result)
-                else:
-                    res = hook(self, args, result)
-                if res is not None:
-                    result = res
-            if bw_hook:
-                if not isinstance(result, (Tensor, tuple)):
-                    warnings.warn("For backward hooks to be called, module output should be a "
-                                  f"Tensor or a tuple of Tensors but received {type(result)}")
-                result = bw_hook.setup_output_hook(result)
-            if non_full_backward_hooks:
-                var = result
-                while not isinstance(var, Tensor):
-                    if isinstance(var, dict):
-                        var = next(v for v in var.values() if isinstance(v, Tensor))
-                    else:
-                        var = var[0]
-                grad_fn = var.grad_fn
-                if grad_fn is not None:
-                    for hook in non_full_backward_hooks:
-                        grad_fn.register_hook(_WrappedHook(hook, self))
-                    self._maybe_warn_non_full_backward_hook(args, result, grad_fn)
-            return result
-
-        try:
-            return inner()
-        except Exception:
-            # always_call forward hooks run even when forward raised; their own errors
-            # are demoted to warnings so the original exception propagates.
-            for hook_id, hook in _global_forward_hooks.items():
-                if hook_id in _global_forward_hooks_always_called and hook_id not in called_always:
-                    try:
-                        res = hook(self, args, result)
-                        if res is not None:
-                            result = res
-                    except Exception as e:
-                        warnings.warn("global module forward hook with ``always_call=True`` "
-                                      "raised an exception that was silenced as another error "
-                                      f"was raised in forward: {e}")
-            for hook_id, hook in self._forward_hooks.items():
-                if hook_id in self._forward_hooks_always_called and hook_id not in called_always:
-                    try:
-                        if hook_id in self._forward_hooks_with_kwargs:
-                            res = hook(self, args, kwargs, result)
-                        else:
-                            res = hook(self, args, result)
-                        if res is not None:
-                            result = res
-                    except Exception as e:
-                        warnings.warn("module forward hook with ``always_call=True`` raised an "
-                                      "exception that was silenced as another error was raised "
-                                      f"in forward: {e}")
-            raise
+    _call_with_hooks = module_call._call_with_hooks
 
     # ------------------------------------------------------------ repr
     def extra_repr(self):
