@@ -16,7 +16,8 @@ SCRIPT``, ``python -u -m MODULE`` with ``-m``, or the command itself with
 ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
 ``TORCHELASTIC_RESTART_COUNT``/``TORCHELASTIC_MAX_RESTARTS``,
 ``TORCHELASTIC_ERROR_FILE``, ``OMP_NUM_THREADS=1`` unless set (with
-torchrun's warning). The arguments are torchrun's, with its ``PET_*``
+torchrun's warning), and ``DISTGRAD_WORLD_SECRET``: the world's secret, made by the
+agent unless it has one (kept across restarts), so the world admits only its workers. The arguments are torchrun's, with its ``PET_*``
 environment fallbacks.
 
 Where it meets: ``--master-addr``/``--master-port`` (29500) with the default
@@ -53,6 +54,7 @@ from datetime import datetime
 
 from ..utils.ports import free_port
 from ..utils.tempdirs import owned_tempdir, remove_path
+from ..utils.world_secret import SECRET_ENV, for_children
 
 __all__ = ["main", "run", "get_args_parser", "parse_args", "ChildFailedError",
            "SignalException"]
@@ -330,9 +332,11 @@ def _die_with_agent(agent_pid):
 class _Group:
     """The workers of one attempt: started together, watched, stopped together."""
 
-    def __init__(self, args, command, nproc, addr, port, run_id, attempt, error_dir):
+    def __init__(self, args, command, nproc, addr, port, run_id, attempt, error_dir, secret):
         self.procs, self.error_files = [], []
         base = dict(os.environ)
+        if secret is not None:
+            base[SECRET_ENV] = secret
         for local_rank in range(nproc):
             error_file = os.path.join(error_dir, f"attempt_{attempt}", str(local_rank),
                                       "error.json")
@@ -424,6 +428,7 @@ def run(args):
              "*****************************************")
         os.environ["OMP_NUM_THREADS"] = "1"
     addr, port, run_id = _meeting_point(args)
+    secret = for_children()  # one per launch: its restarts keep it
     command = _command(args)
     grace = _shutdown_timeout(args)
     handled = [getattr(signal, name.strip()) for name in args.signals_to_handle.split(",")
@@ -441,7 +446,8 @@ def run(args):
     group = None
     try:
         for attempt in range(args.max_restarts + 1):
-            group = _Group(args, command, nproc, addr, port, run_id, attempt, error_dir)
+            group = _Group(args, command, nproc, addr, port, run_id, attempt, error_dir,
+                           secret)
             while True:
                 done, failures = group.poll()
                 if done:

@@ -41,7 +41,7 @@ from .allowlist import Allowlist, ref_of
 from .barrier import ShutdownBarrier
 from .bookkeeping import EXTRA as BOOKKEEPING, Bookkeeping
 from .calls import Pending, PendingCalls
-from .credentials import Credential, world_secret
+from .credentials import Credential, member_secret
 from .forks import Forks
 from .dispatch import SYSTEM_OPS, Dispatcher, Request
 from .errors import (ProtocolError, RpcError, RpcTimeoutError, UnknownWorkerError,
@@ -140,10 +140,10 @@ class Agent:
         # peers' requests run on handler threads: keep the memory they free for the next
         # one instead of page-faulting it in again (see utils/allocator.py)
         keep_freed_memory()
+        secret = member_secret(opts, f"{self.name!r} (rank {self.rank})", self.world_size)
         self.transport = t = Transport(self.name, self.rank, self.world_size, opts, self,
                                        Credential(opts.mechanism))
         self.stats = t.stats
-        secret = world_secret(opts)
         try:
             if opts.transport == "ipc":
                 self._ipc_dir = opts.ipc_dir or owned_tempdir(IPC_DIR_PREFIX)

@@ -20,44 +20,72 @@ table of verifiers to every member. Two mechanisms:
 
 The world's secret (``DISTGRAD_WORLD_SECRET`` or ``RpcBackendOptions.world_secret``),
 made by whoever forms the world and handed to its members as the rendezvous address
-is, never crosses the wire: a registration proves it holds the secret with an HMAC over
-its own content, and the rendezvous proves the same over the table it answers with. A
-world without a secret is still closed once it formed (no connection is admitted
-without a registered credential), but while it forms anyone who reaches the rendezvous
-may register (a rank claimed twice abandons the world).
+is (``utils/world_secret.py``), never crosses the wire: a registration proves it holds
+the secret with an HMAC over its own content, and the rendezvous proves the same over
+the table it answers with. A world without a secret is still closed once it formed (no
+connection is admitted without a registered credential), but while it forms anyone who
+reaches the rendezvous may register (a rank claimed twice abandons the world): a member
+joining one is warned once (:func:`member_secret`), or refused with
+``DISTGRAD_REQUIRE_SECRET=1``.
 """
 import hashlib
 import hmac
 import logging
-import os
 import secrets
+import threading
+import warnings
 
 import msgpack
 import zmq
 from zmq.utils import z85
 
-__all__ = ["SECRET_ENV", "MECHANISMS", "Credential", "Admission", "world_secret",
-           "new_world_secret", "prove", "proven"]
+from ..utils.world_secret import (REQUIRE_ENV, SECRET_ENV, current, joined_without_secret,
+                                  new_world_secret, required)
+from .errors import RpcError
+
+__all__ = ["SECRET_ENV", "REQUIRE_ENV", "MECHANISMS", "Credential", "Admission",
+           "world_secret", "member_secret", "new_world_secret", "prove", "proven"]
 
 log = logging.getLogger("distgrad.rpc")
 
-#: The environment variable through which a world's members receive its secret.
-SECRET_ENV = "DISTGRAD_WORLD_SECRET"
 #: How a connection is authenticated; "none" only when authentication is turned off.
 MECHANISMS = ("none", "plain", "curve")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler
 
 
-def new_world_secret():
-    """A fresh world secret (text), for whoever forms a world."""
-    return secrets.token_hex(32)
-
-
 def world_secret(options):
-    """The world secret of ``options`` or of the environment, as bytes (None: no secret)."""
-    s = getattr(options, "world_secret", None) or os.environ.get(SECRET_ENV) or None
+    """The world secret of ``options`` or of this process (its environment, or the one it
+    made for members it started), as bytes (None: no secret)."""
+    s = getattr(options, "world_secret", None) or current()
     return s.encode() if isinstance(s, str) else s
+
+
+_HOW = (f"give every process of the world the same {SECRET_ENV} (python -c \"import secrets; "
+        "print(secrets.token_hex(32))\"), or start the world with `distgrad launch`, `python -m "
+        "distgrad.distributed.run` or distgrad.multiprocessing.spawn, which make one")
+_warned = threading.Event()
+
+
+def member_secret(options, who, world_size, secret=None):
+    """The secret ``who`` joins its world with (bytes): ``secret`` (found elsewhere, e.g. in
+    a ``file://`` rendezvous file) or :func:`world_secret`. Without one it raises
+    :class:`RpcError` under ``DISTGRAD_REQUIRE_SECRET=1``, else warns once per process
+    (not for a world of one, which nobody else can join): PyTorch's users start ranks by
+    hand, and such worlds keep working, but not silently."""
+    secret = secret or world_secret(options)
+    if secret is not None:
+        return secret
+    if required():
+        raise RpcError(f"{who} has no world secret and {REQUIRE_ENV} is set: {_HOW}")
+    joined_without_secret()
+    if options.mechanism != "none" and world_size > 1 and not _warned.is_set():
+        _warned.set()
+        warnings.warn(f"{who} joins a world without a secret: while it forms, any process "
+                      f"that reaches its rendezvous can join it as a member. To close it, "
+                      f"{_HOW}; {REQUIRE_ENV}=1 makes this an error.", UserWarning,
+                      stacklevel=4)
+    return None
 
 
 def prove(secret, what, content):
