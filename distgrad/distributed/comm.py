@@ -37,7 +37,6 @@ import itertools
 import logging
 import os
 import shutil
-import socket
 import threading
 import time
 
@@ -48,6 +47,7 @@ from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.pool import HandlerPool
 from distgrad.rpc.shm import LendingContext, SameHost
 from distgrad.rpc.transport import Transport
+from distgrad.utils.host import boot_id
 from distgrad.utils.tempdirs import owned_tempdir
 
 from .errors import DistBackendError
@@ -176,14 +176,14 @@ class Communicator:
         except (OSError, zmq.ZMQError) as e:  # no unix sockets here: TCP only
             log.debug("process group: no ipc endpoint: %s", e)
             return tcp
-        return f"{tcp} {ipc} {_boot_id()}"
+        return f"{tcp} {ipc} {boot_id()}"
 
     @staticmethod
     def _choose(address):
         """The endpoint to reach a peer at ``address`` (see :meth:`bind`): its ipc:// one
         when it runs on this host (same boot id, its socket file visible), else TCP."""
         parts = address.split()
-        if len(parts) == 3 and parts[2] == _boot_id() and \
+        if len(parts) == 3 and parts[2] == boot_id() and \
                 os.path.exists(parts[1][len("ipc://"):]):
             return parts[1]
         return parts[0]
@@ -430,11 +430,3 @@ class Communicator:
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
-
-def _boot_id():
-    """This boot of this host (processes that share it share the kernel: ipc:// works)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip() or "unknown"
-    except OSError:
-        return f"host-{socket.gethostname()}"

@@ -28,7 +28,8 @@ import time
 import urllib.parse
 import warnings
 
-from distgrad.rpc.rendezvous import file_path, resolve_address
+from distgrad.rpc.rendezvous import resolve_address
+from distgrad.rpc.rendezvous_file import file_path
 
 from . import comm as _comm
 from .agent_store import attempt_store, uses_agent_store
@@ -249,16 +250,19 @@ def _check_rank(rank, world_size):
         raise ValueError(f"rank {rank!r} is out of range for world_size {world_size}")
 
 
-def _meet(store, rank, world_size, endpoint, timeout):
-    """Claim ``rank``, publish ``endpoint``, return every rank's endpoint (via ``store``)."""
+def _meet(store, rank, world_size, endpoint, timeout, file=None):
+    """Claim ``rank``, publish ``endpoint``, return every rank's endpoint (via ``store``;
+    ``file``: the file of a file:// init method, which an earlier run may have left)."""
     def fail(msg):
         store.set("error", msg)
         raise DistError(msg)
 
     claims = store.add(f"rank/{rank}", 1)
     if claims > 1:
+        stale = (f", or the file {file!r} was left behind by an earlier run: remove it (each "
+                 "run needs a file of its own)" if file else "")
         fail(f"rank {rank} was claimed by {claims} processes (each process needs its own rank "
-             f"in 0..{world_size - 1})")
+             f"in 0..{world_size - 1}{stale})")
     agreed = store.compare_set("world_size", "", str(world_size)).decode()
     if agreed != str(world_size):
         fail(f"rank {rank} was started with world_size {world_size}, but another process with "
@@ -314,7 +318,8 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                                       heartbeat_timeout=getattr(pg_options, "heartbeat_timeout",
                                                                 max(3.0, 4 * interval)),
                                       bind_addr=_local_address_towards(host or "127.0.0.1"))
-            endpoints = _meet(pg_store, rank, world_size, comm.bind(), timeout_s)
+            endpoints = _meet(pg_store, rank, world_size, comm.bind(), timeout_s,
+                              getattr(own_store, "path", None))
             comm.connect(endpoints)
         _world.comm, _world.rank, _world.size = comm, rank, world_size
         _world.store, _world.own_store = store, own_store

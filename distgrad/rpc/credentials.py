@@ -68,12 +68,12 @@ _warned = threading.Event()
 
 
 def member_secret(options, who, world_size, secret=None):
-    """The secret ``who`` joins its world with (bytes): ``secret`` (found elsewhere, e.g. in
-    a ``file://`` rendezvous file) or :func:`world_secret`. Without one it raises
+    """The secret ``who`` joins its world with (bytes): :func:`world_secret`, else ``secret``
+    (found elsewhere: a ``file://`` rendezvous file hands one). Without one it raises
     :class:`RpcError` under ``DISTGRAD_REQUIRE_SECRET=1``, else warns once per process
     (not for a world of one, which nobody else can join): PyTorch's users start ranks by
     hand, and such worlds keep working, but not silently."""
-    secret = secret or world_secret(options)
+    secret = world_secret(options) or secret
     if secret is not None:
         return secret
     if required():
