@@ -43,6 +43,7 @@ import time
 import zmq
 
 from distgrad.rpc import wire
+from distgrad.rpc.credentials import Credential
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.pool import HandlerPool
 from distgrad.rpc.shm import LendingContext, SameHost
@@ -147,7 +148,9 @@ class Communicator:
         self.options = RpcBackendOptions(heartbeat_interval=heartbeat_interval,
                                          heartbeat_timeout=heartbeat_timeout, bind_addr=bind_addr,
                                          shm_threshold=_SHM_THRESHOLD)
-        self.transport = Transport(f"pg-rank{rank}", rank, world_size, self.options, self)
+        # authenticated as an RPC world: members only, each as its own rank (members.py)
+        self.transport = Transport(f"pg-rank{rank}", rank, world_size, self.options, self,
+                                   Credential(self.options.mechanism))
         self.lock = threading.Lock()        # seq numbers and the submission queue
         self.groups = {}                    # gid -> Group
         # what other threads hand the I/O thread, started in this order: ("run", Program),
@@ -188,11 +191,18 @@ class Communicator:
             return parts[1]
         return parts[0]
 
-    def connect(self, addresses):
+    @property
+    def verifier(self):
+        """What checks this rank's credential, for its entry in the store (members.py)."""
+        return self.transport.credential.verifier
+
+    def connect(self, addresses, verifiers):
+        """Connect to every rank at ``addresses``, admitting only connections that present
+        the credential ``verifiers`` check, each as its rank."""
         self.shm = SameHost(_SHM_THRESHOLD, self.options.shm_pool_bytes, self.transport.wake,
                             enabled=self.world_size > 1)
         self.callbacks = HandlerPool(1, name=f"pg-callbacks-{self.rank}")
-        self.transport.connect([self._choose(a) for a in addresses])
+        self.transport.connect([self._choose(a) for a in addresses], verifiers)
 
     def add_group(self, gid, ranks, timeout, name):
         """Register a group this process belongs to (members register the same ``gid``);

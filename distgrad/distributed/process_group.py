@@ -32,6 +32,7 @@ from distgrad.rpc.rendezvous import resolve_address
 from distgrad.rpc.rendezvous_file import file_path
 
 from . import comm as _comm
+from . import members
 from .agent_store import attempt_store, uses_agent_store
 from .errors import DistError, DistStoreError
 from .file_store import FileStore
@@ -250,9 +251,10 @@ def _check_rank(rank, world_size):
         raise ValueError(f"rank {rank!r} is out of range for world_size {world_size}")
 
 
-def _meet(store, rank, world_size, endpoint, timeout, file=None):
-    """Claim ``rank``, publish ``endpoint``, return every rank's endpoint (via ``store``;
-    ``file``: the file of a file:// init method, which an earlier run may have left)."""
+def _meet(store, rank, world_size, entry, timeout, file=None):
+    """Claim ``rank``, publish its ``entry`` (``members.py``), return every rank's (via
+    ``store``; ``file``: the file of a file:// init method, which an earlier run may have
+    left)."""
     def fail(msg):
         store.set("error", msg)
         raise DistError(msg)
@@ -267,8 +269,8 @@ def _meet(store, rank, world_size, endpoint, timeout, file=None):
     if agreed != str(world_size):
         fail(f"rank {rank} was started with world_size {world_size}, but another process with "
              f"world_size {agreed}")
-    store.set(f"endpoint/{rank}", endpoint)
-    keys = [f"endpoint/{r}" for r in range(world_size)]
+    store.set(f"member/{rank}", entry)
+    keys = [f"member/{r}" for r in range(world_size)]
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -282,7 +284,7 @@ def _meet(store, rank, world_size, endpoint, timeout, file=None):
                 raise DistError(f"init_process_group timed out after {timeout:g} s on rank "
                                 f"{rank}: ranks {missing[:16]} of {world_size} did not "
                                 "join") from None
-    return [e.decode() for e in store.multi_get(keys)]
+    return store.multi_get(keys)
 
 
 def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
@@ -318,9 +320,11 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                                       heartbeat_timeout=getattr(pg_options, "heartbeat_timeout",
                                                                 max(3.0, 4 * interval)),
                                       bind_addr=_local_address_towards(host or "127.0.0.1"))
-            endpoints = _meet(pg_store, rank, world_size, comm.bind(), timeout_s,
-                              getattr(own_store, "path", None))
-            comm.connect(endpoints)
+            secret = members.secret_for(comm.options, store, rank, world_size)
+            mine = members.entry(rank, world_size, comm.bind(), comm.verifier, secret)
+            entries = _meet(pg_store, rank, world_size, mine, timeout_s,
+                            getattr(own_store, "path", None))
+            comm.connect(*members.admitted(entries, world_size, secret))
         _world.comm, _world.rank, _world.size = comm, rank, world_size
         _world.store, _world.own_store = store, own_store
         _world.backend, _world.timeout = name, timeout_s

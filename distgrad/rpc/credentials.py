@@ -67,17 +67,17 @@ _HOW = (f"give every process of the world the same {SECRET_ENV} (python -c \"imp
 _warned = threading.Event()
 
 
-def member_secret(options, who, world_size, secret=None):
+def member_secret(options, who, world_size, secret=None, error=RpcError):
     """The secret ``who`` joins its world with (bytes): :func:`world_secret`, else ``secret``
     (found elsewhere: a ``file://`` rendezvous file hands one). Without one it raises
-    :class:`RpcError` under ``DISTGRAD_REQUIRE_SECRET=1``, else warns once per process
-    (not for a world of one, which nobody else can join): PyTorch's users start ranks by
-    hand, and such worlds keep working, but not silently."""
+    ``error`` (:class:`RpcError`) under ``DISTGRAD_REQUIRE_SECRET=1``, else warns once per
+    process (not for a world of one, which nobody else can join): PyTorch's users start
+    ranks by hand, and such worlds keep working, but not silently."""
     secret = world_secret(options) or secret
     if secret is not None:
         return secret
     if required():
-        raise RpcError(f"{who} has no world secret and {REQUIRE_ENV} is set: {_HOW}")
+        raise error(f"{who} has no world secret and {REQUIRE_ENV} is set: {_HOW}")
     joined_without_secret()
     if options.mechanism != "none" and world_size > 1 and not _warned.is_set():
         _warned.set()
