@@ -1,5 +1,5 @@
-"""Who may talk to a world: each process's own credential, the world's secret, and the
-ZAP answers that admit a connection as one rank of the world.
+"""Who may talk to a world: each process's own credential and the world's secret (the
+ZAP answers that admit a connection as one rank of the world are in ``admission.py``).
 
 Connections are authenticated, not messages: once ZeroMQ's handshake admitted a
 connection (ZAP, RFC 27), every message on it carries the rank it was admitted as
@@ -30,29 +30,22 @@ joining one is warned once (:func:`member_secret`), or refused with
 """
 import hashlib
 import hmac
-import logging
 import secrets
 import threading
 import warnings
 
 import msgpack
 import zmq
-from zmq.utils import z85
 
 from ..utils.world_secret import (REQUIRE_ENV, SECRET_ENV, current, joined_without_secret,
                                   new_world_secret, required)
 from .errors import RpcError
 
-__all__ = ["SECRET_ENV", "REQUIRE_ENV", "MECHANISMS", "Credential", "Admission",
-           "world_secret", "member_secret", "new_world_secret", "prove", "proven"]
-
-log = logging.getLogger("distgrad.rpc")
+__all__ = ["SECRET_ENV", "REQUIRE_ENV", "MECHANISMS", "Credential", "world_secret",
+           "member_secret", "new_world_secret", "prove", "proven"]
 
 #: How a connection is authenticated; "none" only when authentication is turned off.
 MECHANISMS = ("none", "plain", "curve")
-
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler
-
 
 def world_secret(options):
     """The world secret of ``options`` or of this process (its environment, or the one it
@@ -137,58 +130,3 @@ class Credential:
             return {"curve_serverkey": peer_verifier.encode(), "curve_publickey": self._public,
                     "curve_secretkey": self._secret}
         return {}
-
-
-class Admission:
-    """The ZAP side: which rank, if any, a connection's credentials prove. Made with the
-    world's table of verifiers (rank -> verifier) once the rendezvous answered."""
-
-    def __init__(self, name, mechanism, verifiers):
-        self.name, self.mechanism = name, mechanism
-        self._verifiers = list(verifiers)
-        self._by_key = {v: r for r, v in enumerate(self._verifiers)} \
-            if mechanism == "curve" else {}
-        self.refused = 0
-
-    def answer(self, request):
-        """The ZAP reply frames (after the envelope) to ``request`` (the frames after it)."""
-        if len(request) < 6:
-            return None  # not a ZAP request: libzmq never sends one
-        version, request_id, _domain, address, _identity, mechanism = request[:6]
-        credentials = request[6:]
-        try:
-            rank, why = self._admit(mechanism, credentials)
-        except Exception as e:  # noqa: BLE001 - refused, never left waiting for an answer
-            rank, why = None, f"credentials that could not be checked ({type(e).__name__})"
-        if rank is None:
-            self.refused += 1
-            level = logging.WARNING if self.refused <= 10 else logging.DEBUG
-            log.log(level, "%s: refused a connection from %s: %s", self.name,
-                    address.decode(errors="replace") or "a local peer", why)
-            return [b"1.0", request_id, b"400", why.encode()[:255], b"", b""]
-        return [b"1.0", request_id, b"200", b"OK", b"%d" % rank, b""]
-
-    def _admit(self, mechanism, credentials):
-        if mechanism.decode(errors="replace").lower() != self.mechanism:
-            return None, (f"it authenticates with {mechanism.decode(errors='replace')}, this "
-                          f"world with {self.mechanism}")
-        if self.mechanism == "plain":
-            if len(credentials) != 2:
-                return None, "malformed PLAIN credentials"
-            user, password = credentials
-            try:
-                rank = int(user)
-            except ValueError:
-                rank = -1
-            if not 0 <= rank < len(self._verifiers) or user != b"%d" % rank:
-                return None, f"it claims to be {user[:32]!r}, not a rank of this world"
-            digest = hashlib.sha256(password).hexdigest()
-            if not hmac.compare_digest(digest, self._verifiers[rank] or ""):
-                return None, f"wrong credentials for rank {rank} (not a member of this world)"
-            return rank, None
-        if len(credentials) != 1 or len(credentials[0]) != 32:
-            return None, "malformed CURVE credentials"
-        rank = self._by_key.get(z85.encode(credentials[0]).decode())
-        if rank is None:
-            return None, "its CURVE key is not one of this world's members"
-        return rank, None
