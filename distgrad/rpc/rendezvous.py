@@ -32,9 +32,9 @@ import time
 import msgpack
 import zmq
 
+from ..utils.lifetimes import join_all
 from .credentials import MECHANISMS, SECRET_ENV, prove, proven
 from .errors import RpcError, RpcTimeoutError
-from .lifetimes import join_all
 
 __all__ = ["RendezvousServer", "MeetingPoint", "join", "resolve_address", "RendezvousError"]
 

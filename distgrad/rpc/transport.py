@@ -56,11 +56,11 @@ import time
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ..utils.lifetimes import join_all
 from . import wire
 from .admission import ZapHandler
 from .credentials import Credential
 from .errors import ProtocolError, describe_exception
-from .lifetimes import join_all
 from .link import SimulatedLink, parse_link
 
 __all__ = ["Transport", "send_frames", "frames_nbytes"]
