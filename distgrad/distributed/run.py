@@ -68,8 +68,13 @@ class ChildFailedError(Exception):
 
     def __init__(self, name, failures):
         self.name = name
-        self.failures = failures  # [(local rank, _Failure)], the first observed first
+        self.failures = failures  # [_Failure], the first observed first
         super().__init__(self.format_msg())
+
+    def get_first_failure(self):
+        """(rank, failure) of the first failure observed (PyTorch's method)."""
+        root = self.failures[0]
+        return root.rank, root
 
     def format_msg(self, boarder_delim="=", section_delim="-"):
         width = 60
@@ -309,12 +314,18 @@ def _meeting_point(args):
     return args.master_addr, args.master_port or 29500, args.rdzv_id
 
 
-def _command(args):
+def _command(args, local_rank):
+    """The command of the worker of ``local_rank``. The legacy launcher (``launch.py``,
+    ``use_env`` False) passes ``--local-rank=<local rank>`` before the script's arguments,
+    as torchrun's ``config_from_args`` does."""
     if args.no_python:
-        return [args.training_script] + list(args.training_script_args)
-    python = os.environ.get("PYTHON_EXEC", sys.executable)
-    return [python, "-u"] + (["-m"] if args.module else []) + [args.training_script] + \
-        list(args.training_script_args)
+        command = [args.training_script]
+    else:
+        command = [os.environ.get("PYTHON_EXEC", sys.executable), "-u"] + \
+            (["-m"] if args.module else []) + [args.training_script]
+    if not getattr(args, "use_env", True):
+        command.append(f"--local-rank={local_rank}")
+    return command + list(args.training_script_args)
 
 
 def _die_with_agent(agent_pid):
@@ -332,7 +343,7 @@ def _die_with_agent(agent_pid):
 class _Group:
     """The workers of one attempt: started together, watched, stopped together."""
 
-    def __init__(self, args, command, nproc, addr, port, run_id, attempt, error_dir, secret):
+    def __init__(self, args, nproc, addr, port, run_id, attempt, error_dir, secret):
         self.procs, self.error_files = [], []
         base = dict(os.environ)
         if secret is not None:
@@ -357,7 +368,8 @@ class _Group:
             })
             self.error_files.append(error_file)
             try:
-                self.procs.append(subprocess.Popen(command, env=env, start_new_session=True,
+                self.procs.append(subprocess.Popen(_command(args, local_rank), env=env,
+                                                   start_new_session=True,
                                                    preexec_fn=_die_with_agent(os.getpid())))
             except BaseException:
                 self.stop(signal.SIGTERM, 0.0)
@@ -429,7 +441,6 @@ def run(args):
         os.environ["OMP_NUM_THREADS"] = "1"
     addr, port, run_id = _meeting_point(args)
     secret = for_children()  # one per launch: its restarts keep it
-    command = _command(args)
     grace = _shutdown_timeout(args)
     handled = [getattr(signal, name.strip()) for name in args.signals_to_handle.split(",")
                if name.strip() and hasattr(signal, name.strip())]
@@ -446,8 +457,7 @@ def run(args):
     group = None
     try:
         for attempt in range(args.max_restarts + 1):
-            group = _Group(args, command, nproc, addr, port, run_id, attempt, error_dir,
-                           secret)
+            group = _Group(args, nproc, addr, port, run_id, attempt, error_dir, secret)
             while True:
                 done, failures = group.poll()
                 if done:
