@@ -8,6 +8,7 @@ import distgrad.distributed as dist
 from distgrad.distributed import process_group
 from distgrad.distributed.messages import ABORT
 from distgrad.rpc import wire
+from support.forger import member_socket
 from support.pg_world import registry
 
 CASES, case = registry()
@@ -33,11 +34,7 @@ def abort_claiming(ctx, dst, src):
     gid = dist.group.WORLD._state.gid
     zctx = zmq.Context()
     try:
-        s = zctx.socket(zmq.DEALER)
-        s.linger = 0
-        for option, value in transport.client_options(dst).items():
-            setattr(s, option, value)
-        s.connect(transport.endpoints[dst])
+        s = member_socket(zctx, transport, dst)
         s.send_multipart([wire.pack_header(wire.Kind.CALL, 5, src,
                                            [ABORT, gid, 1, 0, "forged"]), msgpack.packb(None)])
         if not s.poll(5000):
