@@ -12,7 +12,7 @@ import distgrad.distributed as dist
 from distgrad.distributed.members import entry
 from distgrad.distributed.messages import ABORT
 from distgrad.rpc import wire
-from distgrad.rpc.credentials import SECRET_ENV
+from distgrad.rpc.credentials import REQUIRE_ENV, SECRET_ENV
 from distgrad.utils.ports import free_port
 from local.programs import run_programs
 from support.outsider import REFUSED, outsider_events
@@ -102,3 +102,13 @@ def test_ranks_started_by_hand_without_a_secret_work_and_are_warned(tmp_path, mo
     for code, out, err in run_programs([(BY_HAND, r, url) for r in range(2)]):
         assert code == 0, err
         assert "sum 3.0" in out and "without a secret" not in err, err
+
+
+def test_require_secret_refuses_a_process_group_without_one(monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(dist.DistError, match=rf"process group rank 0 has no world secret and "
+                                             rf"{REQUIRE_ENV} is set"):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=2,
+                                timeout=datetime.timedelta(seconds=10))
+    assert not dist.is_initialized()
