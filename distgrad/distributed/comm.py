@@ -37,17 +37,18 @@ import itertools
 import logging
 import os
 import shutil
-import socket
 import threading
 import time
 
 import zmq
 
 from distgrad.rpc import wire
+from distgrad.rpc.credentials import Credential
 from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.pool import HandlerPool
 from distgrad.rpc.shm import LendingContext, SameHost
 from distgrad.rpc.transport import Transport
+from distgrad.utils.host import boot_id
 from distgrad.utils.tempdirs import owned_tempdir
 
 from .errors import DistBackendError
@@ -147,7 +148,9 @@ class Communicator:
         self.options = RpcBackendOptions(heartbeat_interval=heartbeat_interval,
                                          heartbeat_timeout=heartbeat_timeout, bind_addr=bind_addr,
                                          shm_threshold=_SHM_THRESHOLD)
-        self.transport = Transport(f"pg-rank{rank}", rank, world_size, self.options, self)
+        # authenticated as an RPC world: members only, each as its own rank (members.py)
+        self.transport = Transport(f"pg-rank{rank}", rank, world_size, self.options, self,
+                                   Credential(self.options.mechanism))
         self.lock = threading.Lock()        # seq numbers and the submission queue
         self.groups = {}                    # gid -> Group
         # what other threads hand the I/O thread, started in this order: ("run", Program),
@@ -176,23 +179,30 @@ class Communicator:
         except (OSError, zmq.ZMQError) as e:  # no unix sockets here: TCP only
             log.debug("process group: no ipc endpoint: %s", e)
             return tcp
-        return f"{tcp} {ipc} {_boot_id()}"
+        return f"{tcp} {ipc} {boot_id()}"
 
     @staticmethod
     def _choose(address):
         """The endpoint to reach a peer at ``address`` (see :meth:`bind`): its ipc:// one
         when it runs on this host (same boot id, its socket file visible), else TCP."""
         parts = address.split()
-        if len(parts) == 3 and parts[2] == _boot_id() and \
+        if len(parts) == 3 and parts[2] == boot_id() and \
                 os.path.exists(parts[1][len("ipc://"):]):
             return parts[1]
         return parts[0]
 
-    def connect(self, addresses):
+    @property
+    def verifier(self):
+        """What checks this rank's credential, for its entry in the store (members.py)."""
+        return self.transport.credential.verifier
+
+    def connect(self, addresses, verifiers):
+        """Connect to every rank at ``addresses``, admitting only connections that present
+        the credential ``verifiers`` check, each as its rank."""
         self.shm = SameHost(_SHM_THRESHOLD, self.options.shm_pool_bytes, self.transport.wake,
                             enabled=self.world_size > 1)
         self.callbacks = HandlerPool(1, name=f"pg-callbacks-{self.rank}")
-        self.transport.connect([self._choose(a) for a in addresses])
+        self.transport.connect([self._choose(a) for a in addresses], verifiers)
 
     def add_group(self, gid, ranks, timeout, name):
         """Register a group this process belongs to (members register the same ``gid``);
@@ -430,11 +440,3 @@ class Communicator:
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
-
-def _boot_id():
-    """This boot of this host (processes that share it share the kernel: ipc:// works)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip() or "unknown"
-    except OSError:
-        return f"host-{socket.gethostname()}"

@@ -19,13 +19,11 @@ under one that has not opened it yet.
 >>> a.close(); b.close(); os.path.exists(path)
 False
 """
-import fcntl
 import os
 import time
 from contextlib import contextmanager
 
-import msgpack
-
+from ..utils import file_table
 from .errors import DistStoreError
 from .store import (_FINISHED_KEY, _MEMBERS_KEY, Store, _apply, _Table, _timeout_error,
                     _waits_for)
@@ -47,7 +45,7 @@ class FileStore(Store):
         self.path = os.fspath(file_name)
         self.world_size = world_size
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._fd = file_table.open_table(self.path)
         except OSError as e:
             raise DistStoreError(f"FileStore cannot open {self.path!r}: {e}") from None
         self._call("add", _MEMBERS_KEY, 1)  # one more user (a hidden key)
@@ -57,28 +55,19 @@ class FileStore(Store):
     def _locked(self):
         if self._fd is None:
             raise DistStoreError(f"FileStore {self.path!r} is closed")
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
+        with file_table.locked(self._fd):
             yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def _read(self):
         table = _Table()
-        size = os.fstat(self._fd).st_size
-        if size:
-            raw = os.pread(self._fd, size, 0)
-            try:
-                table.data = msgpack.unpackb(raw, raw=False)
-            except Exception as e:  # noqa: BLE001 - name the file, not msgpack's internals
-                raise DistStoreError(f"FileStore {self.path!r} does not hold a store "
-                                     f"({type(e).__name__}: {e})") from None
+        try:
+            table.data = file_table.read(self._fd)
+        except ValueError as e:  # name the file, not msgpack's internals
+            raise DistStoreError(f"FileStore {self.path!r} does not hold a store ({e})") from None
         return table
 
     def _write(self, table):
-        raw = msgpack.packb(table.data, use_bin_type=True)
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, raw, 0)
+        file_table.write(self._fd, table.data)
 
     # -- the store API --
     def _call(self, op, *args):

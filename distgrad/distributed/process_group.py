@@ -28,9 +28,11 @@ import time
 import urllib.parse
 import warnings
 
-from distgrad.rpc.rendezvous import file_path, resolve_address
+from distgrad.rpc.rendezvous import resolve_address
+from distgrad.rpc.rendezvous_file import file_path
 
 from . import comm as _comm
+from . import members
 from .agent_store import attempt_store, uses_agent_store
 from .errors import DistError, DistStoreError
 from .file_store import FileStore
@@ -249,22 +251,26 @@ def _check_rank(rank, world_size):
         raise ValueError(f"rank {rank!r} is out of range for world_size {world_size}")
 
 
-def _meet(store, rank, world_size, endpoint, timeout):
-    """Claim ``rank``, publish ``endpoint``, return every rank's endpoint (via ``store``)."""
+def _meet(store, rank, world_size, entry, timeout, file=None):
+    """Claim ``rank``, publish its ``entry`` (``members.py``), return every rank's (via
+    ``store``; ``file``: the file of a file:// init method, which an earlier run may have
+    left)."""
     def fail(msg):
         store.set("error", msg)
         raise DistError(msg)
 
     claims = store.add(f"rank/{rank}", 1)
     if claims > 1:
+        stale = (f", or the file {file!r} was left behind by an earlier run: remove it (each "
+                 "run needs a file of its own)" if file else "")
         fail(f"rank {rank} was claimed by {claims} processes (each process needs its own rank "
-             f"in 0..{world_size - 1})")
+             f"in 0..{world_size - 1}{stale})")
     agreed = store.compare_set("world_size", "", str(world_size)).decode()
     if agreed != str(world_size):
         fail(f"rank {rank} was started with world_size {world_size}, but another process with "
              f"world_size {agreed}")
-    store.set(f"endpoint/{rank}", endpoint)
-    keys = [f"endpoint/{r}" for r in range(world_size)]
+    store.set(f"member/{rank}", entry)
+    keys = [f"member/{r}" for r in range(world_size)]
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -278,7 +284,7 @@ def _meet(store, rank, world_size, endpoint, timeout):
                 raise DistError(f"init_process_group timed out after {timeout:g} s on rank "
                                 f"{rank}: ranks {missing[:16]} of {world_size} did not "
                                 "join") from None
-    return [e.decode() for e in store.multi_get(keys)]
+    return store.multi_get(keys)
 
 
 def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
@@ -314,8 +320,11 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                                       heartbeat_timeout=getattr(pg_options, "heartbeat_timeout",
                                                                 max(3.0, 4 * interval)),
                                       bind_addr=_local_address_towards(host or "127.0.0.1"))
-            endpoints = _meet(pg_store, rank, world_size, comm.bind(), timeout_s)
-            comm.connect(endpoints)
+            secret = members.secret_for(comm.options, store, rank, world_size)
+            mine = members.entry(rank, world_size, comm.bind(), comm.verifier, secret)
+            entries = _meet(pg_store, rank, world_size, mine, timeout_s,
+                            getattr(own_store, "path", None))
+            comm.connect(*members.admitted(entries, world_size, secret))
         _world.comm, _world.rank, _world.size = comm, rank, world_size
         _world.store, _world.own_store = store, own_store
         _world.backend, _world.timeout = name, timeout_s

@@ -16,7 +16,8 @@ SCRIPT``, ``python -u -m MODULE`` with ``-m``, or the command itself with
 ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
 ``TORCHELASTIC_RESTART_COUNT``/``TORCHELASTIC_MAX_RESTARTS``,
 ``TORCHELASTIC_ERROR_FILE``, ``OMP_NUM_THREADS=1`` unless set (with
-torchrun's warning). The arguments are torchrun's, with its ``PET_*``
+torchrun's warning), and ``DISTGRAD_WORLD_SECRET``: the world's secret, made by the
+agent unless it has one (kept across restarts), so the world admits only its workers. The arguments are torchrun's, with its ``PET_*``
 environment fallbacks.
 
 Where it meets: ``--master-addr``/``--master-port`` (29500) with the default
@@ -53,6 +54,7 @@ from datetime import datetime
 
 from ..utils.ports import free_port
 from ..utils.tempdirs import owned_tempdir, remove_path
+from ..utils.world_secret import SECRET_ENV, for_children
 
 __all__ = ["main", "run", "get_args_parser", "parse_args", "ChildFailedError",
            "SignalException"]
@@ -66,8 +68,13 @@ class ChildFailedError(Exception):
 
     def __init__(self, name, failures):
         self.name = name
-        self.failures = failures  # [(local rank, _Failure)], the first observed first
+        self.failures = failures  # [_Failure], the first observed first
         super().__init__(self.format_msg())
+
+    def get_first_failure(self):
+        """(rank, failure) of the first failure observed (PyTorch's method)."""
+        root = self.failures[0]
+        return root.rank, root
 
     def format_msg(self, boarder_delim="=", section_delim="-"):
         width = 60
@@ -307,12 +314,18 @@ def _meeting_point(args):
     return args.master_addr, args.master_port or 29500, args.rdzv_id
 
 
-def _command(args):
+def _command(args, local_rank):
+    """The command of the worker of ``local_rank``. The legacy launcher (``launch.py``,
+    ``use_env`` False) passes ``--local-rank=<local rank>`` before the script's arguments,
+    as torchrun's ``config_from_args`` does."""
     if args.no_python:
-        return [args.training_script] + list(args.training_script_args)
-    python = os.environ.get("PYTHON_EXEC", sys.executable)
-    return [python, "-u"] + (["-m"] if args.module else []) + [args.training_script] + \
-        list(args.training_script_args)
+        command = [args.training_script]
+    else:
+        command = [os.environ.get("PYTHON_EXEC", sys.executable), "-u"] + \
+            (["-m"] if args.module else []) + [args.training_script]
+    if not getattr(args, "use_env", True):
+        command.append(f"--local-rank={local_rank}")
+    return command + list(args.training_script_args)
 
 
 def _die_with_agent(agent_pid):
@@ -330,9 +343,11 @@ def _die_with_agent(agent_pid):
 class _Group:
     """The workers of one attempt: started together, watched, stopped together."""
 
-    def __init__(self, args, command, nproc, addr, port, run_id, attempt, error_dir):
+    def __init__(self, args, nproc, addr, port, run_id, attempt, error_dir, secret):
         self.procs, self.error_files = [], []
         base = dict(os.environ)
+        if secret is not None:
+            base[SECRET_ENV] = secret
         for local_rank in range(nproc):
             error_file = os.path.join(error_dir, f"attempt_{attempt}", str(local_rank),
                                       "error.json")
@@ -353,7 +368,8 @@ class _Group:
             })
             self.error_files.append(error_file)
             try:
-                self.procs.append(subprocess.Popen(command, env=env, start_new_session=True,
+                self.procs.append(subprocess.Popen(_command(args, local_rank), env=env,
+                                                   start_new_session=True,
                                                    preexec_fn=_die_with_agent(os.getpid())))
             except BaseException:
                 self.stop(signal.SIGTERM, 0.0)
@@ -424,7 +440,7 @@ def run(args):
              "*****************************************")
         os.environ["OMP_NUM_THREADS"] = "1"
     addr, port, run_id = _meeting_point(args)
-    command = _command(args)
+    secret = for_children()  # one per launch: its restarts keep it
     grace = _shutdown_timeout(args)
     handled = [getattr(signal, name.strip()) for name in args.signals_to_handle.split(",")
                if name.strip() and hasattr(signal, name.strip())]
@@ -441,7 +457,7 @@ def run(args):
     group = None
     try:
         for attempt in range(args.max_restarts + 1):
-            group = _Group(args, command, nproc, addr, port, run_id, attempt, error_dir)
+            group = _Group(args, nproc, addr, port, run_id, attempt, error_dir, secret)
             while True:
                 done, failures = group.poll()
                 if done:

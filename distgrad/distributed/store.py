@@ -43,11 +43,12 @@ _MAX_VALUE = 64 << 20
 _MAX_KEYS = 1_000_000
 _MAX_WAITERS = 100_000
 _REPLY_SLACK = 5.0          # how much longer than its own timeout a client waits for an answer
-# Bookkeeping keys, hidden from num_keys/list_keys: the count of connected clients (or of
-# a file store's users), and of a file store's users that closed it.
-_MEMBERS_KEY = "\x00members"
-_FINISHED_KEY = "\x00finished"
-_HIDDEN_KEYS = frozenset({_MEMBERS_KEY, _FINISHED_KEY})
+# Bookkeeping keys, hidden from num_keys/list_keys (every key that starts with NUL): the
+# count of connected clients (or of a file store's users), of a file store's users that
+# closed it, and the RPC rendezvous record a file:// init_rpc keeps in the same file.
+_HIDDEN = "\x00"
+_MEMBERS_KEY = _HIDDEN + "members"
+_FINISHED_KEY = _HIDDEN + "finished"
 
 
 def seconds(timeout, default=None):
@@ -120,7 +121,7 @@ class _Table:
         return self.data.pop(key, None) is not None
 
     def user_keys(self):
-        return [k for k in self.data if k not in _HIDDEN_KEYS]
+        return [k for k in self.data if not k.startswith(_HIDDEN)]
 
 
 class Store:

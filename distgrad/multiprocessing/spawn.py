@@ -12,6 +12,10 @@ A failing child writes its traceback as UTF-8 text to a file in a temp
 directory owned by the parent (removed when the context is done, swept if the
 parent crashes); the parent reads it back as text. Nothing a child produces
 is unpickled by the parent.
+
+The children get a world secret (``DISTGRAD_WORLD_SECRET``) from their parent, which
+makes one unless it has one already: a world they form with ``init_rpc`` or
+``init_process_group`` admits only them (``utils/world_secret.py``).
 """
 import logging
 import multiprocessing
@@ -23,6 +27,7 @@ import warnings
 import weakref
 
 from ..utils.tempdirs import owned_tempdir
+from ..utils.world_secret import SECRET_ENV, for_children
 from .lifetime import die_with_parent, join_all, reap
 
 __all__ = ["ProcessContext", "ProcessException", "ProcessExitedException",
@@ -61,9 +66,12 @@ class ProcessExitedException(ProcessException):
                              self.signal_name))
 
 
-def _wrap(fn, i, args, error_file, parent_pid):
-    """The child's entry point: run ``fn(i, *args)``, report an exception as text."""
+def _wrap(fn, i, args, error_file, parent_pid, secret=None):
+    """The child's entry point: run ``fn(i, *args)``, report an exception as text.
+    ``secret``: the world secret its parent hands it (see ``utils/world_secret.py``)."""
     die_with_parent(parent_pid)
+    if secret is not None:
+        os.environ.setdefault(SECRET_ENV, secret)
     try:
         fn(i, *args)
     except KeyboardInterrupt:
@@ -177,10 +185,12 @@ def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method
     processes = []
     context = ProcessContext(processes, error_files)
     cleanup = weakref.finalize(context, _remove_files, list(error_files), error_dir)
+    # the children form a world (as a torchrun agent's do): its secret, made here
+    secret = for_children()
     try:
         for i in range(nprocs):
-            process = mp.Process(target=_wrap, args=(fn, i, args, error_files[i], os.getpid()),
-                                 daemon=daemon)
+            process = mp.Process(target=_wrap, args=(fn, i, args, error_files[i], os.getpid(),
+                                                     secret), daemon=daemon)
             # known before it starts: an interrupt right after start() must still reach it
             # (else the interpreter's exit joins it as a non-daemon child, for as long as
             # it runs)

@@ -26,6 +26,7 @@ import shutil
 import threading
 import weakref
 
+from ..utils.lifetimes import join_all
 from ..utils.tempdirs import owned_tempdir
 from .errors import OffloadError
 from .records import read_record, write_record
@@ -131,8 +132,7 @@ class DiskTier(Tier):
             return
         super().close()
         self._queue.put(None)
-        if threading.current_thread() is not self._writer:
-            self._writer.join(timeout=10.0)
+        join_all([self._writer], 10.0, f"disk tier {self.where}")  # (not itself)
         shutil.rmtree(self.where, ignore_errors=True)
         with self._index_lock:
             self._index.clear()

@@ -24,6 +24,7 @@ import weakref
 from collections import Counter, deque
 
 from ..autograd.graph import saved_tensors_hooks
+from ..utils.lifetimes import join_all
 from .policy import OffloadPolicy
 from .stats import OffloadStats
 from .tiered import check_tier
@@ -351,8 +352,13 @@ class OffloadHooks(saved_tensors_hooks):
             return len({id(r().record) for _, r in self._order if r() is not None})
 
     def close(self):
-        """Stop reading ahead and close the tier (if this object owns it)."""
+        """Stop reading ahead, let the release thread finish freeing what died, and close
+        the tier (if this object owns it)."""
         self._closed = True
+        with self._drainer_lock:
+            drainer = self._drainer
+        if drainer is not None:  # it ends once the lock is free and nothing is deferred
+            join_all([drainer], 10.0, "offload release")
         self._finalizer()
 
     def __repr__(self):
@@ -521,8 +527,13 @@ class _Prefetcher:
             del payload
 
     def stop(self):
+        """Stop reading ahead and join the read-ahead thread (it ends at its next look at
+        the condition, or after the read it is in)."""
         with self._cond:
             self._stopped = True
             self._loaded.clear()
             self._plan = []
             self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            join_all([thread], 10.0, "offload read-ahead")

@@ -9,6 +9,8 @@ import os
 import threading
 import time
 
+from ..utils.lifetimes import join_all
+
 __all__ = ["rss_bytes", "PeakMemory", "MemoryTimeline", "MEASURE_ENV"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -90,7 +92,7 @@ class MemoryTimeline:
 
     def stop(self):
         self._stop.set()
-        self._thread.join(timeout=5.0)
+        join_all([self._thread], 5.0, "memory timeline")
         self.samples.append((time.perf_counter() - self._t0, rss_bytes()))
         return self.samples
 

@@ -41,7 +41,7 @@ from .allowlist import Allowlist, ref_of
 from .barrier import ShutdownBarrier
 from .bookkeeping import EXTRA as BOOKKEEPING, Bookkeeping
 from .calls import Pending, PendingCalls
-from .credentials import Credential, world_secret
+from .credentials import Credential, member_secret, new_world_secret, world_secret
 from .forks import Forks
 from .dispatch import SYSTEM_OPS, Dispatcher, Request
 from .errors import (ProtocolError, RpcError, RpcTimeoutError, UnknownWorkerError,
@@ -50,8 +50,8 @@ from ..futures import Future
 from .options import RpcBackendOptions
 from .owner import OwnerOps, OwnerTable
 from .pool import HandlerPool
-from .rendezvous import (RendezvousServer, file_path, join, publish, read_published,
-                         resolve_address, unpublish)
+from .rendezvous import RendezvousServer, join, resolve_address
+from .rendezvous_file import file_path, keeps_secret, publish, read_published, unpublish
 from .rref import RRef
 from .shm import LendingContext, SameHost
 from .transport import Transport
@@ -143,7 +143,6 @@ class Agent:
         self.transport = t = Transport(self.name, self.rank, self.world_size, opts, self,
                                        Credential(opts.mechanism))
         self.stats = t.stats
-        secret = world_secret(opts)
         try:
             if opts.transport == "ipc":
                 self._ipc_dir = opts.ipc_dir or owned_tempdir(IPC_DIR_PREFIX)
@@ -155,6 +154,17 @@ class Agent:
                                                                 opts.curve_secret_key)
             rendezvous_file = file_path(opts.init_method)
             server = rendezvous_server
+            handed = None  # the secret a file:// rendezvous hands (see rendezvous_file.py)
+            if server is None and self.rank == 0:
+                if rendezvous_file and world_secret(opts) is None \
+                        and keeps_secret(rendezvous_file):
+                    handed = new_world_secret().encode()
+            elif server is None and rendezvous_file:
+                address, handed = read_published(rendezvous_file, opts.rendezvous_timeout)
+            elif server is None:
+                address = resolve_address(opts.init_method)
+            secret = member_secret(opts, f"{self.name!r} (rank {self.rank})", self.world_size,
+                                   handed)
             if server is None and self.rank == 0:
                 bind = (f"tcp://{opts.bind_addr}:0" if rendezvous_file
                         else resolve_address(opts.init_method))
@@ -163,14 +173,10 @@ class Agent:
             if server is not None and not server.started:
                 server.start(self.world_size, opts.rendezvous_timeout)
                 if rendezvous_file:
-                    publish(rendezvous_file, server.address)
+                    publish(rendezvous_file, server.address, handed)
                     self._published = (rendezvous_file, server.address)
             if server is not None:
                 address = server.address
-            elif rendezvous_file:
-                address = read_published(rendezvous_file, opts.rendezvous_timeout)
-            else:
-                address = resolve_address(opts.init_method)
             # the server's own timeout (with the missing ranks) should be what rank 0 reports
             wait = opts.rendezvous_timeout + (2.0 if server is not None else 0.0)
             table = join(t.ctx, address, self.name, self.rank, self.world_size, endpoint, wait,

@@ -1,5 +1,5 @@
-"""Who may talk to a world: each process's own credential, the world's secret, and the
-ZAP answers that admit a connection as one rank of the world.
+"""Who may talk to a world: each process's own credential and the world's secret (the
+ZAP answers that admit a connection as one rank of the world are in ``admission.py``).
 
 Connections are authenticated, not messages: once ZeroMQ's handshake admitted a
 connection (ZAP, RFC 27), every message on it carries the rank it was admitted as
@@ -20,44 +20,65 @@ table of verifiers to every member. Two mechanisms:
 
 The world's secret (``DISTGRAD_WORLD_SECRET`` or ``RpcBackendOptions.world_secret``),
 made by whoever forms the world and handed to its members as the rendezvous address
-is, never crosses the wire: a registration proves it holds the secret with an HMAC over
-its own content, and the rendezvous proves the same over the table it answers with. A
-world without a secret is still closed once it formed (no connection is admitted
-without a registered credential), but while it forms anyone who reaches the rendezvous
-may register (a rank claimed twice abandons the world).
+is (``utils/world_secret.py``), never crosses the wire: a registration proves it holds
+the secret with an HMAC over its own content, and the rendezvous proves the same over
+the table it answers with. A world without a secret is still closed once it formed (no
+connection is admitted without a registered credential), but while it forms anyone who
+reaches the rendezvous may register (a rank claimed twice abandons the world): a member
+joining one is warned once (:func:`member_secret`), or refused with
+``DISTGRAD_REQUIRE_SECRET=1``.
 """
 import hashlib
 import hmac
-import logging
-import os
 import secrets
+import threading
+import warnings
 
 import msgpack
 import zmq
-from zmq.utils import z85
 
-__all__ = ["SECRET_ENV", "MECHANISMS", "Credential", "Admission", "world_secret",
-           "new_world_secret", "prove", "proven"]
+from ..utils.world_secret import (REQUIRE_ENV, SECRET_ENV, current, joined_without_secret,
+                                  new_world_secret, required)
+from .errors import RpcError
 
-log = logging.getLogger("distgrad.rpc")
+__all__ = ["SECRET_ENV", "REQUIRE_ENV", "MECHANISMS", "Credential", "world_secret",
+           "member_secret", "new_world_secret", "prove", "proven"]
 
-#: The environment variable through which a world's members receive its secret.
-SECRET_ENV = "DISTGRAD_WORLD_SECRET"
 #: How a connection is authenticated; "none" only when authentication is turned off.
 MECHANISMS = ("none", "plain", "curve")
 
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler
-
-
-def new_world_secret():
-    """A fresh world secret (text), for whoever forms a world."""
-    return secrets.token_hex(32)
-
-
 def world_secret(options):
-    """The world secret of ``options`` or of the environment, as bytes (None: no secret)."""
-    s = getattr(options, "world_secret", None) or os.environ.get(SECRET_ENV) or None
+    """The world secret of ``options`` or of this process (its environment, or the one it
+    made for members it started), as bytes (None: no secret)."""
+    s = getattr(options, "world_secret", None) or current()
     return s.encode() if isinstance(s, str) else s
+
+
+_HOW = (f"give every process of the world the same {SECRET_ENV} (python -c \"import secrets; "
+        "print(secrets.token_hex(32))\"), or start the world with `distgrad launch`, `python -m "
+        "distgrad.distributed.run` or distgrad.multiprocessing.spawn, which make one")
+_warned = threading.Event()
+
+
+def member_secret(options, who, world_size, secret=None, error=RpcError):
+    """The secret ``who`` joins its world with (bytes): :func:`world_secret`, else ``secret``
+    (found elsewhere: a ``file://`` rendezvous file hands one). Without one it raises
+    ``error`` (:class:`RpcError`) under ``DISTGRAD_REQUIRE_SECRET=1``, else warns once per
+    process (not for a world of one, which nobody else can join): PyTorch's users start
+    ranks by hand, and such worlds keep working, but not silently."""
+    secret = world_secret(options) or secret
+    if secret is not None:
+        return secret
+    if required():
+        raise error(f"{who} has no world secret and {REQUIRE_ENV} is set: {_HOW}")
+    joined_without_secret()
+    if options.mechanism != "none" and world_size > 1 and not _warned.is_set():
+        _warned.set()
+        warnings.warn(f"{who} joins a world without a secret: while it forms, any process "
+                      f"that reaches its rendezvous can join it as a member. To close it, "
+                      f"{_HOW}; {REQUIRE_ENV}=1 makes this an error.", UserWarning,
+                      stacklevel=4)
+    return None
 
 
 def prove(secret, what, content):
@@ -109,58 +130,3 @@ class Credential:
             return {"curve_serverkey": peer_verifier.encode(), "curve_publickey": self._public,
                     "curve_secretkey": self._secret}
         return {}
-
-
-class Admission:
-    """The ZAP side: which rank, if any, a connection's credentials prove. Made with the
-    world's table of verifiers (rank -> verifier) once the rendezvous answered."""
-
-    def __init__(self, name, mechanism, verifiers):
-        self.name, self.mechanism = name, mechanism
-        self._verifiers = list(verifiers)
-        self._by_key = {v: r for r, v in enumerate(self._verifiers)} \
-            if mechanism == "curve" else {}
-        self.refused = 0
-
-    def answer(self, request):
-        """The ZAP reply frames (after the envelope) to ``request`` (the frames after it)."""
-        if len(request) < 6:
-            return None  # not a ZAP request: libzmq never sends one
-        version, request_id, _domain, address, _identity, mechanism = request[:6]
-        credentials = request[6:]
-        try:
-            rank, why = self._admit(mechanism, credentials)
-        except Exception as e:  # noqa: BLE001 - refused, never left waiting for an answer
-            rank, why = None, f"credentials that could not be checked ({type(e).__name__})"
-        if rank is None:
-            self.refused += 1
-            level = logging.WARNING if self.refused <= 10 else logging.DEBUG
-            log.log(level, "%s: refused a connection from %s: %s", self.name,
-                    address.decode(errors="replace") or "a local peer", why)
-            return [b"1.0", request_id, b"400", why.encode()[:255], b"", b""]
-        return [b"1.0", request_id, b"200", b"OK", b"%d" % rank, b""]
-
-    def _admit(self, mechanism, credentials):
-        if mechanism.decode(errors="replace").lower() != self.mechanism:
-            return None, (f"it authenticates with {mechanism.decode(errors='replace')}, this "
-                          f"world with {self.mechanism}")
-        if self.mechanism == "plain":
-            if len(credentials) != 2:
-                return None, "malformed PLAIN credentials"
-            user, password = credentials
-            try:
-                rank = int(user)
-            except ValueError:
-                rank = -1
-            if not 0 <= rank < len(self._verifiers) or user != b"%d" % rank:
-                return None, f"it claims to be {user[:32]!r}, not a rank of this world"
-            digest = hashlib.sha256(password).hexdigest()
-            if not hmac.compare_digest(digest, self._verifiers[rank] or ""):
-                return None, f"wrong credentials for rank {rank} (not a member of this world)"
-            return rank, None
-        if len(credentials) != 1 or len(credentials[0]) != 32:
-            return None, "malformed CURVE credentials"
-        rank = self._by_key.get(z85.encode(credentials[0]).decode())
-        if rank is None:
-            return None, "its CURVE key is not one of this world's members"
-        return rank, None

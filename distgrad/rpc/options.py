@@ -26,8 +26,10 @@ class RpcBackendOptions:
     ``rpc/credentials.py``; on by default, off only for measurements and clients that
     speak the protocol by hand). ``world_secret``: the world's secret (text), which
     every member must hold to join; default: the ``DISTGRAD_WORLD_SECRET`` environment
-    variable (the launcher and the test harness set it), else none: the world is closed
-    once it formed, but anyone who reaches the rendezvous while it forms may join.
+    variable (``distgrad launch``, ``distributed.run``, ``multiprocessing.spawn`` and the
+    test harness set it; a ``file://`` rendezvous hands one), else none: the world is
+    closed once it formed, but anyone who reaches the rendezvous while it forms may join
+    (a warning says so once; ``DISTGRAD_REQUIRE_SECRET=1`` makes it an error).
     ``curve_public_key``/``curve_secret_key``: a shared world key pair (Z85 bytes,
     from :func:`generate_curve_keypair`); with it the rendezvous runs CURVE (only
     processes holding the secret key can join) and every connection is encrypted,

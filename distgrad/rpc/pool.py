@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 
-from .lifetimes import join_all
+from ..utils.lifetimes import join_all
 
 log = logging.getLogger("distgrad.rpc")
 

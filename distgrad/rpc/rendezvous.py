@@ -9,10 +9,8 @@ answering until the world shuts down, so a process that comes late (or twice)
 is told why it cannot join instead of waiting out its timeout.
 
 With ``file:///path`` (PyTorch's file init, for processes that share a file
-system) rank 0 binds a free port and writes its address into the file
-(:func:`publish`); the others wait for it there (:func:`read_published`); rank 0
-removes the file when it shuts down. As with PyTorch's, each run needs a file no
-earlier run left behind.
+system) rank 0 binds a free port and writes its address into the file, where the others
+find it (``rendezvous_file.py``).
 
 Every registration gets an answer: a malformed one, another world size, a rank
 out of range, a name or rank already taken (both claimants are told, and the
@@ -30,17 +28,15 @@ import os
 import socket
 import threading
 import time
-import urllib.parse
 
 import msgpack
 import zmq
 
+from ..utils.lifetimes import join_all
 from .credentials import MECHANISMS, SECRET_ENV, prove, proven
 from .errors import RpcError, RpcTimeoutError
-from .lifetimes import join_all
 
-__all__ = ["RendezvousServer", "MeetingPoint", "join", "resolve_address", "RendezvousError",
-           "file_path", "publish", "read_published", "unpublish"]
+__all__ = ["RendezvousServer", "MeetingPoint", "join", "resolve_address", "RendezvousError"]
 
 log = logging.getLogger("distgrad.rpc")
 
@@ -69,58 +65,6 @@ def resolve_address(init_method):
     if not 0 < port < 65536:
         raise ValueError(f"MASTER_PORT {port} is out of range 1-65535")
     return f"tcp://{addr}:{port}"
-
-
-def file_path(init_method):
-    """The file of a ``file://`` init method; None for the other kinds."""
-    if not (init_method or "").startswith("file://"):
-        return None
-    url = urllib.parse.urlparse(init_method)
-    path = url.netloc + url.path
-    if not path:
-        raise ValueError(f"init_method {init_method!r} names no file: use file:///path")
-    return path
-
-
-def publish(path, address):
-    """Rank 0: write ``address`` into ``path``, whole or not at all (a reader polls it)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(address)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise RendezvousError(f"cannot write the rendezvous address into {path!r}: {e}") from None
-
-
-def read_published(path, timeout):
-    """The address rank 0 wrote into ``path``, waiting up to ``timeout`` s for it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(path) as f:
-                address = f.read().strip()
-            if address:
-                return address
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise RendezvousError(f"cannot read the rendezvous file {path!r}: {e}") from None
-        if time.monotonic() >= deadline:
-            raise RpcTimeoutError(f"no rendezvous address appeared in {path!r} within "
-                                  f"{timeout:g} s: is rank 0 running with the same "
-                                  "init_method? (rendezvous_timeout, --rendezvous-timeout)")
-        time.sleep(0.02)
-
-
-def unpublish(path, address):
-    """Rank 0 at shutdown: remove ``path`` if it still holds ``address``."""
-    try:
-        with open(path) as f:
-            if f.read().strip() == address:
-                os.unlink(path)
-    except OSError:
-        pass
 
 
 def _secure(sock, curve, server):

@@ -56,10 +56,11 @@ import time
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ..utils.lifetimes import join_all
 from . import wire
-from .credentials import ZAP_ENDPOINT, Admission, Credential
+from .admission import ZapHandler
+from .credentials import Credential
 from .errors import ProtocolError, describe_exception
-from .lifetimes import join_all
 from .link import SimulatedLink, parse_link
 
 __all__ = ["Transport", "send_frames", "frames_nbytes"]
@@ -193,10 +194,8 @@ class Transport:
         self.options = options
         self.handlers = handlers
         self.credential = credential or Credential("none")
-        self.admission = None      # the ZAP side, once the world's verifiers are known
         self._verifiers = None
-        self._zap = None           # the context's ZAP handler socket (the I/O thread's)
-        self._user_ids = ["%d" % r for r in range(world_size)]
+        self.zap = None            # the context's ZAP handler (admission.py), made at bind
         # routing identities nobody else can guess: a member cannot take over another's
         # connection (a ROUTER hands an identity over to its newest connection)
         self._tag = b"" if self.credential.mechanism == "none" else os.urandom(6).hex().encode()
@@ -264,11 +263,10 @@ class Transport:
         a stop, a network blip) while this side still holds the old connection, the new
         one must take the identity over, or every reply to that peer goes to the dead
         connection and is lost (ZeroMQ's default keeps the old one)."""
-        if self.credential.mechanism != "none" and self._zap is None:
+        if self.credential.mechanism != "none" and self.zap is None:
             # bound before the router: libzmq refuses PLAIN clients while no handler is
-            self._zap = self.ctx.socket(zmq.ROUTER)
-            self._zap.linger = 0
-            self._zap.bind(ZAP_ENDPOINT)
+            self.zap = ZapHandler(self.ctx, self.name, self.credential.mechanism,
+                                  self.world_size)
         r = self.router = self.socket(zmq.ROUTER, server=True)
         r.router_mandatory = 1
         r.router_handover = 1
@@ -284,7 +282,7 @@ class Transport:
             if verifiers is None or len(verifiers) != self.world_size:
                 raise ValueError("an authenticated transport needs every rank's verifier")
             self._verifiers = list(verifiers)
-            self.admission = Admission(self.name, self.credential.mechanism, verifiers)
+            self.zap.admit(verifiers)
         now = time.monotonic()
         for r, ep in enumerate(self.endpoints):
             d = self.socket(zmq.DEALER, peer=r)
@@ -419,7 +417,7 @@ class Transport:
             dealer_rank[d] = r
         for m in self._monitors:
             poller.register(m, zmq.POLLIN)
-        zap = self._zap
+        zap = self.zap.socket if self.zap is not None else None
         if zap is not None:
             poller.register(zap, zmq.POLLIN)
         router, handlers = self.router, self.handlers
@@ -441,7 +439,7 @@ class Transport:
                 elif sock in self._monitors:
                     self._guarded(self._on_monitor, sock, self._monitors[sock])
                 elif sock is zap:
-                    self._guarded(self._on_zap)
+                    self._guarded(self.zap.serve)
             now = time.monotonic()
             if self.link is not None:
                 self.link.release(now)
@@ -489,28 +487,6 @@ class Transport:
                 continue
             yield frames, kind, mid, src, extra, segments
 
-    def _on_zap(self):
-        """Answer libzmq's ZAP requests: admit a connection as the rank its credential
-        proves, or refuse it (see ``credentials.py``)."""
-        for _ in range(_BATCH):
-            try:
-                request = self._zap.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if b"" not in request:
-                continue
-            envelope = request[:request.index(b"") + 1]
-            answer = self.admission.answer(request[len(envelope):])
-            if answer is not None:
-                self._zap.send_multipart(envelope + answer, zmq.NOBLOCK)
-
-    def _user_id(self, frames):
-        """The rank (text) the connection of a message was admitted as."""
-        try:
-            return frames[1].get("User-Id")
-        except zmq.ZMQError:  # admitted by no ZAP handler
-            return None
-
     def _on_router(self):
         link = self.link
         for message in self._incoming(self.router, 1):
@@ -528,10 +504,8 @@ class Transport:
             self.refuse(frames[0].bytes, kind, mid, f"source rank {src} is not in the world of "
                                                     f"{self.world_size} processes")
             h.on_late(None, segments)
-        elif self.admission is not None and (user := self._user_id(frames)) != \
-                self._user_ids[src]:
-            self.refuse(frames[0].bytes, kind, mid, f"it claims to come from rank {src}, but its "
-                                                    f"connection was admitted as rank {user}")
+        elif self.zap is not None and (why := self.zap.impostor(frames, src)) is not None:
+            self.refuse(frames[0].bytes, kind, mid, why)
             h.on_late(None, segments)
         elif kind == Kind.CALL:
             h.on_request(frames[0].bytes, mid, src, extra, segments, frames[2:])
@@ -539,7 +513,7 @@ class Transport:
             h.on_reply(src, kind, mid, extra, segments, frames[2:])
         elif kind == Kind.SYSTEM and self._on_system is not None:
             self._on_system(frames[0].bytes, mid, src, extra, segments, frames[2:])
-        elif kind in (Kind.RELEASE, Kind.LEAVE) and self.admission is None \
+        elif kind in (Kind.RELEASE, Kind.LEAVE) and self.zap is None \
                 and frames[0].bytes != b"%d" % src:
             # one-way messages come from the peer's own dealer, whose identity is its rank
             self.drop(f"{Kind.NAMES[kind]} claiming rank {src} from another connection")
@@ -628,7 +602,7 @@ class Transport:
         # let the last replies (router) and LEAVE (dealers) out; a LEAVE to a peer that is
         # already gone would wait for the whole linger, so the dealers' is short
         linger = 1000 if self._announce is not None else 0
-        for s in [*self._monitors, self.router, self._zap]:
+        for s in [*self._monitors, self.router, self.zap and self.zap.socket]:
             if s is not None and not s.closed:
                 s.close(linger=linger)
         for r, d in enumerate(self.dealers):

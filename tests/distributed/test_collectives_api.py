@@ -132,7 +132,7 @@ def test_rendezvous_reports_different_world_sizes():
 
 def test_rendezvous_gives_everyone_the_table():
     out = _meet_all([(1, 3), (0, 3), (2, 3)], 3)
-    assert out == [["tcp://127.0.0.1:2", "tcp://127.0.0.1:1", "tcp://127.0.0.1:3"]] * 3
+    assert out == [[b"tcp://127.0.0.1:2", b"tcp://127.0.0.1:1", b"tcp://127.0.0.1:3"]] * 3
 
 
 @pytest.fixture

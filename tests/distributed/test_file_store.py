@@ -105,3 +105,15 @@ def test_concurrent_adds_from_processes_are_not_lost(tmp_path):
     assert [code for code, _, _ in results] == [0, 0, 0], results
     assert watcher.get("count") == b"300"
     watcher.close()
+
+
+def test_a_file_an_earlier_run_left_behind_is_named(tmp_path):
+    path = str(tmp_path / "stale")
+    earlier = dist.FileStore(path, 2)  # a run that crashed: it never closed its store
+    dist.PrefixStore("distgrad_pg/default", earlier).add("rank/0", 1)
+    with pytest.raises(dist.DistError, match=r"rank 0 was claimed by 2 processes .*the file "
+                                             r".*stale'? was left behind by an earlier run"):
+        dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=2,
+                                timeout=timedelta(seconds=5))
+    assert not dist.is_initialized()
+    earlier._close_fd()

@@ -202,3 +202,15 @@ def test_under_real_torchrun_workers_meet_in_the_agents_store(tmp_path, how):
     assert code == 0, err
     lines = sorted(line for line in out.splitlines() if line.startswith("RANK"))
     assert lines == [f"RANK {r} SUM 3.0 ATTEMPT 0 AGENT_STORE True" for r in (0, 1)]
+
+
+def test_workers_get_one_world_secret_from_the_agent(tmp_path):
+    script = tmp_path / "secret.py"
+    script.write_text("import os, sys\nsys.stdout.write('SECRET ' + os.environ.get("
+                      "'DISTGRAD_WORLD_SECRET', '-') + '\\n')\n")
+    env_args = [sys.executable, "-m", "distgrad.distributed.run", "--standalone",
+                "--nproc-per-node", "2", str(script)]
+    code, out, err = _launch(env_args, tmp_path, as_torch=False)
+    assert code == 0, err
+    secrets = [line.split()[1] for line in out.splitlines() if line.startswith("SECRET ")]
+    assert len(secrets) == 2 and secrets[0] == secrets[1] and len(secrets[0]) == 64

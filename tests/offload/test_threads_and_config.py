@@ -173,3 +173,22 @@ def test_an_observer_sees_each_write_and_each_read_that_costs_io(tmp_path):
         assert len(events) == 2
     finally:
         tier.close()
+
+
+def _offload_threads():
+    return sorted(t.name for t in threading.enumerate()
+                  if t.name.startswith(("distgrad-offload", "distgrad-store")))
+
+
+def test_closing_the_hooks_joins_every_thread_they_started(tmp_path):
+    import distgrad
+    before = _offload_threads()
+    model = make_mlp(seed=3)
+    hooks = save_on_disk(tmp_path, min_bytes=0)
+    with hooks:
+        loss = model(distgrad.randn(8, 32)).pow(2).mean()
+    loss.backward()   # reads ahead on a thread of its own
+    del loss          # what backward saved dies: its records are released
+    assert set(_offload_threads()) - set(before)   # the writer, at least
+    hooks.close()
+    assert _offload_threads() == before

@@ -5,7 +5,8 @@ import pytest
 import zmq
 from zmq.utils import z85
 
-from distgrad.rpc.credentials import Admission, Credential, prove, proven, world_secret
+from distgrad.rpc.admission import Admission
+from distgrad.rpc.credentials import Credential, prove, proven, world_secret
 from distgrad.rpc.options import RpcBackendOptions
 
 

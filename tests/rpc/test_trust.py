@@ -1,12 +1,10 @@
 """Trust across hosts: who may talk to a world, what a source may claim, and that every
 CALL is answered, also when its sender is refused."""
 import threading
-import time
 
 import msgpack
 import pytest
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from distgrad.distributed import rpc
 from distgrad.rpc import current_agent, wire
@@ -15,6 +13,7 @@ from distgrad.rpc.errors import RpcError
 from distgrad.rpc.rendezvous import RendezvousError, RendezvousServer, join
 from distgrad.testing.world import World
 from support import forger
+from support.outsider import REFUSED, outsider_events
 from support import rpc_funcs as f
 
 pytestmark = pytest.mark.timeout(90)
@@ -68,43 +67,6 @@ def test_a_call_from_a_source_outside_the_world_is_answered(rpc_world, src):
 
 
 # ---------------------------------------------------------------------- the attacks of issue 22
-def _outsider_events(endpoint, frames_list, **options):
-    """Connect to ``endpoint`` without this world's credentials (or with ``options``), send
-    each message of ``frames_list``; return (answers received, handshake events seen)."""
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.linger = 0
-    s.sndtimeo = 5000
-    for k, v in options.items():
-        setattr(s, k, v)
-    monitor = s.get_monitor_socket()   # before connecting: a refusal can come at once
-    s.connect(endpoint)
-    try:
-        for frames in frames_list:
-            try:   # (waits up to sndtimeo for the connection's pipe)
-                s.send_multipart(frames)
-            except zmq.Again:   # refused before anything could even be queued
-                break
-        events, answers = set(), 0
-        deadline = time.monotonic() + 20   # a refusal comes at once; a loaded machine is slow
-        quiet_until = None                 # after it, a moment more for a stray answer
-        while time.monotonic() < (quiet_until or deadline):
-            if monitor.poll(50):
-                events.add(recv_monitor_message(monitor)["event"])
-            while s.poll(0):
-                s.recv_multipart()
-                answers += 1
-            if quiet_until is None and events & _REFUSED:
-                quiet_until = time.monotonic() + 0.3
-        return answers, events
-    finally:
-        ctx.destroy(linger=0)
-
-
-_REFUSED = {zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}
-
-
 def _attacks(src):
     """The messages of issue 22, each claiming rank ``src``."""
     add = f"{f.add.__module__}:add"
@@ -130,9 +92,9 @@ def test_an_outsider_gets_no_connection_to_any_member(rpc_world, transport):
                         {"plain_username": b"1", "plain_password": b"guessed"},
                         {"curve_serverkey": public, "curve_publickey": public,
                          "curve_secretkey": secret}):
-            answers, events = _outsider_events(agent.transport.endpoints[rank],
+            answers, events = outsider_events(agent.transport.endpoints[rank],
                                                _attacks(0) + _attacks(2), **options)
-            assert answers == 0 and events & _REFUSED, (rank, options, events)
+            assert answers == 0 and events & REFUSED, (rank, options, events)
     # nothing changed for the members: rank 0 did not arrive at the shutdown barrier (where
     # the workers wait: its arrival would end the world), no entry was made, calls work
     assert 0 in agent.barrier.missing()   # (the workers arrive when they will)

@@ -10,6 +10,21 @@ def call_body(target, args=(), kwargs=None, remote=None):
     return msgpack.packb([target, list(args), kwargs or {}, remote])
 
 
+def member_socket(ctx, transport, dst, identity=None, credential=True):
+    """A DEALER of ``ctx`` connected to rank ``dst`` of ``transport``'s world, presenting
+    that transport's credential (unless ``credential`` is False), with routing
+    ``identity`` if given."""
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    if identity is not None:
+        s.identity = identity
+    if credential:
+        for option, value in transport.client_options(dst).items():
+            setattr(s, option, value)
+    s.connect(transport.endpoints[dst])
+    return s
+
+
 def send_forged(dst, kind, src, target, args=(), extra=None, identity=None, mid=77,
                 credential=True, timeout=3.0):
     """Send ``target(*args)`` to rank ``dst`` in a message of ``kind`` whose header claims
@@ -19,14 +34,7 @@ def send_forged(dst, kind, src, target, args=(), extra=None, identity=None, mid=
     transport = current_agent().transport
     ctx = zmq.Context()
     try:
-        s = ctx.socket(zmq.DEALER)
-        s.linger = 0
-        if identity is not None:
-            s.identity = identity
-        if credential:
-            for option, value in transport.client_options(dst).items():
-                setattr(s, option, value)
-        s.connect(transport.endpoints[dst])
+        s = member_socket(ctx, transport, dst, identity, credential)
         s.send_multipart([wire.pack_header(kind, mid, src, extra), call_body(target, args)])
         if not s.poll(int(timeout * 1000)):
             return None
@@ -45,12 +53,7 @@ def hold_identity(dst, identity, seconds):
     transport = current_agent().transport
     ctx = zmq.Context()
     try:
-        s = ctx.socket(zmq.DEALER)
-        s.linger = 0
-        s.identity = identity
-        for option, value in transport.client_options(dst).items():
-            setattr(s, option, value)
-        s.connect(transport.endpoints[dst])
+        s = member_socket(ctx, transport, dst, identity)
         end = time.monotonic() + seconds
         received = 0
         while time.monotonic() < end:
@@ -71,11 +74,7 @@ def flood(dst, bodies, timeout=30.0):
     transport = current_agent().transport
     ctx = zmq.Context()
     try:
-        s = ctx.socket(zmq.DEALER)
-        s.linger = 0
-        for option, value in transport.client_options(dst).items():
-            setattr(s, option, value)
-        s.connect(transport.endpoints[dst])
+        s = member_socket(ctx, transport, dst)
         for i, body in enumerate(bodies):
             s.send_multipart([wire.pack_header(wire.Kind.CALL, i + 1, transport.rank), body])
         answers, end = [], time.monotonic() + timeout

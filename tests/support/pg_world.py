@@ -22,6 +22,7 @@ from distgrad import codec
 from distgrad.distributed import TCPStore
 from distgrad.distributed.comm import IPC_DIR_PREFIX
 from distgrad.multiprocessing.lifetime import die_with_parent, reap
+from distgrad.rpc.credentials import SECRET_ENV, new_world_secret
 from distgrad.utils.tempdirs import sweep_stale
 
 __all__ = ["World", "Context", "registry"]
@@ -55,9 +56,10 @@ class World:
         # plain spawned processes: a world may live for a whole session, and spawn()'s
         # error-file directory would outlive the tests that check for leftovers
         ctx = multiprocessing.get_context("spawn")
+        secret = new_world_secret()  # the ranks' world admits only them (members.py)
         self.processes = [ctx.Process(target=_rank_main, daemon=True,
                                       args=(r, n, self.store.port, dict(options or {}),
-                                            os.getpid()))
+                                            os.getpid(), secret))
                           for r in range(n)]
         for p in self.processes:
             p.start()
@@ -125,8 +127,9 @@ class World:
         sweep_stale(IPC_DIR_PREFIX)  # the socket directories of ranks that were killed
 
 
-def _rank_main(rank, n, port, options, parent):
+def _rank_main(rank, n, port, options, parent, secret):
     die_with_parent(parent)
+    os.environ[SECRET_ENV] = secret
     serve(rank, n, port, options)
 
 

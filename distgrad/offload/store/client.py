@@ -18,6 +18,7 @@ from collections import deque
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ...utils.lifetimes import join_all
 from ..errors import StoreError
 from . import protocol
 from .server import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, set_heartbeats
@@ -129,8 +130,7 @@ class StoreClient:
             self._submit({"op": "bye"}, None)
         self._closing = True
         self._wake()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=10.0)
+        join_all([self._thread], 10.0, "activation store client")  # (not itself)
 
     # ------------------------------------------------------------ plumbing
     def _call(self, message, timeout, what):

@@ -16,6 +16,7 @@ import threading
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ...utils.lifetimes import join_all
 from ..errors import StoreError
 from . import protocol
 from .blobs import BlobStore
@@ -115,7 +116,7 @@ class StoreServer:
     def close(self):
         self.stop()
         if self._thread is not None:
-            self._thread.join(timeout=10.0)
+            join_all([self._thread], 10.0, "activation store")
             self._thread = None
 
     def _shutdown(self):

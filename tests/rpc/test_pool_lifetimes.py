@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from distgrad.rpc.lifetimes import join_all
+from distgrad.utils.lifetimes import join_all
 from distgrad.rpc.pool import HandlerPool
 
 pytestmark = pytest.mark.timeout(30)
@@ -35,7 +35,7 @@ def test_a_thread_that_cannot_be_joined_is_reported_by_name_and_stack(caplog):
     pool.submit(stuck_in_a_job)
     assert started.wait(10)
     try:
-        with caplog.at_level(logging.WARNING, logger="distgrad.rpc"):
+        with caplog.at_level(logging.WARNING, logger="distgrad"):
             stuck = pool.shutdown(join_timeout=0.2)
         assert [t.name for t in stuck] == ["stuck-pool-1"]
         assert "thread 'stuck-pool-1' did not stop within 0.2 s" in caplog.text

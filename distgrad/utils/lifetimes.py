@@ -1,7 +1,9 @@
 """Threads have owners that wait for them (Trio's rule: no task outlives its nursery).
 
 An owner that stops joins what it started; a thread that cannot be joined in time is
-reported by name and by where it is stuck, not left behind in silence.
+reported by name and by where it is stuck, not left behind in silence. Used by every
+owner of a thread: the RPC transport, handler pools and meeting points, the offload
+tiers, stores and read-ahead.
 """
 import logging
 import sys
@@ -11,7 +13,7 @@ import traceback
 
 __all__ = ["join_all"]
 
-log = logging.getLogger("distgrad.rpc")
+log = logging.getLogger("distgrad")
 
 
 def join_all(threads, timeout, owner):
