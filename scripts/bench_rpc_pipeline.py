@@ -9,7 +9,10 @@ and steps a ``DistributedOptimizer`` (SGD). The model: 8 layers of Linear(1024, 
 on PyTorch (``torch``) and on distgrad (``import distgrad as torch``), against the
 same model trained in one process with one BLAS thread (the floor each framework
 has to beat). Prints samples/s and the ratio to one process per micro-batch count,
-then one JSON line.
+then one JSON line. A third row, ``distgrad+defer``, is the program with three lines
+added (each shard defers its linear weights' gradients and the loop flushes them
+before the optimizer step, as ``distgrad launch`` does), against its one process
+doing the same.
 
 Targets (issue "Distribution that pays"): distgrad at least 1.3x its one-process
 rate with 4 micro-batches, and more micro-batches never slower than fewer by more
@@ -18,6 +21,7 @@ than the extra bubble.
     python scripts/bench_rpc_pipeline.py [--quick] [--no-torch] [--micro 1 2 4 8]
 """
 import argparse
+import contextlib
 import importlib
 import json
 import multiprocessing as mp
@@ -46,6 +50,11 @@ for _sub in ("distributed.rpc", "distributed.autograd", "distributed.optim", "fu
     importlib.import_module(f"{FRAMEWORK}.{_sub}")  # as the example's imports do
 if FRAMEWORK == "torch":
     T.set_num_threads(1)
+# The variant "distgrad+defer": the same program with three lines added, each shard
+# deferring its linear weights' gradients (distgrad.autograd.defer_weight_grads) and the
+# loop flushing them before the optimizer step, as `distgrad launch` does.
+DEFER_ENV = "BENCH_RPC_PIPELINE_DEFER"
+DEFER = os.environ.get(DEFER_ENV) == "1"
 
 
 def _layers(n, head=False):
@@ -66,6 +75,8 @@ class Shard(T.nn.Module):
         T.manual_seed(index)
         self.seq = T.nn.Sequential(*_layers(LAYERS // 2, head=index == 1))
         self._lock = threading.Lock()
+        if DEFER:  # added line 1 of 3
+            self.deferred = T.autograd.defer_weight_grads(list(self.parameters())).activate()
 
     def forward(self, x_rref):
         x = x_rref.to_here()
@@ -75,6 +86,9 @@ class Shard(T.nn.Module):
 
     def parameter_rrefs(self):
         return [T.distributed.rpc.RRef(p) for p in self.parameters()]
+
+    def flush(self):  # added line 2 of 3
+        self.deferred.flush()
 
 
 class DistNet:
@@ -140,10 +154,13 @@ def one_process(micro_list, steps, warmup, out):
     for micro in [1] + [m for m in micro_list if m != 1]:
         xs, ys = x.split(BATCH // micro), y.split(BATCH // micro)
         times = []
+        deferred = T.autograd.defer_weight_grads(list(model.parameters())) if DEFER \
+            else contextlib.nullcontext()
         for _ in range(steps):
             opt.zero_grad()
-            for xm, ym in zip(xs, ys):
-                (loss_fn(model(xm), ym) / micro).backward()
+            with deferred:
+                for xm, ym in zip(xs, ys):
+                    (loss_fn(model(xm), ym) / micro).backward()
             opt.step()
             times.append(time.perf_counter())
         rates[micro] = _rate(times, warmup)
@@ -180,6 +197,9 @@ def pipeline(micro_list, steps, warmup, out):
                 with dist_autograd.context() as context_id:
                     outputs = model(x)
                     dist_autograd.backward(context_id, [loss_fn(outputs, y)])
+                    if DEFER:  # added line 3 of 3
+                        T.futures.wait_all([s.rpc_async().flush()
+                                            for s in (model.p1_rref, model.p2_rref)])
                     opt.step(context_id)
                 times.append(time.perf_counter())
             results[micro] = _rate(times, warmup)
@@ -193,9 +213,12 @@ def pipeline(micro_list, steps, warmup, out):
     out.put(results)
 
 
-def _in_child(framework, fn, *args):
-    """Run ``fn`` in a fresh spawned process of ``framework`` (each run alone in its own)."""
+def _in_child(variant, fn, *args):
+    """Run ``fn`` in a fresh spawned process of ``variant`` ("torch", "distgrad" or
+    "distgrad+defer"; each run alone in its own)."""
+    framework, _, defer = variant.partition("+")
     os.environ[FRAMEWORK_ENV] = framework
+    os.environ[DEFER_ENV] = "1" if defer else "0"
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=fn, args=(*args, q))
@@ -222,7 +245,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="repetitions; medians reported")
     args = ap.parse_args()
     steps, warmup = (12, 3) if args.quick else (30, 5)
-    frameworks = ["distgrad"]
+    frameworks = ["distgrad", "distgrad+defer"]
     if not args.no_torch:
         try:
             importlib.import_module("torch")
@@ -246,18 +269,18 @@ def main():
     seq = {f: {m: statistics.median(v) for m, v in r.items()} for f, r in sequential.items()}
     print(f"RPC pipeline (pytorch/examples shape): 2 stages x {LAYERS // 2} layers of {DIM}, "
           f"batch {BATCH}, one BLAS thread per process; samples/s, medians of {args.rounds}")
-    header = f"{'micro-batches':<16}" + "".join(f"{m:>10}" for m in args.micro) + f"{'1 process':>12}"
+    header = f"{'micro-batches':<24}" + "".join(f"{m:>10}" for m in args.micro) + f"{'1 process':>12}"
     print(header)
     result = {"bench": "rpc_pipeline", "micro_batches": args.micro, "frameworks": {}}
     for f in frameworks:
         single = med[f]["single"]
         ratios = {m: med[f][m] / single for m in args.micro}
-        print(f"{f + ' samples/s':<16}" + "".join(f"{med[f][m]:10.0f}" for m in args.micro)
+        print(f"{f + ' samples/s':<24}" + "".join(f"{med[f][m]:10.0f}" for m in args.micro)
               + f"{single:12.0f}")
-        print(f"{f + ' ratio':<16}" + "".join(f"{ratios[m]:9.2f}x" for m in args.micro)
+        print(f"{f + ' ratio':<24}" + "".join(f"{ratios[m]:9.2f}x" for m in args.micro)
               + f"{'1.00x':>12}")
         # the same micro-batches one after another in one process: what splitting costs
-        print(f"{f + ' 1 proc split':<16}" + "".join(f"{seq[f][m] / single:9.2f}x"
+        print(f"{f + ' 1 proc split':<24}" + "".join(f"{seq[f][m] / single:9.2f}x"
                                                      for m in args.micro))
         result["frameworks"][f] = {"single": single, "rates": {str(m): med[f][m]
                                                                for m in args.micro},
