@@ -266,8 +266,8 @@ def main():
                   + ", ".join(f"{m}: {rates[f][m][-1]:.0f}" for m in args.micro),
                   file=sys.stderr, flush=True)
     med = {f: {k: statistics.median(v) for k, v in r.items()} for f, r in rates.items()}
-    # distgrad's variants train the whole batch in one process alike (a single part is
-    # never deferred): one floor for both, the median of all their runs
+    # distgrad's variants train the whole batch in one process alike (deferring one part
+    # makes the same product, only later): one floor for both, the median of their runs
     own_single = {f: med[f]["single"] for f in frameworks}  # the split rows' floor
     pooled = statistics.median(rates["distgrad"]["single"] + rates["distgrad+defer"]["single"])
     med["distgrad"]["single"] = med["distgrad+defer"]["single"] = pooled
