@@ -26,6 +26,7 @@ that waits on it), builds the codec context of each message, and runs start
 and shutdown.
 """
 import collections
+import copy
 import itertools
 import logging
 import shutil
@@ -104,7 +105,9 @@ class Agent:
             raise ValueError(f"rank {rank!r} out of range for world_size {world_size!r}")
         self.name, self.rank, self.world_size = name, rank, world_size
         self.weakref = weakref.ref(self)  # what RRefs hold (see RRef._bind)
-        self.options = options = options or RpcBackendOptions()
+        # the agent's own copy, shared by its parts: changing the default timeout later
+        # (rpc._set_rpc_timeout) changes it for all of them, and not the caller's object
+        self.options = options = copy.copy(options or RpcBackendOptions())
         self.allowlist = Allowlist(options.allowed_modules)
         self.running = False
         self.stats = collections.Counter()
