@@ -1,5 +1,4 @@
 """The process-level RPC API (``torch.distributed.rpc``'s functions)."""
-import dataclasses
 import enum
 import os
 import sys
@@ -111,8 +110,8 @@ def _set_rpc_timeout(rpcTimeoutSeconds):  # noqa: N803 - PyTorch's parameter nam
             or rpcTimeoutSeconds < 0:
         raise ValueError(f"rpc._set_rpc_timeout: the timeout must be a number of seconds >= 0, "
                          f"not {rpcTimeoutSeconds!r}")
-    # a copy: the options object is the caller's (init_rpc's rpc_backend_options)
-    agent.options = dataclasses.replace(agent.options, rpc_timeout=float(rpcTimeoutSeconds))
+    # the agent's own options (a copy of init_rpc's), shared by its parts
+    agent.options.rpc_timeout = float(rpcTimeoutSeconds)
 
 
 def _get_rpc_timeout():

@@ -76,6 +76,16 @@ class Bookkeeping:
                 self.next_due = min(self.next_due, now + timeout)
         return first
 
+    def ride(self, peer, extras):
+        """A message's header ``extras`` for ``peer`` with the notices waiting for it added
+        (under :data:`EXTRA`); ``extras`` itself is not changed."""
+        box = self.take(peer)
+        if box is None:
+            return extras
+        extras = dict(extras) if extras else {}
+        extras[EXTRA] = box
+        return extras
+
     def take(self, peer):
         """What waits for ``peer`` (to ride in a message's header), or None."""
         if self._boxes[peer] is None:  # read without the lock: the common, empty case

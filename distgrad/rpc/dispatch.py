@@ -25,7 +25,7 @@ from .errors import BackpressureError, ProtocolError, RefusedCallError, describe
 from .quota import PeerGate
 from ..futures import Future
 
-__all__ = ["Request", "Dispatcher", "SYSTEM_OPS"]
+__all__ = ["Request", "Dispatcher", "SYSTEM_OPS", "run_later"]
 
 #: Internal operations that never block (a value not there yet is a Future, not a wait):
 #: callers send them as SYSTEM messages, served on the receiver's I/O thread.
@@ -66,15 +66,45 @@ def _is_async(fn):
     return getattr(fn, "_distgrad_async_execution", False) is True
 
 
-class Dispatcher:
-    """Runs requests for an agent. ``agent`` provides: ``rank``, ``options``, ``allowlist``,
-    ``transport``, ``owner`` (the RRef table), ``pool``, ``internal_ops`` (``@name`` ->
-    function of (request, *args)), ``decode_context(src)``/``encode_context(dst)``,
-    ``copies(dst, kind, what, ctx)`` (how many times to send a reply)."""
+def _scopes(req):
+    """The interceptors' scopes of ``req`` (its autograd context, say), as one."""
+    scopes = interceptors.request_scopes(req)
+    if not scopes:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for s in scopes:
+        stack.enter_context(s)
+    return stack
 
-    def __init__(self, agent):
-        self.agent = agent
-        self.gate = PeerGate(agent.world_size)  # each peer's requests decoding at once
+
+def run_later(pool, req, fn, *args):
+    """Run ``fn(*args)`` on a thread of ``pool`` inside ``req``'s interceptor scopes (work a
+    request left for later, such as an RRef method call once its value is there)."""
+    def job():
+        with _scopes(req):
+            fn(*args)
+    pool.submit(job)
+
+
+class Dispatcher:
+    """Serves the requests that come to this process.
+
+    Collaborators, given explicitly: ``name``, ``rank`` and ``world_size`` of this process,
+    ``options`` (``max_message_size``), ``allowlist`` (what peers may call), ``owner`` (the
+    :class:`~distgrad.rpc.owner.OwnerTable`: a ``remote()`` result stays there),
+    ``internal_ops`` (``@name`` -> function of (request, *args)), ``pool`` (the
+    :class:`~distgrad.rpc.pool.HandlerPool`), ``transport`` (replies leave by it),
+    ``contexts`` (:class:`~distgrad.rpc.contexts.MessageContexts`: codec contexts,
+    segments, copies), ``bookkeeping`` (notices ride on replies) and ``stats`` (a Counter).
+    """
+
+    def __init__(self, name, rank, world_size, options, allowlist, owner, internal_ops, pool,
+                 transport, contexts, bookkeeping, stats):
+        self.name, self.rank, self.options = name, rank, options
+        self.allowlist, self.owner, self.internal_ops = allowlist, owner, internal_ops
+        self.pool, self.transport, self.contexts = pool, transport, contexts
+        self.bookkeeping, self.stats = bookkeeping, stats
+        self.gate = PeerGate(world_size)  # each peer's requests decoding at once
 
     # ------------------------------------------------------------------ arrival (I/O thread)
     def submit(self, request, frames):
@@ -84,15 +114,15 @@ class Dispatcher:
         try:
             now = self.gate.admit(request.src, size, (request, frames, size))
         except BackpressureError as e:
-            self.agent.stats["refused_over_quota"] += 1
+            self.stats["refused_over_quota"] += 1
             self.reply_error(request, e)
             return
         if now:
             self._start(request, frames, size)
 
     def _start(self, request, frames, size):
-        self.agent.stats["handoffs"] += 1
-        self.agent.pool.submit(self._serve_gated, request, frames, size)
+        self.stats["handoffs"] += 1
+        self.pool.submit(self._serve_gated, request, frames, size)
 
     def _serve_gated(self, request, frames, size):
         """A handler thread's job: serve a request its peer's gate admitted, and then, while
@@ -112,7 +142,7 @@ class Dispatcher:
         ready = self.gate.decoded(src, size)
         first = ready.pop(0) if inline and ready else None
         if first is not None:
-            self.agent.stats["handoffs"] += 1
+            self.stats["handoffs"] += 1
         self._start_all(ready)
         return first
 
@@ -140,7 +170,7 @@ class Dispatcher:
         if gated is not None:
             self._admit_next(req.src, gated, False)
         try:
-            with self._scopes(req):
+            with _scopes(req):
                 result = fn(*args, **kwargs)
             if isinstance(result, Future) and (_is_async(fn) or req.target.startswith("@")):
                 # replying never blocks: on whichever thread completes the Future
@@ -154,34 +184,32 @@ class Dispatcher:
 
     def _prepare(self, req, frames, system):
         """(function, args, kwargs) of a request: decoded, checked, resolved."""
-        agent = self.agent
         size = sum(len(f) for f in frames)
-        if size > agent.options.max_message_size:
+        if size > self.options.max_message_size:
             raise ProtocolError(f"request of {size} bytes exceeds max_message_size "
-                                f"({agent.options.max_message_size})")
+                                f"({self.options.max_message_size})")
         target, args, kwargs, remote = self._decode(req, frames)
         req.target = target
         if system and target not in SYSTEM_OPS:
             raise RefusedCallError(f"{target!r} may not be sent as a SYSTEM message (only "
                                    f"{sorted(SYSTEM_OPS)})")
         if remote is not None:
-            agent.owner.add_fork(remote[0], remote[1], 1, req.src)
+            self.owner.add_fork(remote[0], remote[1], 1, req.src)
             req.remote = (tuple(remote[0]), tuple(remote[1]))
         args, kwargs = interceptors.receive_request(req, args, kwargs)
         if target.startswith("@"):
-            op = agent.internal_ops.get(target)
+            op = self.internal_ops.get(target)
             if op is None:
                 raise RefusedCallError(f"unknown internal operation {target!r}")
             return op, (req, *args), kwargs
-        return agent.allowlist.resolve(target), args, kwargs
+        return self.allowlist.resolve(target), args, kwargs
 
     def _decode(self, req, frames):
-        agent = self.agent
-        ctx = agent.decode_context(req.src, req.segments)
+        ctx = self.contexts.decode(req.src, req.segments)
         try:
             msg = wire.decode(frames[0].buffer, frames[1:], ctx)
         finally:
-            agent.settle_segments(req.src, req.segments, ctx)
+            self.contexts.settle(req.src, req.segments, ctx)
         if type(msg) is not list or len(msg) != 4:
             raise ProtocolError("malformed request body: expected [target, args, kwargs, remote]")
         target, args, kwargs, remote = msg
@@ -193,23 +221,6 @@ class Dispatcher:
             raise ProtocolError(f"malformed request body: remote reference {remote!r}")
         return target, tuple(args), kwargs, remote
 
-    @staticmethod
-    def _scopes(req):
-        scopes = interceptors.request_scopes(req)
-        if not scopes:
-            return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        for s in scopes:
-            stack.enter_context(s)
-        return stack
-
-    def run_later(self, req, fn, *args):
-        """Run ``fn(*args)`` on a handler thread inside ``req``'s interceptor scopes."""
-        def job():
-            with self._scopes(req):
-                fn(*args)
-        self.agent.pool.submit(job)
-
     def _finish(self, req, fut):
         exc = fut.exception()
         if exc is not None:
@@ -220,42 +231,40 @@ class Dispatcher:
     # ------------------------------------------------------------------ replies (any thread:
     # the one that produced the value sends it, on its own socket)
     def reply(self, req, value):
-        agent = self.agent
         ctx = None
         try:
             if req.remote is not None:
-                agent.allowlist.check_value(value, f"{req.target!r}")
-                agent.owner.set_value(req.remote[0], value)
+                self.allowlist.check_value(value, f"{req.target!r}")
+                self.owner.set_value(req.remote[0], value)
                 req.remote, value = None, None
             if req.msg_id == 0:  # a one-way call: nobody waits for an answer
                 return
             value, extras = interceptors.send_response(req, value)
-            extras = agent.with_bookkeeping(req.src, extras)
-            ctx = agent.encode_context(req.src)
+            extras = self.bookkeeping.ride(req.src, extras)
+            ctx = self.contexts.encode(req.src)
             body, bufs = wire.encode(value, ctx)
-            header = wire.pack_header(Kind.REPLY, req.msg_id, agent.rank, extras,
+            header = wire.pack_header(Kind.REPLY, req.msg_id, self.rank, extras,
                                       ctx.segments or None)
-            copies = agent.copies(req.src, "response", req.target, ctx)
+            copies = self.contexts.copies(req.src, "response", req.target, ctx)
         except BaseException as e:  # noqa: BLE001 - an unsendable result is the caller's error
             if ctx is not None:
-                agent.return_segments(req.src, ctx)
+                self.contexts.give_back(req.src, ctx)
             self.reply_error(req, e)
             return
         for _ in range(copies):
-            agent.transport.reply(req.ident, req.src, [header, body, *bufs])
+            self.transport.reply(req.ident, req.src, [header, body, *bufs])
 
     def reply_error(self, req, exc):
-        agent = self.agent
         try:
             if req.remote is not None:
-                agent.owner.set_value(req.remote[0], None, exc)
+                self.owner.set_value(req.remote[0], None, exc)
                 req.remote = None
         except Exception:  # noqa: BLE001 - the error reply matters more
             log.debug("could not record the failure of an RRef value", exc_info=True)
         if req.msg_id == 0:  # a one-way call: its error has nobody to go to
-            log.warning("%s: one-way call %s from %s failed: %s: %s", agent.name, req.target,
+            log.warning("%s: one-way call %s from %s failed: %s: %s", self.name, req.target,
                         req.worker.name, type(exc).__name__, exc)
-            agent.stats["one_way_errors"] += 1
+            self.stats["one_way_errors"] += 1
             return
         try:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -264,6 +273,6 @@ class Dispatcher:
             body, _ = wire.encode(["RuntimeError", "builtins",
                                    f"an exception of type {type(exc).__name__} was raised "
                                    "(its text could not be sent)", ""])
-        agent.stats["errors_replied"] += 1
-        agent.transport.reply(req.ident, req.src,
-                              [wire.pack_header(Kind.ERROR, req.msg_id, agent.rank), body])
+        self.stats["errors_replied"] += 1
+        self.transport.reply(req.ident, req.src,
+                             [wire.pack_header(Kind.ERROR, req.msg_id, self.rank), body])

@@ -337,6 +337,11 @@ class SameHost:
         if self.pool is not None:
             self.pool.release(names, src)
 
+    def on_release_notices(self, src, items):
+        """``shm.release`` notices of ``src`` (lists of segment names it no longer maps)."""
+        self.released(src, [name for names in items if type(names) is list
+                            for name in names if type(name) is str])
+
     def peer_gone(self, rank):
         """``rank`` died or left: what it held comes back, what it lent is forgotten."""
         if self.pool is not None:

@@ -29,3 +29,12 @@ def test_set_rpc_timeout_refuses_nonsense_and_needs_rpc(rpc_world):
     for bad in (-1, "5", True):
         with pytest.raises(ValueError, match="timeout"):
             rpc._set_rpc_timeout(bad)
+
+
+def test_the_agent_keeps_its_own_copy_of_the_options():
+    from distgrad.rpc.agent import Agent
+    mine = rpc.RpcBackendOptions(rpc_timeout=7)
+    agent = Agent("solo", 0, 1, mine)
+    assert agent.options is not mine and agent.options.rpc_timeout == 7
+    agent.options.rpc_timeout = 3  # as _set_rpc_timeout does: the agent's parts see it
+    assert mine.rpc_timeout == 7
