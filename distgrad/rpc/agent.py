@@ -16,9 +16,11 @@ Layers, bottom to top, one job each:
 ``contexts``              each message's codec context and its shared-memory segments
 ``members``               the formed world: names, ranks, how a worker is described
 ``lifecycle``             start-up and registration, the shutdown barrier, teardown
-``credentials``           who may connect: credentials, the world secret, ZAP answers
+``credentials``           who may connect: credentials, the world secret
+``admission``             ZAP answers: only members connect, each as its own rank
+``rendezvous_file``       the ``file://`` record (address, and a secret it may hand)
 ``quota``                 what each peer's requests may hold while they decode
-``lifetimes``             owners join their threads; stuck ones are reported
+``utils/lifetimes.py``    owners join their threads; stuck ones are reported
 ``barrier``               the shutdown barrier (rank 0)
 ``bookkeeping``           notices for peers that ride along on other messages
 ``shm``                   the same-host shared-memory path for large arrays

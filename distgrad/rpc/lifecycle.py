@@ -6,7 +6,7 @@ the parts that need the world (the handler pool, the same-host path, the caller,
 dispatcher) and starts the transport's I/O thread. :meth:`Lifecycle.shutdown` refuses new
 calls, lets the outstanding ones finish and meets every rank at rank 0's barrier
 (``barrier.py``); then :meth:`teardown` stops every thread it started (the I/O thread, the
-handler pool: joined, a stuck one reported by ``lifetimes.py``) and removes every file.
+handler pool: joined, a stuck one reported by ``utils/lifetimes.py``) and removes every file.
 Whatever fails in between, teardown runs: nothing outlives its owner.
 """
 import collections
