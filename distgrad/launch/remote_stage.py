@@ -81,12 +81,6 @@ class RemoteStage:
                 self.deferred.flush()
         return True
 
-    def discard_backward(self):
-        """A failed step: drop the weight gradients it left for later."""
-        if self.deferred is not None:
-            self.deferred.discard()
-        return True
-
     def load_optimizer(self, optimizer_id):
         """Resume: the local optimizer of ``DistributedOptimizer`` ``optimizer_id`` takes
         its state from the checkpoint this stage was built from."""
