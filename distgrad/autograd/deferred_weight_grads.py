@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from .engine import current_graph_task
+from .engine import _is_plain_leaf, current_graph_task
 from .grad_mode import _state
 from .node import accumulate_into_grad
 
@@ -48,33 +48,17 @@ def keep_weight_grad(node, grads, weight_input=1):
     if not _registered or grads[0] is None:
         return None
     accumulator = node._next[weight_input][0]
-    deferral = _deferral_for(accumulator)
-    if deferral is None:
-        return None
-    saved = [s.data(node) for s in node._saved]
+    deferral = _registered.get(accumulator) if accumulator is not None else None
+    if deferral is None or _state.grad_enabled or not _is_plain_leaf(accumulator):
+        return None  # hooks would see one sum instead of one gradient per pass
     task = current_graph_task()
+    if task is None or task.exec_needed is not None or task.create_graph:
+        return None  # autograd.grad / inputs= / create_graph: wanted now
+    saved = [s.data(node) for s in node._saved]
     deferral.keep(accumulator, node._seq, grads[0], saved[0], task.accumulate)
     needs = [nxt is not None for nxt, _ in node._next]
     needs[weight_input] = False
     return saved, needs
-
-
-def _deferral_for(accumulator):
-    """The :class:`defer_weight_grads` that takes the weight gradient flowing into
-    ``accumulator`` in the running pass, or None (compute it now)."""
-    if accumulator is None:
-        return None
-    deferral = _registered.get(accumulator)
-    if deferral is None or _state.grad_enabled:
-        return None
-    variable = accumulator._variable
-    if variable is None or variable._hooks or variable._post_acc_hooks or \
-            accumulator._pre_hooks is not None or accumulator._post_hooks is not None:
-        return None
-    task = current_graph_task()
-    if task is None or task.exec_needed is not None or task.create_graph:
-        return None
-    return deferral
 
 
 class defer_weight_grads:

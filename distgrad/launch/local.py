@@ -47,7 +47,7 @@ def train_in_one_process(config, steps=None, on_step=None):
     count = config["pipeline"]["micro_batches"]
     losses = []
     aux_weight = config["model"]["aux_weight"]
-    # as the stages do: linear weights' gradients once per step (plan.defer_weight_grads)
+    # as the stages do: linear weights' gradients once per step (plan.deferred_weight_names)
     deferred = deferred_weights(model, p.deferred_weight_names) or nullcontext()
     for step in range(steps):
         x, y = batches.batch(step)

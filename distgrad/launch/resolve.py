@@ -94,25 +94,28 @@ class Plan:
                 self.coordinator_hooks.append(CoordinatorHook(i, kind, fn, kwargs,
                                                               hook.get("stages"),
                                                               hook.get("parameter")))
-        world = config["world"]
-        # Linear weights' gradients after a step's micro-batches, where that changes no
-        # result: not with a second backward over the graph (model.aux_weight), gradients
-        # averaged during backward (replicas) or inputs offloaded (they would be kept).
-        self.defer_weight_grads = bool(
-            config["pipeline"]["defer_weight_grads"] and not model["aux_weight"]
-            and not config["offload"] and world["strategy"] != "ddp"
-            and (world.get("replicas") or 1) == 1)
         self.layers = self._split()
         for hook in self.coordinator_hooks:
             self._place(hook)
-        # The parameters whose gradients wait for the end of a step, by name (a stage's
-        # slice keeps the model's names). A weight with a gradient hook gets its gradient
-        # per micro-batch, as the hook sees it, in the stages and in the one-process run
-        # alike (the same sums, bit for bit).
-        hooked = {h.parameter for h in self.coordinator_hooks if h.parameter}
-        self.deferred_weight_names = [n for n in self.parameter_names if n not in hooked] \
-            if self.defer_weight_grads and config["pipeline"]["micro_batches"] > 1 else []
+        self.deferred_weight_names = self._deferred_weight_names()
         self._check_optimizer()
+
+    def _deferred_weight_names(self):
+        """The parameters whose gradients wait for the end of a step
+        (``pipeline.defer_weight_grads``), by name (a stage's slice keeps the model's
+        names); none where deferring would change a result: one micro-batch (nothing to
+        gain), a second backward over the graph (model.aux_weight), gradients averaged
+        during backward (replicas) or inputs offloaded (they would be kept). A weight with
+        a gradient hook gets its gradient per micro-batch, as the hook sees it, in the
+        stages and in the one-process run alike (the same sums, bit for bit)."""
+        config, world = self.config, self.config["world"]
+        pipeline = config["pipeline"]
+        if not pipeline["defer_weight_grads"] or pipeline["micro_batches"] < 2 \
+                or config["model"]["aux_weight"] or config["offload"] \
+                or world["strategy"] == "ddp" or (world.get("replicas") or 1) > 1:
+            return []
+        hooked = {h.parameter for h in self.coordinator_hooks if h.parameter}
+        return [n for n in self.parameter_names if n not in hooked]
 
     def _place(self, hook):
         """The stages a coordinator hook is registered on (a parameter: its stage's)."""
