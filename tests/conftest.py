@@ -41,3 +41,14 @@ def rpc_world(rpc_world):
         options["allowed_modules"] = SUPPORT_MODULES + list(options.get("allowed_modules", ()))
         return rpc_world(n, **options)
     return start
+
+
+@pytest.fixture(autouse=True)
+def _world_secret_of_this_test_only(monkeypatch):
+    """A process that started a world's members keeps the secret it made for them, and one
+    that joined a world without a secret remembers it (``distgrad/utils/world_secret.py``):
+    right for a program, wrong between two tests that share a pytest worker. Each test
+    starts without either, whatever the tests before it in this worker started."""
+    from distgrad.utils import world_secret
+    monkeypatch.setattr(world_secret, "_made", None)
+    monkeypatch.setattr(world_secret, "_without", False)
