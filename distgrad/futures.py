@@ -9,6 +9,7 @@ own callbacks that never block say so (``_add_inline_callback``) and run right
 there, which spares a thread hand-off (``has_blocking_callbacks``).
 """
 import threading
+import time
 
 __all__ = ["Future", "collect_all", "wait_all"]
 
@@ -151,10 +152,26 @@ def collect_all(futures):
         if last:
             out.set_result(futures)
     for f in futures:
-        f.add_done_callback(one)
+        f.add_done_callback(one)  # not inline: it completes ``out``, whose callbacks may block
     return out
 
 
 def wait_all(futures, timeout=None):
-    """The values of ``futures`` once all are done (the first error is raised)."""
-    return [f.wait(timeout) for f in futures]
+    """The values of ``futures`` once all are done. As PyTorch's: the first error any of
+    them completes with is raised at once, without waiting for the others (a call that
+    failed fast is not hidden behind one that hangs); ``timeout`` (ours) bounds the
+    whole wait."""
+    futures = list(futures)
+    finished = threading.Semaphore(0)
+    for f in futures:  # releasing a semaphore never blocks: fine on an I/O thread
+        f._add_inline_callback(lambda _f: finished.release())
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for _ in futures:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if not finished.acquire(timeout=left):
+            raise TimeoutError(f"{sum(not f.done() for f in futures)} of {len(futures)} "
+                               f"futures not completed within {timeout} s")
+        for f in futures:
+            if f.exception() is not None:
+                raise f.exception()
+    return [f.value() for f in futures]

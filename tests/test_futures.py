@@ -34,3 +34,29 @@ def test_torch_futures_names():
     for i, fut in enumerate(done):
         fut.set_result(i)
     assert wait_all(done) == [0, 1]
+
+
+def test_wait_all_raises_the_first_error_without_waiting_for_the_others():
+    from distgrad.futures import Future, wait_all
+    hanging, failing = Future(), Future()
+    failing.set_exception(ValueError("stage 2 failed"))
+    with pytest.raises(ValueError, match="stage 2 failed"):
+        wait_all([hanging, failing], timeout=30)   # returns at once: hanging never completes
+    done = [Future(), Future()]
+    for i, f in enumerate(done):
+        f.set_result(i)
+    assert wait_all(done) == [0, 1] and wait_all([]) == []
+    with pytest.raises(TimeoutError, match="1 of 1 futures not completed within 0.01 s"):
+        wait_all([Future()], timeout=0.01)
+
+
+def test_wait_all_wakes_for_futures_completed_by_other_threads():
+    import threading
+    from distgrad.futures import Future, wait_all
+    futures = [Future() for _ in range(3)]
+    threads = [threading.Thread(target=f.set_result, args=(i,)) for i, f in enumerate(futures)]
+    for t in threads:
+        t.start()
+    assert wait_all(futures, timeout=30) == [0, 1, 2]
+    for t in threads:
+        t.join()

@@ -28,6 +28,7 @@ import time
 from collections import deque
 
 from distgrad.distributed import TCPStore, rpc
+from distgrad.futures import wait_all
 
 from . import checkpoint as ckpt
 from . import stage as _stage
@@ -102,16 +103,12 @@ class Coordinator:
         Waits for all futures but stops at the first error: a stage that is waiting
         for a dead neighbour would otherwise keep this waiting until its timeout.
         """
-        done = threading.Semaphore(0)
-        for f in futures:
-            f.add_done_callback(lambda _f: done.release())
-        for _ in futures:
-            done.acquire()
-            for k, f in enumerate(futures):
-                error = _error_of(f)
-                if error is not None:
-                    raise self._diagnose(k, error, step)
-        return [f.value() for f in futures]
+        try:
+            return wait_all(futures)
+        except Exception:  # noqa: BLE001 - the first that failed names its stage
+            k, error = next((k, _error_of(f)) for k, f in enumerate(futures)
+                            if _error_of(f) is not None)
+            raise self._diagnose(k, error, step) from None
 
     def _diagnose(self, stage, error, step):
         """Which worker is at fault: a probe finds a dead or stopped one within the
