@@ -253,11 +253,6 @@ class Allowlist:
                     self._cache[ref] = fn
         return fn
 
-    def resolved(self, ref):
-        """What ``ref`` resolved to before (None when it never did): a lookup that never
-        imports, for the I/O thread."""
-        return self._cache.get(ref)
-
     def _resolve(self, ref):
         if not isinstance(ref, str) or ref.count(":") != 1 or len(ref) > 512:
             raise RefusedCallError(f"malformed callable reference {ref!r}")

@@ -11,8 +11,8 @@ The reply leaves from the thread that produced it, on that thread's own socket
 Short internal operations that never block (:data:`SYSTEM_OPS`: RRef forks and
 fetches, the shutdown barrier, the shared-memory probe, notices that had no ride) arrive as SYSTEM messages
 and are served right on the I/O thread: no hand-off at all. So are CALLs of functions
-marked :func:`~distgrad.rpc.functions.never_blocks` (launch's ``deliver``), once this
-process has resolved their reference before (the I/O thread never imports) and when their
+marked :func:`~distgrad.rpc.functions.never_blocks` (launch's ``deliver``), once a handler
+of this process has resolved their reference (the I/O thread never imports) and when their
 body is small (at most :data:`ON_ARRIVAL_MAX_BODY`: decoding it there stays short).
 
 Every CALL whose header could be read gets a REPLY or an ERROR, whatever its
@@ -134,6 +134,9 @@ class Dispatcher:
         self.pool, self.transport, self.contexts = pool, transport, contexts
         self.bookkeeping, self.stats = bookkeeping, stats
         self.gate = PeerGate(world_size)  # each peer's requests decoding at once
+        # references resolved here to ``never_blocks`` functions: served where they arrive
+        # (looked up without resolving: the I/O thread never imports)
+        self._on_arrival = set()
 
     # ------------------------------------------------------------------ arrival (I/O thread)
     def submit(self, request, frames):
@@ -141,7 +144,8 @@ class Dispatcher:
         peer's gate admits it to decoding (``quota.py``); refused at the peer's bound. A
         small call of a ``never_blocks`` function is served right here instead."""
         size = len(frames[0])
-        if size <= ON_ARRIVAL_MAX_BODY and self._never_blocks(frames[0]):
+        if self._on_arrival and size <= ON_ARRIVAL_MAX_BODY \
+                and _target_ref(memoryview(frames[0])) in self._on_arrival:
             # one at a time on this thread, each small: the gate has nothing to bound
             self.stats["served_on_arrival"] += 1
             self.serve(request, frames)
@@ -154,13 +158,6 @@ class Dispatcher:
             return
         if now:
             self._start(request, frames, size)
-
-    def _never_blocks(self, body):
-        """Whether the body calls a function marked ``never_blocks`` (that this process has
-        resolved before: looking it up here never imports)."""
-        ref = _target_ref(memoryview(body))
-        fn = self.allowlist.resolved(ref) if ref is not None else None
-        return fn is not None and getattr(fn, "_distgrad_never_blocks", False) is True
 
     def _start(self, request, frames, size):
         self.stats["handoffs"] += 1
@@ -244,7 +241,10 @@ class Dispatcher:
             if op is None:
                 raise RefusedCallError(f"unknown internal operation {target!r}")
             return op, (req, *args), kwargs
-        return self.allowlist.resolve(target), args, kwargs
+        fn = self.allowlist.resolve(target)
+        if getattr(fn, "_distgrad_never_blocks", False) is True:
+            self._on_arrival.add(target)  # as many as marked functions: a few
+        return fn, args, kwargs
 
     def _decode(self, req, frames):
         ctx = self.contexts.decode(req.src, req.segments)
