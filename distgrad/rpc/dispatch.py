@@ -12,8 +12,9 @@ Short internal operations that never block (:data:`SYSTEM_OPS`: RRef forks and
 fetches, the shutdown barrier, the shared-memory probe, notices that had no ride) arrive as SYSTEM messages
 and are served right on the I/O thread: no hand-off at all. So are CALLs of functions
 marked :func:`~distgrad.rpc.functions.never_blocks` (launch's ``deliver``), once a handler
-of this process has resolved their reference (the I/O thread never imports) and when their
-body is small (at most :data:`ON_ARRIVAL_MAX_BODY`: decoding it there stays short).
+of this process has resolved their reference (the I/O thread never imports), when their
+body is small (at most :data:`ON_ARRIVAL_MAX_BODY`: decoding it there stays short) and while
+no interceptor may hold replies (fault injection sleeps in ``on_send_message``).
 
 Every CALL whose header could be read gets a REPLY or an ERROR, whatever its
 body holds: the error path needs nothing but the request's identity and message
@@ -145,7 +146,8 @@ class Dispatcher:
         small call of a ``never_blocks`` function is served right here instead."""
         size = len(frames[0])
         if self._on_arrival and size <= ON_ARRIVAL_MAX_BODY \
-                and _target_ref(memoryview(frames[0])) in self._on_arrival:
+                and _target_ref(memoryview(frames[0])) in self._on_arrival \
+                and not interceptors.hold_messages():  # (fault injection may sleep)
             # one at a time on this thread, each small: the gate has nothing to bound
             self.stats["served_on_arrival"] += 1
             self.serve(request, frames)

@@ -129,3 +129,14 @@ def test_a_large_call_of_a_never_blocks_function_goes_to_a_handler(world):
 def test_an_unmarked_function_is_never_served_on_the_io_thread(world):
     for _ in range(3):
         assert rpc.rpc_sync("worker1", f.thread_name) != "rpc-io-worker1"
+
+
+def test_while_faults_may_hold_replies_a_never_blocks_function_goes_to_a_handler(world):
+    # an injected delay sleeps in the sending thread: never the I/O thread
+    assert rpc.rpc_sync("worker1", f.thread_on_arrival) is not None  # resolved there
+    rule = world.faults.delay(0.0, fn=f.thread_on_arrival, src="worker1", kind="response")
+    try:
+        assert rpc.rpc_sync("worker1", f.thread_on_arrival) != "rpc-io-worker1"
+    finally:
+        rule.remove()
+    assert rpc.rpc_sync("worker1", f.thread_on_arrival) == "rpc-io-worker1"
