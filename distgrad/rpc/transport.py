@@ -26,6 +26,10 @@ own socket (a client of another kind) is answered on the connection it came on,
 which only the router's owner can do: such replies go through the outbox, a deque
 plus an eventfd (a pipe where there is none) that wakes the I/O thread.
 
+While messages flow, the I/O thread polls only the router and its wake-up (a poll's cost
+grows with its sockets, and it is on the path of every message); the monitors, the ZAP
+socket and the dealers are polled whenever traffic stops and at least every 10 ms.
+
 Liveness does not need the GIL: ZeroMQ's own ZMTP heartbeats
 (``HEARTBEAT_IVL``/``_TIMEOUT``/``_TTL``) are answered by libzmq's I/O thread, so
 a process busy in Python or in a long C call stays alive to its peers. What
