@@ -67,6 +67,17 @@ def _switch(text):
     return value
 
 
+def _cpus(text):
+    """argparse type: a list of cores, '0-3,6' (see distgrad.utils.cpus)."""
+    from distgrad.utils.cpus import parse_cpus
+    if isinstance(text, list):
+        return text
+    try:
+        return parse_cpus(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _signal_number(text):
     """argparse type: ``USR1``, ``SIGUSR1`` or a number."""
     name = text.upper()
@@ -144,6 +155,9 @@ def add_arguments(p):
                    help="hold messages from other processes as if they came over a link "
                         "of this latency and bandwidth, e.g. '200us 10Gbit/s' (measuring "
                         "on one machine what hosts would see; env: DISTGRAD_SIMULATED_LINK)")
+    p.add_argument("--cpus", type=_cpus, default=env("DISTGRAD_WORKER_CPUS"), metavar="LIST",
+                   help="run on these cores only, e.g. '0-1,4' (pinned before any thread "
+                        "starts; env: DISTGRAD_WORKER_CPUS)")
     p.add_argument("--dump-signal", type=_signal_number, default=env("DISTGRAD_DUMP_SIGNAL"),
                    metavar="SIGNAL",
                    help="on this signal (e.g. USR1), print every thread's stack and this "
@@ -202,6 +216,12 @@ def _check(args, parser):
 def run(args, parser=None):
     parser = parser or add_arguments(argparse.ArgumentParser(prog="distgrad worker"))
     _check(args, parser)
+    if args.cpus is not None:
+        from distgrad.utils.cpus import pin_to
+        try:  # first: the threads RPC starts inherit the affinity of the thread starting them
+            pin_to(args.cpus, f"worker {args.name}")
+        except ValueError as e:
+            parser.error(f"--cpus: {e}")
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(levelname)s %(name)s: %(message)s")
     if os.environ.get("DISTGRAD_PDEATHSIG"):

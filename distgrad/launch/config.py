@@ -144,6 +144,10 @@ SCHEMA = {
         "bind_addr": Field(str, "127.0.0.1", doc="address TCP endpoints bind to"),
         "blas_threads": Field("int_or_auto", "auto", low=1, doc="BLAS threads per process; "
                                                                "auto: cores / workers"),
+        "pin_workers": Field(bool, True, doc="pin each worker process started here to "
+                                             "cores of its own (blas_threads of them, in "
+                                             "turn over the cores the launcher may use); "
+                                             "the coordinator is not pinned"),
         "rpc_timeout": Field(float, 120.0, low=0.0, doc="seconds one step may take before "
                                                         "the run fails (0: no limit)"),
         "heartbeat_timeout": Field(float, 3.0, low=0.2, doc="seconds of silence after which "

@@ -25,9 +25,11 @@ import os
 import re
 import socket
 
+from distgrad.utils.cpus import allocate_cpus, allowed_cpus
 from distgrad.utils.ports import free_port
 
-__all__ = ["Layout", "detect", "first_host", "slurm_port", "cpu_count", "torchrun_rendezvous"]
+__all__ = ["Layout", "detect", "first_host", "slurm_port", "cpu_count", "worker_cores",
+           "torchrun_rendezvous"]
 
 
 class Layout:
@@ -53,10 +55,18 @@ class Layout:
 
 
 def cpu_count():
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return len(allowed_cpus())
+
+
+def worker_cores(layout, threads):
+    """``{rank: cores}`` for the workers this launcher starts (``world.pin_workers``):
+    ``threads`` cores each, in turn over the cores it may use. Only a local launch pins:
+    elsewhere each launcher starts one process and cannot know what its neighbours on
+    the same host took (Slurm gives each task a cpuset of its own anyway)."""
+    if not layout.local:
+        return {}
+    ranks = [r for r in layout.ranks if r != 0]
+    return dict(zip(ranks, allocate_cpus(len(ranks), threads, allowed_cpus())))
 
 
 def first_host(nodelist):

@@ -22,10 +22,12 @@ import sys
 import time
 
 from distgrad.rpc.credentials import SECRET_ENV, new_world_secret
+from distgrad.utils.cpus import format_cpus
 from distgrad.utils.tempdirs import owned_tempdir
 
 from . import checkpoint as ckpt
 from .config import heartbeat_interval
+from .environment import worker_cores
 from .console import MetricsTail
 from .grid import Grid
 from .rundir import FAILURE, LAUNCH, LOGS, METRICS, PROCESSES, RESULT, read_json, write_json
@@ -95,6 +97,8 @@ class Supervisor:
         self.console, self.worker_modules = console, worker_modules
         self.blas_threads = blas_threads
         self.config = launch["config"]
+        self.cores = worker_cores(layout, blas_threads) \
+            if self.config["world"]["pin_workers"] else {}
         self.children = []
         self.pgid = None
         self.signals = []
@@ -140,7 +144,8 @@ class Supervisor:
         except BaseException:  # those already started must not outlive a failed start
             self._kill_all()
             raise
-        pids = {"launcher": os.getpid(), "children": {c.rank: c.pid for c in self.children}}
+        pids = {"launcher": os.getpid(), "children": {c.rank: c.pid for c in self.children},
+                "cores": {rank: format_cpus(cores) for rank, cores in self.cores.items()}}
         name = PROCESSES if self.layout.local else PROCESSES.replace(
             ".json", f"-rank{self.layout.ranks[0]}.json")
         write_json(os.path.join(self.run_dir, name), pids)
@@ -158,6 +163,8 @@ class Supervisor:
                "--heartbeat-interval", str(heartbeat_interval(world["heartbeat_timeout"]))]
         if world.get("simulated_link"):
             cmd += ["--simulated-link", world["simulated_link"]]
+        if rank in self.cores:
+            cmd += ["--cpus", format_cpus(self.cores[rank])]
         for module in self.worker_modules:
             cmd += ["--allow", module]
         return cmd

@@ -57,10 +57,13 @@ class Recorder:
         if not self.enabled:
             yield
             return
-        start = time.perf_counter_ns()
+        start, cpu = time.perf_counter_ns(), time.thread_time_ns()
         try:
             yield
         finally:
+            # the thread's CPU time beside the wall time: a span much longer than its CPU
+            # time waited (for the GIL, for a core, for I/O), not computed
+            args["cpu_ms"] = (time.thread_time_ns() - cpu) / 1e6
             self.events.append(("X", name, lane, start, time.perf_counter_ns(), args, None))
 
     def add_span(self, name, start, end, lane="compute", **args):

@@ -48,6 +48,28 @@ def test_two_workers_train_like_one_process_with_overrides(launcher, tiny_config
     assert_all_gone(launch.pids().values())
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc (Linux)")
+def test_each_worker_and_all_its_threads_run_on_the_cores_it_was_given(launcher, tiny_config):
+    from distgrad.utils.cpus import parse_cpus
+    launch = launcher(tiny_config, "run.steps=600")   # still running when read
+    launch.wait_for_steps(1)
+    record = json.loads((launch.run_dir / "processes.json").read_text())
+    assert sorted(record["cores"]) == ["1", "2"]   # the workers; the coordinator floats
+    for rank, cores in record["cores"].items():
+        pid = record["children"][rank]
+        for task in os.listdir(f"/proc/{pid}/task"):   # RPC's threads too
+            try:
+                status = open(f"/proc/{pid}/task/{task}/status").read()
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
+            allowed = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
+            assert parse_cpus(allowed) == parse_cpus(cores), (rank, task)
+    assert launch.wait() == 0, launch.output
+    launch = launcher(tiny_config, "world.pin_workers=false")
+    assert launch.wait() == 0, launch.output
+    assert json.loads((launch.run_dir / "processes.json").read_text())["cores"] == {}
+
+
 def test_three_workers_micro_batched_1f1b_with_hooks_and_a_trace(launcher, tiny_config,
                                                                  tmp_path):
     config = tmp_path / "hooked.toml"

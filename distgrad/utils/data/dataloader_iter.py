@@ -125,7 +125,13 @@ class _IndexPipe:
         return not self.unanswered or sum(self.unanswered.values()) + size <= self.capacity
 
     def send(self, idx, data):
-        self.writer.send_bytes(data)
+        try:
+            self.writer.send_bytes(data)
+        except (BrokenPipeError, ConnectionResetError):
+            # the worker has died (it may have just sent the batch being returned now):
+            # the task stays unanswered and the next wait for results finds the dead
+            # worker and raises naming it, as PyTorch's queue-fed workers do
+            pass
         self.unanswered[idx] = len(data) + self._HEADER
 
     def answered(self, idx):
