@@ -101,6 +101,8 @@ def _scopes(req):
     scopes = interceptors.request_scopes(req)
     if not scopes:
         return contextlib.nullcontext()
+    if len(scopes) == 1:  # the usual case (distributed autograd's): no ExitStack per request
+        return scopes[0]
     stack = contextlib.ExitStack()
     for s in scopes:
         stack.enter_context(s)
