@@ -1,8 +1,16 @@
 """Functions the benchmarks run on their worker processes (allowed there by name)."""
 import numpy as np
 
+from distgrad.rpc.functions import never_blocks
+
 
 def echo(x):
+    return x
+
+
+@never_blocks
+def echo_on_arrival(x):
+    """``echo`` marked ``never_blocks``: the callee serves it on its I/O thread."""
     return x
 
 

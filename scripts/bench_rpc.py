@@ -1,10 +1,13 @@
 """Benchmark: distgrad RPC against its floor (raw pyzmq) and torch.distributed.rpc.
 
 Between two processes on this machine, over tcp loopback:
-  * round trip of a 16-float tensor (raw pyzmq DEALER/ROUTER echo vs ``rpc_sync``);
+  * round trip of a 16-float tensor (raw pyzmq DEALER/ROUTER echo vs ``rpc_sync``), to a
+    user's function (served on a handler thread: one hand-off in each process) and to one
+    marked ``rpc.functions.never_blocks`` (served on the callee's I/O thread: one hand-off,
+    in the caller);
   * echo throughput of 1, 16 and 64 MB tensors (raw pyzmq zero-copy echo vs ``rpc_sync``).
-Prints a table of medians and ratios and one JSON line. Targets: round trip at
-most 1.5x raw pyzmq; throughput at least 0.8x raw pyzmq for 1 MB and larger and
+Prints a table of medians and ratios and one JSON line. Targets (issue 19): round trip
+at most 1.8x raw pyzmq and below PyTorch's; throughput at least 0.8x raw pyzmq for 1 MB and larger and
 above PyTorch's at every size; with the same-host shared-memory path, 64 MB at
 least 2x PyTorch's figure.
 
@@ -100,14 +103,17 @@ def bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold
     raw = RawClient()
     world = World(1, transport="tcp", num_worker_threads=4, allowed_modules=["bench_remote"],
                   shm_threshold=shm_threshold).start()
-    f = "bench_remote:echo"
+    f, marked = "bench_remote:echo", "bench_remote:echo_on_arrival"
     try:
         for _ in range(300):
             raw(small)
             rpc.rpc_sync("worker1", f, (small_dg,))
+            rpc.rpc_sync("worker1", marked, (small_dg,))
         res = _interleaved({"raw": lambda: raw(small),
-                            "dg": lambda: rpc.rpc_sync("worker1", f, (small_dg,))}, reps, batches)
-        out = {"raw": {"rt": res["raw"]}, "dg": {"rt": res["dg"]}}
+                            "dg": lambda: rpc.rpc_sync("worker1", f, (small_dg,)),
+                            "marked": lambda: rpc.rpc_sync("worker1", marked, (small_dg,))},
+                           reps, batches)
+        out = {"raw": {"rt": res["raw"]}, "dg": {"rt": res["dg"], "rt_marked": res["marked"]}}
         for mb, a in arrays.items():
             for _ in range(3):
                 raw(a), rpc.rpc_sync("worker1", f, (a,))
@@ -237,7 +243,9 @@ def main():
     def mbps(sec, mb):
         return 2 * mb / sec  # bytes cross twice per echo
     rows = [("round trip 16 floats (us)", raw["rt"] * 1e6, dg["rt"] * 1e6, shm["rt"] * 1e6,
-             raw2["rt"] * 1e6, th["rt"] * 1e6 if th else None)]
+             raw2["rt"] * 1e6, th["rt"] * 1e6 if th else None),
+            ("  never_blocks fn (us)", raw["rt"] * 1e6, dg["rt_marked"] * 1e6,
+             shm["rt_marked"] * 1e6, raw2["rt"] * 1e6, None)]
     for mb in SIZES_MB:
         rows.append((f"echo {mb} MB (MB/s)", mbps(raw[mb], mb), mbps(dg[mb], mb),
                      mbps(shm[mb], mb), mbps(raw2[mb], mb), mbps(th[mb], mb) if th else None))
@@ -252,15 +260,17 @@ def main():
         print(f"{name:<27}{r:10.1f}{d:9.1f}{d / r:8.2f}{m:9.1f}{m / r2:8.2f}{ts}")
     result["rt_us"] = {"raw": raw["rt"] * 1e6, "distgrad": dg["rt"] * 1e6,
                        "distgrad_shm": shm["rt"] * 1e6, "torch": th["rt"] * 1e6 if th else None,
-                       "ratio": dg["rt"] / raw["rt"]}
+                       "ratio": dg["rt"] / raw["rt"],
+                       "distgrad_never_blocks": dg["rt_marked"] * 1e6,
+                       "ratio_never_blocks": dg["rt_marked"] / raw["rt"]}
     for mb in SIZES_MB:
         result[f"echo_{mb}MB_MBps"] = {
             "raw": mbps(raw[mb], mb), "distgrad": mbps(dg[mb], mb),
             "distgrad_shm": mbps(shm[mb], mb), "torch": mbps(th[mb], mb) if th else None,
             "ratio": raw[mb] / dg[mb], "shm_vs_torch": th[mb] / shm[mb] if th else None}
-    zmq_ok = result["rt_us"]["ratio"] <= 1.5 and all(
+    zmq_ok = result["rt_us"]["ratio"] <= 1.8 and all(
         result[f"echo_{mb}MB_MBps"]["ratio"] >= 0.8 for mb in SIZES_MB)
-    torch_ok = th is None or (all(dg[mb] < th[mb] for mb in SIZES_MB)
+    torch_ok = th is None or (dg["rt"] < th["rt"] and all(dg[mb] < th[mb] for mb in SIZES_MB)
                               and result["echo_64MB_MBps"]["shm_vs_torch"] >= 2.0)
     auth_ok = report_auth(auth, result)
     result["targets_met"] = bool(zmq_ok and torch_ok and auth_ok)

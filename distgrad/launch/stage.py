@@ -319,6 +319,7 @@ def finish(seq):
     return events
 
 
+@rpc.functions.never_blocks  # served where it arrives: no hand-off to a handler thread
 def deliver(key, array, sender):
     """A neighbour's activation or gradient for ``key = (step, micro-batch, kind)``."""
     stage = _require()

@@ -10,7 +10,11 @@ The reply leaves from the thread that produced it, on that thread's own socket
 (``Transport.send``): one hand-off per request (the I/O thread to a handler).
 Short internal operations that never block (:data:`SYSTEM_OPS`: RRef forks and
 fetches, the shutdown barrier, the shared-memory probe, notices that had no ride) arrive as SYSTEM messages
-and are served right on the I/O thread: no hand-off at all.
+and are served right on the I/O thread: no hand-off at all. So are CALLs of functions
+marked :func:`~distgrad.rpc.functions.never_blocks` (launch's ``deliver``), once a handler
+of this process has resolved their reference (the I/O thread never imports), when their
+body is small (at most :data:`ON_ARRIVAL_MAX_BODY`: decoding it there stays short) and while
+no interceptor may hold replies (fault injection sleeps in ``on_send_message``).
 
 Every CALL whose header could be read gets a REPLY or an ERROR, whatever its
 body holds: the error path needs nothing but the request's identity and message
@@ -25,14 +29,40 @@ from .errors import BackpressureError, ProtocolError, RefusedCallError, describe
 from .quota import PeerGate
 from ..futures import Future
 
-__all__ = ["Request", "Dispatcher", "SYSTEM_OPS", "run_later"]
+__all__ = ["Request", "Dispatcher", "SYSTEM_OPS", "ON_ARRIVAL_MAX_BODY", "run_later"]
 
 #: Internal operations that never block (a value not there yet is a Future, not a wait):
 #: callers send them as SYSTEM messages, served on the receiver's I/O thread.
 SYSTEM_OPS = frozenset(("@rref.fetch", "@shm.probe", "@barrier", "@bk"))
 
+#: The largest request body (bytes; arrays of 1 KiB or more ride in frames of their own) a
+#: ``never_blocks`` function's call may have to be served where it arrives.
+ON_ARRIVAL_MAX_BODY = 64 * 1024
+
 log = logging.getLogger("distgrad.rpc")
 Kind = wire.Kind
+
+_FIXARRAY_4, _FIXSTR, _FIXSTR_LAST, _STR8, _STR16 = 0x94, 0xa0, 0xbf, 0xd9, 0xda
+
+
+def _target_ref(body):
+    """The target reference a CALL body starts with (msgpack ``[target, args, kwargs,
+    remote]``), read without decoding the rest; None when it does not start that way."""
+    if len(body) < 2 or body[0] != _FIXARRAY_4:
+        return None
+    tag = body[1]
+    if _FIXSTR <= tag <= _FIXSTR_LAST:
+        start, n = 2, tag - _FIXSTR
+    elif tag == _STR8 and len(body) > 2:
+        start, n = 3, body[2]
+    elif tag == _STR16 and len(body) > 3:
+        start, n = 4, (body[2] << 8) | body[3]
+    else:
+        return None
+    try:
+        return bytes(body[start:start + n]).decode()
+    except UnicodeDecodeError:
+        return None
 
 
 class Request:
@@ -71,6 +101,8 @@ def _scopes(req):
     scopes = interceptors.request_scopes(req)
     if not scopes:
         return contextlib.nullcontext()
+    if len(scopes) == 1:  # the usual case (distributed autograd's): no ExitStack per request
+        return scopes[0]
     stack = contextlib.ExitStack()
     for s in scopes:
         stack.enter_context(s)
@@ -105,12 +137,23 @@ class Dispatcher:
         self.pool, self.transport, self.contexts = pool, transport, contexts
         self.bookkeeping, self.stats = bookkeeping, stats
         self.gate = PeerGate(world_size)  # each peer's requests decoding at once
+        # references resolved here to ``never_blocks`` functions: served where they arrive
+        # (looked up without resolving: the I/O thread never imports)
+        self._on_arrival = set()
 
     # ------------------------------------------------------------------ arrival (I/O thread)
     def submit(self, request, frames):
         """A CALL: serve it on a handler thread (the one hand-off of a request), once its
-        peer's gate admits it to decoding (``quota.py``); refused at the peer's bound."""
+        peer's gate admits it to decoding (``quota.py``); refused at the peer's bound. A
+        small call of a ``never_blocks`` function is served right here instead."""
         size = len(frames[0])
+        if self._on_arrival and size <= ON_ARRIVAL_MAX_BODY \
+                and _target_ref(memoryview(frames[0])) in self._on_arrival \
+                and not interceptors.hold_messages():  # (fault injection may sleep)
+            # one at a time on this thread, each small: the gate has nothing to bound
+            self.stats["served_on_arrival"] += 1
+            self.serve(request, frames)
+            return
         try:
             now = self.gate.admit(request.src, size, (request, frames, size))
         except BackpressureError as e:
@@ -202,7 +245,10 @@ class Dispatcher:
             if op is None:
                 raise RefusedCallError(f"unknown internal operation {target!r}")
             return op, (req, *args), kwargs
-        return self.allowlist.resolve(target), args, kwargs
+        fn = self.allowlist.resolve(target)
+        if getattr(fn, "_distgrad_never_blocks", False) is True:
+            self._on_arrival.add(target)  # as many as marked functions: a few
+        return fn, args, kwargs
 
     def _decode(self, req, frames):
         ctx = self.contexts.decode(req.src, req.segments)

@@ -1,8 +1,26 @@
-"""``torch.distributed.rpc.functions``: ``async_execution``."""
+"""``torch.distributed.rpc.functions``: ``async_execution``; and distgrad's own
+``never_blocks`` (PyTorch has no such marker)."""
 
 
 def async_execution(fn):
     """Mark ``fn`` as returning a Future: the reply is sent when that Future completes,
     without holding a handler thread meanwhile."""
     fn._distgrad_async_execution = True
+    return fn
+
+
+def never_blocks(fn):
+    """Mark ``fn`` as short and never blocking (no I/O, no sleep, no RPC; a lock held only
+    for a moment), so a process serves calls of it where they arrive, on its I/O thread,
+    instead of handing them to a handler thread: no thread hand-off on the callee.
+
+    Only for functions that keep that promise: while ``fn`` runs, that process receives
+    nothing else. The marker is read on the callee, on the function it resolved itself, so
+    a caller cannot make another function run there. distgrad marks its own (launch's
+    ``deliver``); a user's functions run on handler threads, as PyTorch runs them on a pool.
+
+    >>> @never_blocks
+    ... def put(key, value): ...
+    """
+    fn._distgrad_never_blocks = True
     return fn

@@ -39,7 +39,7 @@ Error replies do not pass through interceptors.
 """
 import threading
 
-__all__ = ["add", "remove", "installed", "extra_of", "copies"]
+__all__ = ["add", "remove", "installed", "extra_of", "copies", "hold_messages"]
 
 _lock = threading.Lock()
 _chain = ()  # replaced, never mutated: readers take it without a lock
@@ -140,6 +140,12 @@ def copies(dst, kind, what):
             if c is not None:
                 n *= c
     return n
+
+
+def hold_messages():
+    """Whether an installed interceptor may hold outgoing messages (``on_send_message``: it
+    may sleep), so a reply must not be produced on the I/O thread."""
+    return any(getattr(ic, "on_send_message", None) is not None for _, ic in _chain)
 
 
 def extra_of(extras, name):

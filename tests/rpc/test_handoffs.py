@@ -102,3 +102,41 @@ def test_a_reply_leaves_from_the_handler_that_produced_it(world):
     assert rpc.rpc_sync("worker1", f.reply_thread_probe_start)
     ran, sent = rpc.rpc_sync("worker1", f.reply_thread_probe_result)
     assert ran is not None and ran == sent
+
+
+def test_a_never_blocks_function_is_served_where_it_arrives(world):
+    # the first call resolves the reference on a handler (the I/O thread never imports)
+    assert rpc.rpc_sync("worker1", f.thread_on_arrival) != "rpc-io-worker1"
+    there = _handoffs_on("worker1")
+    names = {rpc.rpc_sync("worker1", f.thread_on_arrival) for _ in range(N)}
+    assert names == {"rpc-io-worker1"}
+    assert _handoffs_on("worker1") - there == 1  # the snapshot only
+    with pytest.raises(ValueError, match="boom"):
+        rpc.rpc_sync("worker1", f.fail_on_arrival, ("boom",))
+    with pytest.raises(ValueError, match="boom"):  # resolved now: raised on the I/O thread
+        rpc.rpc_sync("worker1", f.fail_on_arrival, ("boom",))
+    assert rpc.rpc_sync("worker1", f.thread_on_arrival) == "rpc-io-worker1"  # still serving
+
+
+def test_a_large_call_of_a_never_blocks_function_goes_to_a_handler(world):
+    from distgrad.rpc.dispatch import ON_ARRIVAL_MAX_BODY
+    rpc.rpc_sync("worker1", f.thread_on_arrival)
+    big = "x" * (ON_ARRIVAL_MAX_BODY + 1)  # a string rides in the body
+    assert rpc.rpc_sync("worker1", f.thread_on_arrival, (big,)) != "rpc-io-worker1"
+    assert rpc.rpc_sync("worker1", f.thread_on_arrival, ("small",)) == "rpc-io-worker1"
+
+
+def test_an_unmarked_function_is_never_served_on_the_io_thread(world):
+    for _ in range(3):
+        assert rpc.rpc_sync("worker1", f.thread_name) != "rpc-io-worker1"
+
+
+def test_while_faults_may_hold_replies_a_never_blocks_function_goes_to_a_handler(world):
+    # an injected delay sleeps in the sending thread: never the I/O thread
+    assert rpc.rpc_sync("worker1", f.thread_on_arrival) is not None  # resolved there
+    rule = world.faults.delay(0.0, fn=f.thread_on_arrival, src="worker1", kind="response")
+    try:
+        assert rpc.rpc_sync("worker1", f.thread_on_arrival) != "rpc-io-worker1"
+    finally:
+        rule.remove()
+    assert rpc.rpc_sync("worker1", f.thread_on_arrival) == "rpc-io-worker1"

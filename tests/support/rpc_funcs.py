@@ -5,9 +5,27 @@ import time
 
 import numpy as np
 
+from distgrad.rpc.functions import never_blocks
+
 
 def echo(x):
     return x
+
+
+@never_blocks
+def thread_on_arrival(payload=None):
+    """The name of the thread that serves it (marked: served where it arrives)."""
+    return threading.current_thread().name
+
+
+@never_blocks
+def fail_on_arrival(msg):
+    raise ValueError(msg)
+
+
+def thread_name():
+    """The name of the thread that serves it (unmarked: a handler thread)."""
+    return threading.current_thread().name
 
 
 def add(a, b):
