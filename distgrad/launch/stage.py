@@ -4,7 +4,7 @@ The coordinator calls these functions over RPC (they must be on the worker's
 allowlist: the launcher starts workers with ``--allow distgrad.launch.stage``).
 Each stage owns a slice of the model's layers and a local optimizer. Activations
 go straight from one stage to the next and gradients straight back, as
-``deliver`` calls; the coordinator only sends each step's inputs (to the first
+one-way ``deliver`` calls; the coordinator only sends each step's inputs (to the first
 stage) and targets (to the last) and collects the losses.
 
 Commands carry a sequence number and run strictly in that order, whatever order
@@ -26,6 +26,7 @@ from contextlib import contextmanager, nullcontext
 
 import distgrad
 from distgrad.distributed import rpc
+from distgrad.rpc import current_agent
 
 from .checkpoint import atomic_save, stage_path
 from .resolve import deferred_weights
@@ -184,16 +185,16 @@ class Stage:
         schedule = self.schedule if train else forward_only
         order = schedule(self.index, self.count, micro_batches)
         total = sum(len(t) for t in targets) if self.last else 0
-        held, sends = {}, []
+        held = {}
         out = {"loss": 0.0, "correct": 0, "count": total}
         deferred = self.deferred if train else None
         with distgrad.set_grad_enabled(train), deferred or nullcontext():
             for kind, mb in order:
                 if kind == "F":
                     held[mb] = self._forward(key, mb, micro_batches, inputs, targets, total,
-                                             out, sends)
+                                             out)
                 else:
-                    self._backward(key, mb, held.pop(mb), sends)
+                    self._backward(key, mb, held.pop(mb))
             if deferred is not None:
                 with self.trace.span("weight gradients", step=key):
                     deferred.flush()
@@ -207,11 +208,9 @@ class Stage:
             with self.trace.span("optimizer step", step=key):
                 self.optimizer.step()
                 self.optimizer.zero_grad()
-        for f in sends:
-            f.wait()  # a neighbour that died shows up here, if not earlier
         return out
 
-    def _forward(self, key, mb, count, inputs, targets, total, out, sends):
+    def _forward(self, key, mb, count, inputs, targets, total, out):
         model, sync = self.module, nullcontext()
         if self.replicas is not None and distgrad.is_grad_enabled():
             model, sync = self.replicas.forward_of(mb, count)
@@ -227,22 +226,27 @@ class Stage:
                 loss = add_micro_batch_loss(out, self.loss_fn, y, targets[mb], total,
                                             self.classify)
                 return x, loss
-        sends.append(self._send(self.next, "act", key, mb, y.detach().numpy()))
+        self._send(self.next, "act", key, mb, y.detach().numpy())
         return x, y
 
-    def _backward(self, key, mb, held, sends):
+    def _backward(self, key, mb, held):
         x, y = held
         grad = None if self.last else \
             distgrad.from_numpy(self.inbox.take((key, mb, "grad"), self.timeout, self.next))
         with self.trace.span("backward", step=key, micro_batch=mb):
             y.backward(grad)  # the last stage holds the loss: no gradient to start from
         if not self.first:
-            sends.append(self._send(self.prev, "grad", key, mb, x.grad.numpy()))
+            self._send(self.prev, "grad", key, mb, x.grad.numpy())
 
     def _send(self, to, kind, key, mb, array):
+        """One-way (as distributed autograd ships gradients): ``deliver`` answers nothing,
+        so no reply crosses back and wakes this process mid-computation. A neighbour that
+        is gone is known here at once; one that dies later fails the stage waiting for
+        it, naming it, and the coordinator's probe finds it."""
         self.trace.message("send", kind, flow_id(kind, key, mb, self.worker))
-        return rpc.rpc_async(to, deliver, ((key, mb, kind), array, self.worker),
-                             timeout=self.timeout or 0)
+        if not current_agent().notify(to, deliver, ((key, mb, kind), array, self.worker)):
+            raise RuntimeError(f"stage {self.index}: {to} is gone; the {kind} of micro-batch "
+                               f"{mb} of step {key} cannot be sent")
 
     # -- checkpoints --
     def state(self, step):
