@@ -69,7 +69,7 @@ class Run:
         workdir.mkdir(parents=True)
         self.out_path, self.err_path = workdir / "stdout", workdir / "stderr"
         argv = LAUNCHED.get(program, []) + [str(PROGRAMS / f"{program}.py")] + list(args)
-        self.zygote, self.proc = zygote, None
+        self.zygote, self.proc, self.torch = zygote, None, torch
         if torch and program in LAUNCHED:
             zygote = self.zygote = None
             python = [sys.executable]
@@ -99,7 +99,7 @@ class Run:
         finally:
             self.kill()
         lines = [ln for ln in self.out_path.read_text().splitlines() if ln.startswith("RESULT ")]
-        if code != 0 and not (self.zygote is not None and lines and self._torch_store_race()):
+        if code != 0 and not (self.torch and lines and self._torch_store_race()):
             pytest.fail(f"{self.name} exited with {code}\n{self.output()}")
         if not lines:
             pytest.fail(f"{self.name} printed no RESULT line\n{self.output()}")
