@@ -7,11 +7,17 @@ micro-batch through the stages at once, as RPC calls whose results stay where th
 are made (``stage_rref.remote().forward(...)``: stage ``k + 1`` fetches stage ``k``'s
 output straight from it, and its gradient goes straight back; the last stage's
 comes back as a future), so the stages work on different micro-batches at once;
-it computes each micro-batch's loss on the last stage's output, runs one
-``dist_autograd.backward`` over all of them and steps a ``DistributedOptimizer``.
-With ``model.aux_weight`` an auxiliary loss (the weighted mean square of the
-outputs) takes a second backward over the same forward (``retain_graph=True`` in
-the first).
+it computes each micro-batch's loss on the last stage's output and runs one
+``dist_autograd.backward`` over all of them. The parameters are those of a
+``DistributedOptimizer``, and each stage steps its own part of it as soon as its
+part of the backward is done (``RemoteStage.finish_step``: after computing its
+deferred weight gradients), so a stage steps while the stages before it still run
+their backward, and ``backward`` returns with the whole step done: no message goes
+to the stages between the backward and the next step's forward. With
+``model.aux_weight`` an auxiliary loss (the weighted mean square of the outputs)
+takes a second backward over the same forward (``retain_graph=True`` in the first);
+the forwards tell the stages that a step has two passes, and they step after the
+second.
 
 Everything else is the pipeline strategy's (:mod:`distgrad.launch.coordinator`):
 batches, metrics, evaluation, checkpoints (the same stage files: each worker writes
@@ -55,8 +61,7 @@ class AutogradCoordinator(Coordinator):
         self.classify = model["loss"] == "cross_entropy"
         self.aux_weight = model["aux_weight"]
         self.hooks = CoordinatorHooks(self.plan)
-        # the stages leave linear weights' gradients for finish_backward
-        self.deferring = bool(self.plan.deferred_weight_names)
+        self.passes = 2 if self.aux_weight > 0 else 1  # backward passes per step
 
     # -- setup --
     def _setup(self):
@@ -105,13 +110,15 @@ class AutogradCoordinator(Coordinator):
             turns.append(range(self.turns[k] + 1, self.turns[k] + 1 + n))
             self.turns[k] += n
         made, results = [], []
+        # in training, each stage learns when to step its optimizer (RemoteStage.forward)
+        finish = [self.passes, self.optimizer.id] if train else None
         for mb, x in enumerate(xs):
             value = distgrad.from_numpy(x)
             self.trace.message("send", "input", _trace.flow_id("input", key, mb, 0))
             for k, stage in enumerate(self.stages):
                 proxy = stage.rpc_async(timeout=self.timeout) if k + 1 == count else \
                     stage.remote(timeout=self.timeout)
-                value = proxy.forward(turns[k][mb], key, mb, value, train)
+                value = proxy.forward(turns[k][mb], key, mb, value, train, finish)
                 if k + 1 < count:
                     made.append((k, value))
             results.append(value)
@@ -146,19 +153,14 @@ class AutogradCoordinator(Coordinator):
                 outputs = self._forward(step, micro_batches(x, n), train=True)
                 losses = [add_micro_batch_loss(out, self.loss_fn, z, ym, len(y), self.classify)
                           for z, ym in zip(outputs, ys)]
-            try:
+            try:  # the stages step their optimizers before the last backward returns
                 with self.trace.span("backward", step=step):
-                    dist_autograd.backward(cid, losses, retain_graph=self.aux_weight > 0)
-                    if self.aux_weight > 0:
+                    dist_autograd.backward(cid, losses, retain_graph=self.passes > 1)
+                    if self.passes > 1:
                         auxes = [auxiliary_loss(z, self.aux_weight, len(ym), len(y))
                                  for z, ym in zip(outputs, ys)]
                         out["aux_loss"] = sum(a.item() for a in auxes)
                         dist_autograd.backward(cid, auxes)
-                with self.trace.span("optimizer step", step=step):
-                    if self.deferring:
-                        self._gather([s.rpc_async(timeout=self.timeout).finish_backward(step)
-                                      for s in self.stages], step)
-                    self.optimizer.step(cid)
             except Exception as e:  # noqa: BLE001 - the run fails, naming the worker
                 raise self._failure(e, step) from None
         out.update(self.hooks.end_step())
