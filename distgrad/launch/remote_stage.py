@@ -34,7 +34,7 @@ from distgrad.distributed.rpc import RRef
 
 from .checkpoint import atomic_save, stage_path
 from .resolve import deferred_weights
-from .stage import CommandOrder, build_module, load_stage_state, stage_state
+from .stage import CommandOrder, _Inbox, build_module, load_stage_state, stage_state
 from .trace import Recorder, flow_id, grad_flow_id
 
 __all__ = ["RemoteStage"]
@@ -58,6 +58,9 @@ class RemoteStage:
         if self.deferred is not None:
             self.deferred.activate()
         self.finisher = None  # the StepFinisher of the last training step's context
+        self.timeout = spec["timeout"]  # of RPCs (0: none); of waits, None for none
+        self.next = None      # RRef of the next stage (connect), None on the last
+        self.inbox = _Inbox()  # activations the previous stage pushed here (accept)
 
     def describe(self):
         """Its size and process, and RRefs to its module and parameters (by name)."""
@@ -65,13 +68,26 @@ class RemoteStage:
                 "module": RRef(self.module),
                 "named_parameters": {n: RRef(p) for n, p in self.module.named_parameters()}}
 
+    def connect(self, next_stage):
+        """Where this stage's outputs go: the next stage (an RRef to its RemoteStage)."""
+        self.next = next_stage
+        return True
+
+    def accept(self, key, mb, x):
+        """The previous stage's output for micro-batch ``mb`` of step ``key`` (its
+        forward pushes it here: inside the step's context, so RPC records it)."""
+        self.inbox.put((key, mb, "act"), x)
+        return True
+
     def forward(self, turn, key, mb, x, train, finish=None):
         """Forward pass ``turn`` of this stage (micro-batch ``mb`` of step ``key``) of
-        ``x``, or of the previous stage's output it refers to (an RRef, fetched from
-        that stage). ``finish``, in training: ``[backward passes of the step, id of the
-        DistributedOptimizer]`` (see the module docstring)."""
-        if isinstance(x, RRef):
-            x = x.to_here()
+        ``x``, or (``x`` None) of the output the previous stage pushed here. The last
+        stage returns its output; the others push it to the next stage and return
+        once it is there (a Future). ``finish``, in training: ``[backward passes of the
+        step, id of the DistributedOptimizer]`` (see the module docstring)."""
+        if x is None:
+            x = self.inbox.take((key, mb, "act"), self.timeout or None,
+                               f"stage {self.index - 1}")
             self.trace.message("receive", "act", flow_id("act", key, mb, self.index))
         else:
             self.trace.message("receive", "input", flow_id("input", key, mb, self.index))
@@ -81,15 +97,16 @@ class RemoteStage:
                 y = self.module(x)
             if train and finish is not None and y.requires_grad:
                 self._finish_after(key, *finish)
+            if not self.last:  # pushed before the next forward starts: it leaves at once
+                self.trace.message("send", "act", flow_id("act", key, mb, self.index + 1))
+                pushed = self.next.rpc_async(timeout=self.timeout).accept(key, mb, y)
         if self.last:
             self.trace.message("send", "result", flow_id("result", key, mb, self.index))
-        else:
-            self.trace.message("send", "act", flow_id("act", key, mb, self.index + 1))
         if train:  # the backward's messages: its input's gradient leaves, its output's comes
             if self.index:
                 self.trace.on_gradient(x, ("send", "grad", grad_flow_id(key, mb, self.index - 1)))
             self.trace.on_gradient(y, ("receive", "grad", grad_flow_id(key, mb, self.index)))
-        return y
+        return y if self.last else pushed
 
     def _finish_after(self, key, passes, optimizer_id):
         """The first training forward of a step's context: its optimizer step will follow
