@@ -3,12 +3,12 @@
 The coordinator creates one :class:`RemoteStage` per worker with ``rpc.remote``
 and drives it through RRef method calls (``stage_rref.rpc_async().forward(...)``,
 the shape of the pytorch/examples RPC pipeline). Unlike the pipeline strategy's
-stages (:mod:`distgrad.launch.stage`), a remote stage neither sends activations nor
-runs backward passes of its own: its forward runs inside the coordinator's
-distributed autograd context, so RPC records the tensors that cross processes and
-the coordinator's ``dist_autograd.backward`` reaches this stage's graph; the
-coordinator's ``DistributedOptimizer`` steps the parameters with the gradients the
-context accumulated here.
+stages (:mod:`distgrad.launch.stage`), a remote stage runs no backward pass of its
+own: its forward runs inside the coordinator's distributed autograd context, and
+it pushes its output to the next stage with an RPC made in that context
+(``accept``), so RPC records every tensor that crosses processes and the
+coordinator's ``dist_autograd.backward`` reaches this stage's graph; the parameters
+are stepped with the gradients the context accumulated here.
 
 Forwards run strictly in the order the coordinator numbered them, whatever order
 the handler threads pick them up in: a leaf's gradient contributions are summed in
