@@ -30,6 +30,8 @@ its module and its local optimizer's state), resume, traces and failure reports.
 registered on the stages' modules and parameters and run here, in the coordinator
 (:mod:`distgrad.launch.coordinator_hooks`).
 """
+import time
+
 import distgrad
 import distgrad.distributed.autograd as dist_autograd
 from distgrad.distributed import rpc
@@ -44,6 +46,8 @@ from .remote_stage import RemoteStage
 from .losses import LOSSES, add_micro_batch_loss, auxiliary_loss
 
 __all__ = ["AutogradCoordinator"]
+
+_WATCH_SLICE = 0.1  # how often a coordinator waiting for outputs looks for failed stages
 
 
 def _done(value):
@@ -126,10 +130,7 @@ class AutogradCoordinator(Coordinator):
                 (results if k + 1 == count else pushed).append((k, fut))
         outputs = []
         for mb, (_, fut) in enumerate(results):
-            try:
-                outputs.append(fut.wait(self.timeout + 10.0 if self.timeout else None))
-            except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
-                raise self._forward_failure(pushed, e, key) from None
+            outputs.append(self._wait_output(fut, pushed, key, mb))
             self.trace.message("receive", "result",
                                _trace.flow_id("result", key, mb, count - 1))
             self.trace.on_gradient(outputs[-1], ("send", "grad",
@@ -140,6 +141,25 @@ class AutogradCoordinator(Coordinator):
             except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
                 raise self._diagnose(k, e, key) from None
         return outputs
+
+    def _wait_output(self, fut, pushed, key, mb):
+        """The last stage's output ``fut``. Meanwhile, a failure of an earlier stage's
+        forward fails the step at once: the last stage would wait for that stage's push
+        until its timeout (and a stage that died fails only the calls made to it)."""
+        deadline = time.monotonic() + self.timeout + 10.0 if self.timeout else None
+        while not fut.wait_done(_WATCH_SLICE):
+            for k, f in pushed:
+                if f.done() and f.exception() is not None:
+                    raise self._diagnose(k, f.exception(), key)
+            if deadline is not None and time.monotonic() > deadline:
+                last = len(self.stages) - 1
+                raise self._diagnose(last, TimeoutError(
+                    f"stage {last} gave no output for micro-batch {mb} within "
+                    f"{self.timeout + 10.0:.0f} s"), key)
+        try:
+            return fut.value()
+        except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
+            raise self._forward_failure(pushed, e, key) from None
 
     def _forward_failure(self, pushed, error, key):
         """The first stage whose forward failed is at fault; else the last."""
