@@ -3,25 +3,38 @@
 The coordinator creates one :class:`RemoteStage` per worker with ``rpc.remote``
 and drives it through RRef method calls (``stage_rref.rpc_async().forward(...)``,
 the shape of the pytorch/examples RPC pipeline). Unlike the pipeline strategy's
-stages (:mod:`distgrad.launch.stage`), a remote stage neither sends activations nor
-runs backward passes of its own: its forward runs inside the coordinator's
-distributed autograd context, so RPC records the tensors that cross processes and
-the coordinator's ``dist_autograd.backward`` reaches this stage's graph; the
-coordinator's ``DistributedOptimizer`` steps the parameters with the gradients the
-context accumulated here.
+stages (:mod:`distgrad.launch.stage`), a remote stage runs no backward pass of its
+own: its forward runs inside the coordinator's distributed autograd context, and
+it pushes its output to the next stage with an RPC made in that context
+(``accept``), so RPC records every tensor that crosses processes and the
+coordinator's ``dist_autograd.backward`` reaches this stage's graph; the parameters
+are stepped with the gradients the context accumulated here.
 
 Forwards run strictly in the order the coordinator numbered them, whatever order
 the handler threads pick them up in: a leaf's gradient contributions are summed in
 forward order by the distributed engine, so the same order every run gives the
 same sums, bit for bit, as the one-process run.
+
+A stage steps its own optimizer: a training forward tells it how many backward
+passes the step runs (``finish``), and when its part of the last one is complete
+(:class:`StepFinisher`, an ``on_backward_end`` extension of the step's context) it
+computes its deferred weight gradients and applies the context's gradients with its
+local part of the coordinator's ``DistributedOptimizer`` (``step_local``), before it
+reports that part complete. So a stage whose backward is done steps while the stages
+before it still run theirs, the coordinator's ``dist_autograd.backward`` returns with
+every stage stepped, and no message is spent on either (the same arithmetic as
+``DistributedOptimizer.step``, so the same parameters bit for bit).
 """
+import threading
+
 import distgrad
-from distgrad.distributed.optim import local_optimizer
+from distgrad.distributed.autograd import container as _contexts
+from distgrad.distributed.optim import local_optimizer, step_local
 from distgrad.distributed.rpc import RRef
 
 from .checkpoint import atomic_save, stage_path
 from .resolve import deferred_weights
-from .stage import CommandOrder, build_module, load_stage_state, stage_state
+from .stage import CommandOrder, _Inbox, build_module, load_stage_state, stage_state
 from .trace import Recorder, flow_id, grad_flow_id
 
 __all__ = ["RemoteStage"]
@@ -44,6 +57,10 @@ class RemoteStage:
         self.deferred = deferred_weights(self.module, spec["deferred_weights"])
         if self.deferred is not None:
             self.deferred.activate()
+        self.finisher = None  # the StepFinisher of the last training step's context
+        self.timeout = spec["timeout"]  # of RPCs (0: none); of waits, None for none
+        self.next = None      # RRef of the next stage (connect), None on the last
+        self.inbox = _Inbox()  # activations the previous stage pushed here (accept)
 
     def describe(self):
         """Its size and process, and RRefs to its module and parameters (by name)."""
@@ -51,35 +68,66 @@ class RemoteStage:
                 "module": RRef(self.module),
                 "named_parameters": {n: RRef(p) for n, p in self.module.named_parameters()}}
 
-    def forward(self, turn, key, mb, x, train):
+    def connect(self, next_stage):
+        """Where this stage's outputs go: the next stage (an RRef to its RemoteStage)."""
+        self.next = next_stage
+        return True
+
+    def accept(self, key, mb, x):
+        """The previous stage's output for micro-batch ``mb`` of step ``key`` (its
+        forward pushes it here: inside the step's context, so RPC records it)."""
+        self.inbox.put((key, mb, "act"), x)
+        return True
+
+    def forward(self, turn, key, mb, x, train, finish=None):
         """Forward pass ``turn`` of this stage (micro-batch ``mb`` of step ``key``) of
-        ``x``, or of the previous stage's output it refers to (an RRef, fetched from
-        that stage)."""
-        if isinstance(x, RRef):
-            x = x.to_here()
+        ``x``, or (``x`` None) of the output the previous stage pushed here. The last
+        stage returns its output; the others push it to the next stage and return
+        once it is there (a Future). ``finish``, in training: ``[backward passes of the
+        step, id of the DistributedOptimizer]`` (see the module docstring)."""
+        if x is None:
+            x = self.inbox.take((key, mb, "act"), self.timeout or None,
+                               f"stage {self.index - 1}")
             self.trace.message("receive", "act", flow_id("act", key, mb, self.index))
         else:
             self.trace.message("receive", "input", flow_id("input", key, mb, self.index))
-        with self.order.turn(turn), distgrad.set_grad_enabled(train), \
-                self.trace.span("forward", step=key, micro_batch=mb):
-            y = self.module(x)
+        with self.order.turn(turn):
+            with distgrad.set_grad_enabled(train), \
+                    self.trace.span("forward", step=key, micro_batch=mb):
+                y = self.module(x)
+            if train and finish is not None and y.requires_grad:
+                self._finish_after(key, *finish)
+            if not self.last:  # pushed before the next forward starts: it leaves at once
+                self.trace.message("send", "act", flow_id("act", key, mb, self.index + 1))
+                pushed = self.next.rpc_async(timeout=self.timeout).accept(key, mb, y)
         if self.last:
             self.trace.message("send", "result", flow_id("result", key, mb, self.index))
-        else:
-            self.trace.message("send", "act", flow_id("act", key, mb, self.index + 1))
         if train:  # the backward's messages: its input's gradient leaves, its output's comes
             if self.index:
                 self.trace.on_gradient(x, ("send", "grad", grad_flow_id(key, mb, self.index - 1)))
             self.trace.on_gradient(y, ("receive", "grad", grad_flow_id(key, mb, self.index)))
-        return y
+        return y if self.last else pushed
 
-    def finish_backward(self, key):
+    def _finish_after(self, key, passes, optimizer_id):
+        """The first training forward of a step's context: its optimizer step will follow
+        the stage's part of the step's last backward pass. (A stage whose output needs no
+        gradient takes part in no pass, and has no gradient to apply.)"""
+        context_id = _contexts.current_context_id()
+        if self.finisher is not None and self.finisher.context_id == context_id:
+            return
+        if self.finisher is not None:
+            self.finisher.check_done()
+        self.finisher = StepFinisher(self, key, context_id, passes, optimizer_id)
+        _contexts.add_extension(context_id, self.finisher)
+
+    def finish_step(self, key, context_id, optimizer_id):
         """Accumulate the weight gradients the step's backward passes left for later into
-        their distributed autograd context (before the optimizer step reads it)."""
+        the step's distributed autograd context, then apply its gradients here."""
         if self.deferred is not None:
             with self.trace.span("weight gradients", step=key):
                 self.deferred.flush()
-        return True
+        with self.trace.span("optimizer step", step=key):
+            step_local(optimizer_id, context_id)
 
     def load_optimizer(self, optimizer_id):
         """Resume: the local optimizer of ``DistributedOptimizer`` ``optimizer_id`` takes
@@ -99,7 +147,39 @@ class RemoteStage:
 
     def take_trace(self):
         """The stage's trace events, at the end of the run (deferral ends too)."""
+        if self.finisher is not None:
+            self.finisher.check_done()
         if self.deferred is not None:
             self.deferred.deactivate()
             self.deferred.discard()
         return self.trace.take()
+
+
+class StepFinisher:
+    """The end of a training step on a stage: after the stage's part of the step's last
+    backward pass (``on_backward_end``, run by the distributed engine before the part
+    reports its completion: an error here fails the backward, naming this worker)."""
+
+    def __init__(self, stage, key, context_id, passes, optimizer_id):
+        self.stage, self.key, self.context_id = stage, key, context_id
+        self.passes, self.optimizer_id = passes, optimizer_id
+        self.ended = 0
+        self._lock = threading.Lock()
+
+    def on_backward_end(self):
+        with self._lock:
+            self.ended += 1
+            ended = self.ended
+        if ended > self.passes:
+            raise RuntimeError(f"stage {self.stage.index}: backward pass {ended} of step "
+                               f"{self.key + 1}, whose forward announced {self.passes}; its "
+                               "optimizer step already ran")
+        if ended == self.passes:
+            self.stage.finish_step(self.key, self.context_id, self.optimizer_id)
+
+    def check_done(self):
+        """Raise unless the step's optimizer step ran (called when the next step starts)."""
+        if self.ended < self.passes:
+            raise RuntimeError(f"stage {self.stage.index}: step {self.key + 1} ended after "
+                               f"its part of {self.ended} of the {self.passes} backward passes "
+                               "its forward announced, so its optimizer did not step")

@@ -227,6 +227,23 @@ def test_error_in_worker_backward_reaches_coordinator_and_context_releases(world
         dist_autograd.backward(cid, [b.sum()])
 
 
+def test_extensions_see_the_end_of_each_part_before_backward_returns(world2):
+    # on_backward_end runs once per pass, after the part's last gradient and before its
+    # completion reply (a launch stage steps its optimizer there); its error fails the pass
+    _params("worker1", "n1", 18, S1)
+    with dist_autograd.context() as cid:
+        y = rpc.rpc_sync("worker1", f.stage_noting_ends, ("n1", distgrad.tensor(_x(34))))
+        dist_autograd.backward(cid, [y.sum()], retain_graph=True)
+        assert rpc.rpc_sync("worker1", f.ends_noted) == [4]
+        dist_autograd.backward(cid, [(y * 2).sum()])
+        assert rpc.rpc_sync("worker1", f.ends_noted) == [4]
+    with dist_autograd.context() as cid:
+        y = rpc.rpc_sync("worker1", f.stage_noting_ends, ("n1", distgrad.tensor(_x(34)), True))
+        with pytest.raises(RuntimeError, match=r"(?s)Error on Node 1: boom at the end.*worker1"):
+            dist_autograd.backward(cid, [y.sum()])
+    assert all(v == [] for v in contexts.live_everywhere().values())
+
+
 @pytest.mark.timeout(60)
 def test_worker_killed_mid_backward_is_an_error_within_heartbeat_bound(rpc_world):
     rpc_world(2)

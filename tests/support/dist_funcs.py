@@ -169,6 +169,36 @@ def unpack_log(t):
     return t
 
 
+class _EndNoter:
+    """A context extension noting (or failing) the end of this process's backward parts."""
+
+    def __init__(self, context_id, fail):
+        self.context_id, self.fail = context_id, fail
+
+    def on_backward_end(self):
+        from distgrad.distributed.autograd import container
+        if self.fail:
+            raise ValueError("boom at the end of backward")
+        grads = len(container.require_context(self.context_id).grads)
+        time.sleep(0.2)  # a note made after the part's completion reply would come too late
+        with _lock:
+            _store.setdefault("@ends", []).append(grads)
+
+
+def stage_noting_ends(key, x, fail=False):
+    """``stage(key, x)`` in a context whose backward parts here end with a note of how many
+    leaf gradients the context holds then (``ends_noted``), or with an error."""
+    from distgrad.distributed.autograd import container
+    cid = container.current_context_id()
+    container.add_extension(cid, _EndNoter(cid, fail))
+    return stage(key, x)
+
+
+def ends_noted():
+    with _lock:
+        return _store.pop("@ends", [])
+
+
 def stage_rref_tensor(key, x):
     """A stage whose output stays here (for rpc.remote): hooks can target it."""
     return stage(key, x)

@@ -31,6 +31,7 @@ from distgrad.rpc import current_agent, entry_point, interceptors
 
 __all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id",
            "get_context", "install", "scope", "admit_context", "add_extension", "backward_starts",
+           "backward_ends",
            "release_everywhere", "RELEASE"]
 
 log = logging.getLogger("distgrad.distributed.autograd")
@@ -91,9 +92,10 @@ class DistAutogradContext:
         self.passes = {}       # pass id -> running pass on this process
         self.early = {}        # pass id -> gradients that arrived before the pass was set up
         self.aborted = set()   # pass ids abandoned before they were set up here
-        # Per-context extensions (saved-tensor hooks, activation offloading): entered around
-        # every request of the context if they are context managers, told when this
-        # process's part of backward starts (on_backward_start), closed on release (close).
+        # Per-context extensions (saved-tensor hooks, activation offloading, launch stages):
+        # entered around every request of the context if they are context managers, told
+        # when this process's part of backward starts (on_backward_start) and ends
+        # (on_backward_end, see backward_ends), closed on release (close).
         self.extensions = []
         self.extended_peers = set()  # peers told to install extensions for this context
 
@@ -213,6 +215,19 @@ def backward_starts(ctx):
     """This process's part of a backward pass of ``ctx`` is about to start."""
     for ext in list(ctx.extensions):
         _call_extension(ext, "on_backward_start", ctx.id)
+
+
+def backward_ends(ctx):
+    """This process's part of a backward pass of ``ctx`` is complete (every gradient it
+    expected arrived and ran): extensions with ``on_backward_end`` run now, before the
+    part reports its completion, so what they do (a pipeline stage flushing its deferred
+    weight gradients and stepping its optimizer) is done when ``backward`` returns, and
+    overlaps the other processes' parts. Unlike the other extension calls, an error here
+    fails the part: what it would leave undone must not go unnoticed."""
+    for ext in list(ctx.extensions):
+        end = getattr(ext, "on_backward_end", None)
+        if end is not None:
+            end()
 
 
 def _call_extension(ext, method, context_id):

@@ -24,7 +24,9 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    soon as it is ready (it ranks above every op node), so a pipeline's upstream stage
    gets a micro-batch's gradient while this process goes on with the next one.
 4. A process's part is complete when all its expected send nodes were fed and its
-   engine is idle. ``backward`` returns once the coordinator's part and every
+   engine is idle; the context's extensions then see its end (``on_backward_end``,
+   for work that must follow the part: a launch stage steps its optimizer there)
+   before the part reports completion. ``backward`` returns once the coordinator's part and every
    ``_run_pass`` reply are in; the first error (a worker's, with its name; or a dead
    worker's heartbeat error) aborts the pass everywhere else and is raised.
 
@@ -219,6 +221,11 @@ class _Pass:
                 node.freed = True
         with self.ctx.lock:
             self.ctx.passes.pop(self.id, None)
+        try:
+            _c.backward_ends(self.ctx)
+        except BaseException as e:  # noqa: BLE001 - the part fails with the extension's error
+            self.done.set_exception(_node_error(e))
+            return
         self.done.set_result(None)
 
     def fail(self, exc):

@@ -1,5 +1,6 @@
-"""``torch.distributed.optim`` for distgrad: :class:`DistributedOptimizer`, and (a distgrad
-extension, for checkpoints) :func:`local_optimizer`, its local part on a parameter owner."""
-from .optimizer import DistributedOptimizer, local_optimizer
+"""``torch.distributed.optim`` for distgrad: :class:`DistributedOptimizer`, and (distgrad
+extensions) :func:`local_optimizer`, its local part on a parameter owner (for checkpoints),
+and :func:`step_local`, which steps that part alone."""
+from .optimizer import DistributedOptimizer, local_optimizer, step_local
 
-__all__ = ["DistributedOptimizer", "local_optimizer"]
+__all__ = ["DistributedOptimizer", "local_optimizer", "step_local"]

@@ -9,7 +9,7 @@ from distgrad.distributed.autograd import container as _c
 from distgrad.rpc import api as _rpc
 from distgrad.rpc import entry_point
 
-__all__ = ["DistributedOptimizer", "local_optimizer"]
+__all__ = ["DistributedOptimizer", "local_optimizer", "step_local"]
 
 
 class _LocalOptimizer:
@@ -48,11 +48,26 @@ def local_optimizer(optimizer_id):
     parameters this process owns) that ``DistributedOptimizer`` ``optimizer_id`` steps here;
     for checkpoints (``state_dict``/``load_state_dict``). A distgrad extension: PyTorch's
     DistributedOptimizer keeps no reachable state."""
+    return _local(optimizer_id).optim
+
+
+def _local(optimizer_id):
     local = _optimizers.get(optimizer_id)
     if local is None:
         raise KeyError(f"this process holds no parameters of distributed optimizer "
                        f"{optimizer_id!r}")
-    return local.optim
+    return local
+
+
+def step_local(optimizer_id, context_id):
+    """On a parameter owner: apply ``context_id``'s gradients here with the local optimizer
+    of ``DistributedOptimizer`` ``optimizer_id``, as its ``step(context_id)`` does on every
+    owner. A distgrad extension, for a program whose owners know when their own
+    gradients are final (``distgrad launch``'s stages step as soon as their part of the
+    backward is done, while the others still run theirs)."""
+    local = _local(optimizer_id)
+    _c.require_context(context_id)  # a released context has no gradients left to apply
+    local.step(context_id)
 
 
 @entry_point
