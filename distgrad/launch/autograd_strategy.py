@@ -11,7 +11,7 @@ future's value; so the stages work on different micro-batches at once. (Stage
 ``k + 1`` fetching an RRef of stage ``k``'s output, as pytorch/examples does, cost a
 fetch whose reply competed with stage ``k``'s next forward: 2-10 ms per micro-batch
 on 2 cores, where a push costs 0.5 ms.)
-it computes each micro-batch's loss on the last stage's output and runs one
+The coordinator computes each micro-batch's loss on the last stage's output and runs one
 ``dist_autograd.backward`` over all of them. The parameters are those of a
 ``DistributedOptimizer``, and each stage steps its own part of it as soon as its
 part of the backward is done (``RemoteStage.finish_step``: after computing its
@@ -48,6 +48,12 @@ from .losses import LOSSES, add_micro_batch_loss, auxiliary_loss
 __all__ = ["AutogradCoordinator"]
 
 _WATCH_SLICE = 0.1  # how often a coordinator waiting for outputs looks for failed stages
+
+
+def _first_failure(pushed):
+    """(stage, error) of the first of ``pushed`` ((stage, future) pairs) that failed."""
+    return next(((k, f.exception()) for k, f in pushed
+                 if f.done() and f.exception() is not None), None)
 
 
 def _done(value):
@@ -148,9 +154,9 @@ class AutogradCoordinator(Coordinator):
         until its timeout (and a stage that died fails only the calls made to it)."""
         deadline = time.monotonic() + self.timeout + 10.0 if self.timeout else None
         while not fut.wait_done(_WATCH_SLICE):
-            for k, f in pushed:
-                if f.done() and f.exception() is not None:
-                    raise self._diagnose(k, f.exception(), key)
+            failed = _first_failure(pushed)
+            if failed is not None:
+                raise self._diagnose(*failed, key)
             if deadline is not None and time.monotonic() > deadline:
                 last = len(self.stages) - 1
                 raise self._diagnose(last, TimeoutError(
@@ -159,14 +165,9 @@ class AutogradCoordinator(Coordinator):
         try:
             return fut.value()
         except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
-            raise self._forward_failure(pushed, e, key) from None
-
-    def _forward_failure(self, pushed, error, key):
-        """The first stage whose forward failed is at fault; else the last."""
-        for k, fut in pushed:
-            if fut.done() and fut.exception() is not None:
-                return self._diagnose(k, fut.exception(), key)
-        return self._diagnose(len(self.stages) - 1, error, key)
+            # the first stage whose forward failed is at fault; else the last
+            k, error = _first_failure(pushed) or (len(self.stages) - 1, e)
+            raise self._diagnose(k, error, key) from None
 
     def _run_step(self, step):
         x, y = self.batches.batch(step)

@@ -34,7 +34,7 @@ from distgrad.distributed.rpc import RRef
 
 from .checkpoint import atomic_save, stage_path
 from .resolve import deferred_weights
-from .stage import CommandOrder, _Inbox, build_module, load_stage_state, stage_state
+from .stage import CommandOrder, Inbox, build_module, load_stage_state, stage_state
 from .trace import Recorder, flow_id, grad_flow_id
 
 __all__ = ["RemoteStage"]
@@ -60,7 +60,7 @@ class RemoteStage:
         self.finisher = None  # the StepFinisher of the last training step's context
         self.timeout = spec["timeout"]  # of RPCs (0: none); of waits, None for none
         self.next = None      # RRef of the next stage (connect), None on the last
-        self.inbox = _Inbox()  # activations the previous stage pushed here (accept)
+        self.inbox = Inbox()  # activations the previous stage pushed here (accept)
 
     def describe(self):
         """Its size and process, and RRefs to its module and parameters (by name)."""

@@ -95,7 +95,7 @@ class CommandOrder:
 
 
 
-class _Inbox:
+class Inbox:
     """Tensors sent by the neighbouring stages, taken by key in schedule order."""
 
     def __init__(self):
@@ -152,7 +152,7 @@ class Stage:
         self.trace = Recorder(spec["trace"])
         if self.offload is not None and self.trace.enabled:
             self.offload.observe_io(self._trace_offload_io)
-        self.inbox = _Inbox()
+        self.inbox = Inbox()
         if spec["resume_from"]:
             self._load(spec["resume_from"])
         self.replicas = None
