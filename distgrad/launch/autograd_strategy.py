@@ -36,7 +36,6 @@ import distgrad
 import distgrad.distributed.autograd as dist_autograd
 from distgrad.distributed import rpc
 from distgrad.distributed.optim import DistributedOptimizer
-from distgrad.futures import Future
 
 from . import trace as _trace
 from .coordinator import Coordinator, StageFailure
@@ -54,12 +53,6 @@ def _first_failure(pushed):
     """(stage, error) of the first of ``pushed`` ((stage, future) pairs) that failed."""
     return next(((k, f.exception()) for k, f in pushed
                  if f.done() and f.exception() is not None), None)
-
-
-def _done(value):
-    f = Future()
-    f.set_result(value)
-    return f
 
 
 class AutogradCoordinator(Coordinator):
@@ -194,12 +187,16 @@ class AutogradCoordinator(Coordinator):
         out.update(self.hooks.end_step())
         return out
 
-    def _issue_step(self, step):
-        # one step at a time: the next forward needs this step's optimizer step
-        return [_done(self._run_step(step))]
+    def _steps_per_command(self):
+        return 1  # the coordinator runs each step itself: nothing to save in messages
 
-    def _combine(self, results):
-        return results[0]
+    def _issue_steps(self, first, count):
+        # one step at a time: the next forward needs this step's optimizer step
+        return [(self._run_step(step), time.perf_counter())
+                for step in range(first, first + count)]
+
+    def _complete_steps(self, first, count, done):
+        return done
 
     # -- evaluation, checkpoints, the end --
     def _evaluate_part(self, key, part, step_count):

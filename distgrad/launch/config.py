@@ -120,8 +120,10 @@ SCHEMA = {
                                                  "checkpoint after a failure"),
         "resume": Field(bool, False, doc="continue the latest run of this name from its last "
                                          "complete checkpoint"),
-        "in_flight": Field(int, 2, low=1, high=8, doc="steps the coordinator sends ahead "
-                                                      "(hides its own message latency)"),
+        "in_flight": Field(int, 2, low=1, high=8, doc="commands the coordinator sends ahead "
+                                                      "(hides its own message latency; a "
+                                                      "command carries a run of steps "
+                                                      "worth about 20 ms)"),
     },
     "world": {
         "strategy": Field(str, "pipeline", choices=("pipeline", "autograd", "ddp"),

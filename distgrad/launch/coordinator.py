@@ -9,9 +9,12 @@ the RPC world, sets up one stage per worker and runs the steps:
   replica's first and last stage get its shard of them, the replicas average their
   gradients among themselves, and the coordinator serves the store through which
   they meet (it trains no replica itself: it stays free to send ahead, watch and
-  checkpoint, and every replica runs the same code); the next step is sent before
-  the current one finishes (``run.in_flight``), so the coordinator's own latency is
+  checkpoint, and every replica runs the same code); a command carries a run of
+  steps (about 20 ms of them, ``progress.py``), and the next is sent before the
+  current one finishes (``run.in_flight``), so the coordinator's own latency is
   hidden;
+- an evaluation (``run.eval_every``) is sent after its step and before any later one,
+  so it sees the parameters of its step;
 - every ``checkpoint.every`` steps, and on a graceful stop (SIGTERM or SIGINT:
   stop at the next step boundary), every stage (of replica 0: the replicas are identical) saves its
   state and then the manifest marks the checkpoint complete;
@@ -31,6 +34,7 @@ from distgrad.distributed import TCPStore, rpc
 from distgrad.futures import wait_all
 
 from . import checkpoint as ckpt
+from . import progress
 from . import stage as _stage
 from . import trace as _trace
 from .data import Batches, micro_batches, split
@@ -39,6 +43,9 @@ from .resolve import plan
 from .rundir import METRICS, RESULT, write_json
 
 __all__ = ["Coordinator", "StageFailure"]
+
+
+_FAILURE_NOTICE = 1.0  # s: how long a stage's word of the step that raised may take
 
 
 class StageFailure(Exception):
@@ -86,6 +93,10 @@ class Coordinator:
         self.metrics = None
         self.last_step = self.start
         self.store = None  # where the replicas meet (replicas > 1)
+        self.command_size = progress.CommandSize()
+        # the steps that raised on a stage (this process serves progress.failed)
+        self.failed_steps = progress.FailedSteps(len(self.workers))
+        progress.install(self.failed_steps)
 
     # -- commands to every stage --
     def _next_seq(self):
@@ -189,19 +200,38 @@ class Coordinator:
             out.update((k, v) for k, v in r.items() if "." in k)
         return out
 
-    def _issue_step(self, step):
-        arguments = self._shard_arguments(self.batches.shards(step), self.micro)
+    def _issue_steps(self, first, count):
+        """Send steps ``first .. first + count - 1`` to every stage, as one command each."""
+        arguments = [self._shard_arguments(self.batches.shards(s), self.micro)
+                     for s in range(first, first + count)]
         seq = self._next_seq()
         futures = []
         for k, w in enumerate(self.workers):
-            self.trace.message("send", "input", _trace.flow_id("input", step, 0, k))
-            futures.append(rpc.rpc_async(w, _stage.step, (seq, step, *arguments[k]),
-                                         timeout=self.timeout))
-        if self.trace.enabled:
-            for k, f in enumerate(futures):
-                ident = _trace.flow_id("result", step, 0, k)
-                f.add_done_callback(lambda _f, i=ident: self.trace.message("receive", "result", i))
+            self.trace.message("send", "input", _trace.flow_id("input", first, 0, k))
+            steps = [(s, *arguments[s - first][k]) for s in range(first, first + count)]
+            futures.append(rpc.rpc_async(w, _stage.step, (seq, steps), timeout=self.timeout))
         return futures
+
+    def _steps_per_command(self):
+        return self.command_size.steps()
+
+    def _complete_steps(self, first, count, futures):
+        """Wait for a command of ``count`` steps from ``first``; returns ``(the whole
+        batch's result, when it finished)`` of each."""
+        try:
+            results = self._gather(futures, first)
+        except StageFailure as failure:
+            culprit = self.workers.index(failure.record["worker"])
+            at = self.failed_steps.take(culprit, _FAILURE_NOTICE)
+            if at is not None:  # else: it died, in the first step that did not complete
+                failure.record["step"] = at + 1
+            raise
+        now = time.perf_counter()
+        for k in range(len(self.workers)):
+            self.trace.message("receive", "result", _trace.flow_id("result", first, 0, k))
+        # a step is done once every stage finished it
+        return [(self._combine([r[i][0] for r in results]),
+                 now - min(r[i][1] for r in results)) for i in range(count)]
 
     def _checkpoint_dir(self, step_count):
         directory = ckpt.step_dir(self.run_dir, step_count)
@@ -283,45 +313,56 @@ class Coordinator:
                    "time": time.time()})
 
     def train(self):
-        run, every = self.config["run"], self.config["checkpoint"]["every"]
-        in_flight, log_every, eval_every = run["in_flight"], run["log_every"], run["eval_every"]
-        batch = self.config["data"]["batch_size"]
-        pending = deque()
+        every, eval_every = self.config["checkpoint"]["every"], self.config["run"]["eval_every"]
+        in_flight = self.config["run"]["in_flight"]
+        pending = deque()  # (kind, step, steps in it, what was sent), in command order
         step = self.start
-        started = window_start = time.perf_counter()
-        window_steps = 0
+        self._started = self._window_start = self._last_done = time.perf_counter()
+        self._window_steps = 0
         while step < self.total or pending:
             while step < self.total and len(pending) < in_flight \
-                    and not self.stop_requested.is_set():
-                pending.append(("step", step, self._issue_step(step)))
-                step += 1
+                    and not self.stop_requested.is_set() \
+                    and not (pending and pending[-1][0] == "eval"):
+                count = min(self._steps_per_command(), self.total - step,
+                            *(n - step % n for n in (every, eval_every) if n))
+                pending.append(("steps", step, count, self._issue_steps(step, count)))
+                step += count
                 if every and step % every == 0:  # stages save in command order: after it
-                    pending.append(("save", step, self._save(step)))
+                    pending.append(("save", step, 0, self._save(step)))
+                if eval_every and step % eval_every == 0 and step < self.total:
+                    # nothing is sent after it before it ran: it sees this step's parameters
+                    pending.append(("eval", step, 0, None))
             if not pending:
                 break
-            kind, done_step, sent = pending.popleft()
+            kind, at, count, sent = pending.popleft()
             if kind == "save":
-                self._complete_save(*sent, done_step)
-                continue
-            out = self._combine(self._gather(sent, done_step))
-            self.last_step = done_step + 1
-            window_steps += 1
-            record = {"step": done_step + 1, "loss": out["loss"]}
-            if self.config["model"]["loss"] == "cross_entropy" and out["count"]:
-                record["accuracy"] = out["correct"] / out["count"]
-            record.update((k, v) for k, v in out.items() if "." in k or k == "aux_loss")
-            now = time.perf_counter()
-            record["samples_per_s"] = window_steps * batch / max(now - window_start, 1e-9)
-            record["elapsed"] = now - started
-            self._log(record)
-            if (done_step + 1) % log_every == 0 or done_step + 1 == self.total:
-                window_start, window_steps = now, 0
-                print(f"step {done_step + 1}/{self.total}  loss {record['loss']:.4f}"
-                      + (f"  accuracy {record['accuracy']:.3f}" if "accuracy" in record else "")
-                      + f"  {record['samples_per_s']:.0f} samples/s", flush=True)
-            if eval_every and (done_step + 1) % eval_every == 0 and done_step + 1 < self.total:
-                self.evaluate(done_step + 1)
+                self._complete_save(*sent, at)
+            elif kind == "eval":
+                self.evaluate(at)
+            else:
+                previous = self._last_done
+                for i, (out, when) in enumerate(self._complete_steps(at, count, sent)):
+                    self._log_step(at + i, out, when)
+                self.command_size.observe(count, self._last_done - previous)
         return self.last_step
+
+    def _log_step(self, step, out, when):
+        self.last_step, self._last_done = step + 1, when
+        self._window_steps += 1
+        record = {"step": step + 1, "loss": out["loss"]}
+        if self.config["model"]["loss"] == "cross_entropy" and out["count"]:
+            record["accuracy"] = out["correct"] / out["count"]
+        record.update((k, v) for k, v in out.items() if "." in k or k == "aux_loss")
+        batch = self.config["data"]["batch_size"]
+        record["samples_per_s"] = self._window_steps * batch / max(when - self._window_start,
+                                                                    1e-9)
+        record["elapsed"] = when - self._started
+        self._log(record)
+        if (step + 1) % self.config["run"]["log_every"] == 0 or step + 1 == self.total:
+            self._window_start, self._window_steps = when, 0
+            print(f"step {step + 1}/{self.total}  loss {record['loss']:.4f}"
+                  + (f"  accuracy {record['accuracy']:.3f}" if "accuracy" in record else "")
+                  + f"  {record['samples_per_s']:.0f} samples/s", flush=True)
 
     def _finish(self):
         """Every stage lets go of what it holds (the replicas' process group, offloaded

@@ -42,7 +42,8 @@ def _options(world):
         init_method=world["init_method"], transport=world["transport"],
         bind_addr=world.get("bind_addr") or cfg["bind_addr"], rpc_timeout=cfg["rpc_timeout"],
         heartbeat_interval=heartbeat_interval(hb), heartbeat_timeout=hb,
-        rendezvous_timeout=cfg["rendezvous_timeout"], simulated_link=cfg.get("simulated_link"))
+        rendezvous_timeout=cfg["rendezvous_timeout"], simulated_link=cfg.get("simulated_link"),
+        allowed_modules=("distgrad.launch.progress",))  # the stages' step reports
 
 
 def main(argv=None):

@@ -4,8 +4,9 @@ The coordinator calls these functions over RPC (they must be on the worker's
 allowlist: the launcher starts workers with ``--allow distgrad.launch.stage``).
 Each stage owns a slice of the model's layers and a local optimizer. Activations
 go straight from one stage to the next and gradients straight back, as
-one-way ``deliver`` calls; the coordinator only sends each step's inputs (to the first
-stage) and targets (to the last) and collects the losses.
+one-way ``deliver`` calls; the coordinator only sends the steps' inputs (to the first
+stage) and targets (to the last), a run of steps per command (``progress.py``), and
+collects the losses.
 
 Commands carry a sequence number and run strictly in that order, whatever order
 the RPC handler threads pick them up in, so the coordinator can send the next step
@@ -22,12 +23,14 @@ step (:mod:`distgrad.launch.replicas`) and only replica 0 writes checkpoints.
 """
 import os
 import threading
+import time
 from contextlib import contextmanager, nullcontext
 
 import distgrad
 from distgrad.distributed import rpc
 from distgrad.rpc import current_agent
 
+from . import progress
 from .checkpoint import atomic_save, stage_path
 from .resolve import deferred_weights
 from .losses import LOSSES, add_micro_batch_loss
@@ -282,14 +285,35 @@ def setup(spec):
             "pid": os.getpid()}
 
 
-def step(seq, step_index, micro_batches, inputs, targets):
-    """Train on one batch (as micro-batches); returns the last stage's loss."""
+def step(seq, steps):
+    """Train on a run of consecutive batches: ``steps`` holds ``(step index, micro-batch
+    count, inputs, targets)`` for each. Returns each step's result (the last stage's
+    loss and accuracy counts, what the hooks reported) and how long before the return
+    it finished. When a step raises, the coordinator is told which
+    (:func:`distgrad.launch.progress.failed`) before the error is."""
     stage = _require()
-    stage.trace.message("receive", "input", flow_id("input", step_index, 0, stage.worker))
-    with stage.turn(seq), stage.trace.span("step", lane="steps", step=step_index):
-        out = stage.run(step_index, micro_batches, inputs, targets, train=True)
-    stage.trace.message("send", "result", flow_id("result", step_index, 0, stage.worker))
-    return out
+    first = steps[0][0]  # the command's messages are named after its first step
+    stage.trace.message("receive", "input", flow_id("input", first, 0, stage.worker))
+    done = []
+    with stage.turn(seq):
+        for step_index, micro_batches, inputs, targets in steps:
+            try:
+                with stage.trace.span("step", lane="steps", step=step_index):
+                    out = stage.run(step_index, micro_batches, inputs, targets, train=True)
+            except BaseException:
+                _tell_failed(stage, step_index)
+                raise
+            done.append((out, time.perf_counter()))
+    stage.trace.message("send", "result", flow_id("result", first, 0, stage.worker))
+    return progress.timed(done)
+
+
+def _tell_failed(stage, step_index):
+    """Tell the coordinator (rank 0) which step of a command raised, before the error."""
+    try:
+        current_agent().notify(0, progress.failed, (stage.worker, step_index))
+    except Exception:  # noqa: BLE001 - shutting down: the error itself says enough
+        pass
 
 
 def evaluate(seq, key, micro_batches, inputs, targets):

@@ -183,6 +183,34 @@ def test_an_exception_on_a_worker_names_it_the_step_and_the_traceback(
     assert "root cause:" in out and "faulty.py" in out and "Traceback" in out
 
 
+@STRATEGIES
+def test_an_evaluation_sees_the_parameters_of_its_own_step(launcher, tiny_config, strategy):
+    # with steps sent ahead (run.in_flight, the default 2) an evaluation used to run
+    # after the next step: the same run with nothing sent ahead is the reference
+    runs = [launcher(tiny_config, *strategy, "run.eval_every=2", f"run.in_flight={n}")
+            for n in (1, 8)]
+    evals = []
+    for launch in runs:
+        assert launch.wait() == 0, launch.output
+        evals.append([(r["step"], r["eval_loss"]) for r in launch.metrics() if "eval_loss" in r])
+    assert [step for step, _ in evals[0]] == [2, 4, 6]
+    assert evals[0] == evals[1]   # bit for bit
+
+
+def test_a_step_that_raises_in_a_run_of_steps_is_named(launcher, tiny_config, tmp_path):
+    # 12 steps of a few ms each: after the first, a command carries several of them
+    (tmp_path / "faulty.py").write_text(FAULTY)
+    launch = launcher(tiny_config, 'model.factory="faulty:model"', "model.kwargs={at = 9}",
+                      "run.steps=12")
+    assert launch.wait() == 1, launch.output
+    assert "FAILED: worker2 (rank 2, stage 1) failed: ZeroDivisionError: trap sprung at " \
+           "call 9 at step 9" in launch.output
+    assert json.loads((launch.run_dir / "failure.json").read_text())["step"] == 9
+    # the steps of commands that completed are logged; the failed command's are not
+    losses = launch.losses()
+    assert losses == reference(tiny_config, ["run.steps=12"])[:len(losses)] and len(losses) < 9
+
+
 def test_a_worker_exit_status_is_the_launch_status_and_restarts_resume(
         launcher, tiny_config, tmp_path):
     (tmp_path / "faulty.py").write_text(FAULTY)

@@ -57,7 +57,10 @@ def test_two_replicas_train_like_one_process_on_the_whole_batch(launcher, tiny_c
     for worker in (1, 2):  # each replica: 2 micro-batches a step, one optimizer step
         assert {(worker, "forward"), (worker, "backward"), (worker, "optimizer step")} <= spans
     sends = {e["id"] for e in trace if e["ph"] == "s"}
-    assert sends == {e["id"] for e in trace if e["ph"] == "f"} and len(sends) == 6 * 2 * 2
+    # the input and result of each step command (a run of up to 3 steps here: evaluations
+    # every 3) on each worker
+    assert sends == {e["id"] for e in trace if e["ph"] == "f"}
+    assert 2 * 2 * 2 <= len(sends) <= 6 * 2 * 2
     assert_all_gone(launch.pids().values())
 
 

@@ -196,3 +196,28 @@ def test_the_grid_places_workers_replica_by_replica():
     assert grid.stage_peers(1) == [1, 4] and grid.index(1, 2) == 5
     assert [Grid(3, 1).describe(2), Grid(3, 3).describe(2), grid.describe(4)] == [
         "stage 2", "replica 2", "stage 1, replica 1"]
+
+
+def test_a_command_carries_about_20_ms_of_steps_and_one_until_the_step_time_is_known():
+    from distgrad.launch import progress
+    size = progress.CommandSize()
+    assert size.steps() == 1
+    size.observe(10, 0.010)            # 1 ms a step
+    assert size.steps() == 20
+    size.observe(4, 1e-5)              # a tiny model: bounded
+    assert size.steps() == progress.MAX_STEPS_PER_COMMAND
+    size.observe(2, 1.0)               # a large one: one step per command
+    assert size.steps() == 1
+    size.observe(0, 0.0)               # nothing measured: nothing learned
+    assert size.steps() == 1
+
+
+def test_a_failure_notice_names_a_worker_and_a_step_or_is_refused():
+    from distgrad.launch import progress
+    notices = progress.FailedSteps(workers=2)
+    assert notices.take(1, timeout=0) is None
+    notices.put(1, 7)
+    assert notices.take(1, timeout=0) == 7 and notices.take(1, timeout=0) is None
+    for worker, step in [(2, 1), (-1, 1), ("0", 1), (0, 1.5), (0, None)]:
+        with pytest.raises(ValueError, match="malformed failure notice"):
+            notices.put(worker, step)
