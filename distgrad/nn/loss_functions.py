@@ -3,7 +3,7 @@ written from differentiable primitives, with PyTorch's reduction arguments (the 
 ``size_average``/``reduce`` pair included)."""
 import numpy as np
 
-from ..autograd._internal import array_of, wrap
+from ..autograd._internal import array_of, defop, record, wrap
 from ..autograd.tensor import Tensor
 from ..ops import indexing, reduction, shape, softmax as _softmax, unary
 
@@ -88,17 +88,42 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     if np.any((t[valid] < 0) | (t[valid] >= c)):
         bad = int(t[valid][(t[valid] < 0) | (t[valid] >= c)][0])
         raise IndexError(f"Target {bad} is out of bounds for {c} classes.")
-    safe_t = np.where(valid, t, 0)
-    picked = x[np.arange(n), safe_t]
-    w = np.ones(n, dtype=array_of(x).dtype) if weight is None else \
-        array_of(weight)[safe_t].astype(array_of(x).dtype)
-    w = np.where(valid, w, 0).astype(array_of(x).dtype)
-    losses = -picked * wrap(w)
+    if reduction not in ("none", "sum", "mean"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    out = _nll(x, np.where(valid, t, 0), valid, weight, reduction)
+    target_shape = np.shape(array_of(target) if isinstance(target, Tensor) else target)
+    if reduction == "none" and out.shape != target_shape:
+        return out.reshape(target_shape)
+    return out
+
+
+def _nll_vjp(xp, g, m):
+    return xp.index_add(m["shape"], m["key"], g * m["coef"], True)
+
+
+# One node, as PyTorch's: on a small classifier the loss written from primitives (index,
+# negate, weigh, sum, divide: five nodes) cost more than the model's layers.
+NllLossBackward0 = defop("NllLossBackward0", vjps=(_nll_vjp,))
+
+
+def _nll(x, t, valid, weight, reduction):
+    """``-w[t] * x[i, t]`` of log-probabilities ``x`` (N, C) and classes ``t`` (N,), reduced;
+    a sample that is not ``valid`` (its class is the ignored one) weighs 0."""
+    d = array_of(x)
+    n = d.shape[0]
+    w = np.ones(n, dtype=d.dtype) if weight is None else array_of(weight)[t].astype(d.dtype)
+    w = np.where(valid, w, 0).astype(d.dtype)
+    key = (np.arange(n), t)
+    losses = -d[key] * w
     if reduction == "none":
-        return losses.reshape(np.shape(array_of(target) if isinstance(target, Tensor) else target))
-    if reduction == "sum":
-        return losses.sum()
-    return losses.sum() / wrap(np.asarray(w.sum(), dtype=array_of(x).dtype))
+        out, coef = losses, -w
+    elif reduction == "sum":
+        out, coef = losses.sum(), -w
+    else:
+        total = np.asarray(w.sum(), dtype=d.dtype)
+        out, coef = np.asarray(losses.sum() / total), -w / total
+    return record(NllLossBackward0, np.asarray(out, dtype=d.dtype), (x,), (),
+                  {"shape": d.shape, "key": key, "coef": coef})
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,

@@ -121,6 +121,25 @@ def test_cross_entropy_and_nll_extras(case, reduction):
     check_op(fn, [logits])
 
 
+@needs_torch
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_cross_entropy_is_two_nodes_as_in_pytorch_and_twice_differentiable(reduction):
+    rng = np.random.default_rng(3)
+    x, t, w = rng.standard_normal((5, 3)), np.array([0, 2, 1, -100, 2]), rng.uniform(0.5, 2, 3)
+    grads = []
+    for m in (distgrad, torch):
+        a = m.tensor(x, requires_grad=True)
+        loss = m.nn.functional.cross_entropy(a, m.tensor(t), weight=m.tensor(w),
+                                             reduction=reduction)
+        names = [type(loss.grad_fn).__name__, type(loss.grad_fn.next_functions[0][0]).__name__]
+        assert names == ["NllLossBackward0", "LogSoftmaxBackward0"]
+        g, = m.autograd.grad(loss.sum(), a, create_graph=True)
+        gg, = m.autograd.grad((g * g).sum(), a)
+        grads.append((loss.detach().numpy(), g.detach().numpy(), gg.numpy()))
+    for ours, theirs in zip(*grads):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
 def test_cross_entropy_errors():
     x = distgrad.randn(3, 4)
     with pytest.raises(RuntimeError, match="label_smoothing must be between 0.0 and 1.0"):
