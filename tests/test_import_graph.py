@@ -21,11 +21,7 @@ DEFERRED_ALLOWED = {
         "runs in a DataLoader worker process only, which seeds distgrad's generator there",
 }
 # Where the check of private tensor attributes does not apply yet, and why.
-PRIVATE_ACCESS_PENDING = {
-    "distgrad/distributed/": "pending migration: distribution work in flight",
-    "distgrad/rpc/": "pending migration: distribution work in flight",
-    "distgrad/launch/": "pending migration: distribution work in flight",
-}
+PRIVATE_ACCESS_PENDING = {}
 # Tensor (and graph node) attributes that only distgrad/autograd may touch.
 PRIVATE_TENSOR_ATTRIBUTES = {
     "_data", "_vc", "_grad_fn", "_requires_grad", "_output_nr", "_base", "_grad",

@@ -9,7 +9,7 @@ The names keep their underscore: they are this package's internals, shared by
 """
 import numpy as np
 
-from distgrad.autograd.tensor import Tensor
+from distgrad.autograd._internal import Tensor, array_of, bump_version
 
 from .work import Work
 from .process_group import (GroupMember, _warn_not_in_group, _world, get_group_rank,
@@ -31,11 +31,11 @@ def _tensors(ts, param):
 
 
 def _dtype_name(t):
-    return t._data.dtype.name
+    return array_of(t).dtype.name
 
 
 def _fp(name, tensors=(), **params):
-    return [name, [list(t._data.shape) for t in tensors], [_dtype_name(t) for t in tensors],
+    return [name, [list(array_of(t).shape) for t in tensors], [_dtype_name(t) for t in tensors],
             [[k, v] for k, v in params.items()]]
 
 
@@ -46,7 +46,7 @@ class _Out:
     __slots__ = ("t", "flat", "copy_back")
 
     def __init__(self, t, collective):
-        a = t._data
+        a = array_of(t)
         if not a.flags.writeable:
             raise RuntimeError(f"{collective}: the output tensor of shape {list(a.shape)} is "
                                "read-only (a tensor received from a peer?); clone() it first")
@@ -56,12 +56,12 @@ class _Out:
 
     def done(self):
         if self.copy_back:
-            np.copyto(self.t._data, self.flat.reshape(self.t._data.shape))
-        self.t._vc[0] += 1
+            np.copyto(array_of(self.t), self.flat.reshape(array_of(self.t).shape))
+        bump_version(self.t)
 
 
 def _flat(t):
-    return np.ascontiguousarray(t._data).reshape(-1)
+    return np.ascontiguousarray(array_of(t)).reshape(-1)
 
 
 def _same_list(ts, ref, n, collective, what, exc=RuntimeError):
@@ -73,10 +73,10 @@ def _same_list(ts, ref, n, collective, what, exc=RuntimeError):
 
 
 def _same(t, ref, collective, what, i):
-    if t._data.shape != ref._data.shape:
+    if array_of(t).shape != array_of(ref).shape:
         raise RuntimeError(f"{collective}: invalid tensor size at index {i} of {what} "
-                           f"(expected {tuple(ref._data.shape)}, got {tuple(t._data.shape)})")
-    if t._data.dtype != ref._data.dtype:
+                           f"(expected {tuple(array_of(ref).shape)}, got {tuple(array_of(t).shape)})")
+    if array_of(t).dtype != array_of(ref).dtype:
         raise RuntimeError(f"{collective}: invalid tensor type at index {i} of {what} "
                            f"(expected {_dtype_name(ref)}, got {_dtype_name(t)})")
 

@@ -12,6 +12,7 @@ collectives in ``object_collectives.py``.
 """
 import numpy as np
 
+from ..autograd._internal import array_of
 from . import algorithms as alg
 from .collective_call import (_Out, _check_root, _done, _dtype_name, _flat, _fp, _group, _root,
                               _run, _same_list, _tensor, _tensors)
@@ -28,7 +29,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     g = _group(group, "all_reduce")
     if g is None:
         return None
-    op = check_op(op, tensor._data.dtype, "all_reduce")
+    op = check_op(op, array_of(tensor).dtype, "all_reduce")
     out = _Out(tensor, "all_reduce")
     return _run(g, _fp("all_reduce", [tensor], op=op_name(op)),
                 alg.all_reduce(out.flat, op, g.size()), [tensor], out.done, async_op)
@@ -53,7 +54,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     if g is None:
         return None
     root = _root(g, dst, group_dst, "dst", "reduce")
-    op = check_op(op, tensor._data.dtype, "reduce")
+    op = check_op(op, array_of(tensor).dtype, "reduce")
     out = _Out(tensor, "reduce")
     return _run(g, _fp("reduce", [tensor], dst=root, op=op_name(op)),
                 alg.reduce(out.flat, op, root, g.size()), [tensor], out.done, async_op)
@@ -62,8 +63,8 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 def _gather_into(g, collective, inp, outs, async_op, result):
     """All-gather ``inp`` of every rank into ``outs`` (one flat array per rank, in order)."""
     n = g.size()
-    block = inp._data.size
-    work = np.empty(n * block, dtype=inp._data.dtype)
+    block = array_of(inp).size
+    work = np.empty(n * block, dtype=array_of(inp).dtype)
     work[g.rank() * block:(g.rank() + 1) * block] = _flat(inp)
 
     def finish():
@@ -95,15 +96,15 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     if g is None:
         return None
     n = g.size()
-    if output_tensor._data.size != n * input_tensor._data.size:
-        raise RuntimeError(f"all_gather_into_tensor: output tensor of {output_tensor._data.size} "
-                           f"elements must hold {n} x {input_tensor._data.size} (world size x "
+    if array_of(output_tensor).size != n * array_of(input_tensor).size:
+        raise RuntimeError(f"all_gather_into_tensor: output tensor of {array_of(output_tensor).size} "
+                           f"elements must hold {n} x {array_of(input_tensor).size} (world size x "
                            "input elements)")
-    if output_tensor._data.dtype != input_tensor._data.dtype:
+    if array_of(output_tensor).dtype != array_of(input_tensor).dtype:
         raise RuntimeError(f"all_gather_into_tensor: output dtype {_dtype_name(output_tensor)} "
                            f"differs from input dtype {_dtype_name(input_tensor)}")
     out = _Out(output_tensor, "all_gather_into_tensor")
-    block = input_tensor._data.size
+    block = array_of(input_tensor).size
     r = g.rank()
     out.flat[r * block:(r + 1) * block] = _flat(input_tensor)
     return _run(g, _fp("all_gather_into_tensor", [input_tensor]),
@@ -111,10 +112,10 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
 
 
 def _reduce_scatter(g, collective, output, work, op, async_op):
-    op = check_op(op, output._data.dtype, collective)
+    op = check_op(op, array_of(output).dtype, collective)
     out = _Out(output, collective)
     return _run(g, _fp(collective, [output], op=op_name(op)),
-                alg.reduce_scatter(work, output._data.size, op, out.flat, g.size()), [output],
+                alg.reduce_scatter(work, array_of(output).size, op, out.flat, g.size()), [output],
                 out.done, async_op)
 
 
@@ -127,7 +128,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         return None
     _same_list(input_list, output, g.size(), "reduce_scatter", "input_list")
     work = np.concatenate([_flat(t) for t in input_list]) if input_list else \
-        np.empty(0, output._data.dtype)
+        np.empty(0, array_of(output).dtype)
     return _reduce_scatter(g, "reduce_scatter", output, work, op, async_op)
 
 
@@ -138,11 +139,11 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     g = _group(group, "reduce_scatter_tensor")
     if g is None:
         return None
-    if input._data.size != g.size() * output._data.size:
-        raise RuntimeError(f"reduce_scatter_tensor: input tensor of {input._data.size} elements "
-                           f"must hold {g.size()} x {output._data.size} (world size x output "
+    if array_of(input).size != g.size() * array_of(output).size:
+        raise RuntimeError(f"reduce_scatter_tensor: input tensor of {array_of(input).size} elements "
+                           f"must hold {g.size()} x {array_of(output).size} (world size x output "
                            "elements)")
-    if input._data.dtype != output._data.dtype:
+    if array_of(input).dtype != array_of(output).dtype:
         raise RuntimeError(f"reduce_scatter_tensor: input dtype {_dtype_name(input)} differs "
                            f"from output dtype {_dtype_name(output)}")
     return _reduce_scatter(g, "reduce_scatter_tensor", output, np.array(_flat(input)), op,
@@ -196,7 +197,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     def deliver(x):
         if type(x) is not np.ndarray or x.shape != out.flat.shape or x.dtype != out.flat.dtype:
             raise RuntimeError(f"scatter: rank {root} sent {_describe(x)}, this rank's tensor is "
-                               f"{list(tensor._data.shape)} {_dtype_name(tensor)}")
+                               f"{list(array_of(tensor).shape)} {_dtype_name(tensor)}")
         out.flat[...] = x
     return _run(g, _fp("scatter", [tensor], src=root), alg.scatter(ins, root, deliver),
                 [tensor], out.done, async_op)
@@ -220,7 +221,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
                      ("input_tensor_list", input_tensor_list)):
         if len(ts) != n:
             raise RuntimeError(f"all_to_all: {what} must have {n} tensors, not {len(ts)}")
-    dtypes = {t._data.dtype for t in list(output_tensor_list) + list(input_tensor_list)}
+    dtypes = {array_of(t).dtype for t in list(output_tensor_list) + list(input_tensor_list)}
     if len(dtypes) > 1:
         raise RuntimeError(f"all_to_all: tensors must all have one dtype, not "
                            f"{sorted(d.name for d in dtypes)}")
@@ -264,10 +265,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     if g is None:
         return None
     n = g.size()
-    if input._data.dtype != output._data.dtype:
+    if array_of(input).dtype != array_of(output).dtype:
         raise RuntimeError(f"all_to_all_single: input dtype {_dtype_name(input)} differs from "
                            f"output dtype {_dtype_name(output)}")
-    a_in, a_out = input._data, output._data
+    a_in, a_out = array_of(input), array_of(output)
     if a_in.ndim == 0 or a_out.ndim == 0 or a_in.shape[1:] != a_out.shape[1:]:
         raise RuntimeError(f"all_to_all_single: input {list(a_in.shape)} and output "
                            f"{list(a_out.shape)} must agree beyond dim 0")

@@ -78,22 +78,22 @@ class CommandOrder:
     def __init__(self, name, timeout):
         self.name, self.timeout = name, timeout
         self._cond = threading.Condition()
-        self._next = 1
+        self._next_seq = 1
 
     @contextmanager
     def turn(self, seq):
         """Run the body as command ``seq``, after every command before it."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._next >= seq, self.timeout):
+            if not self._cond.wait_for(lambda: self._next_seq >= seq, self.timeout):
                 raise TimeoutError(f"{self.name}: command {seq} waited more than "
-                                   f"{self.timeout} s for command {self._next}")
-            if self._next != seq:
+                                   f"{self.timeout} s for command {self._next_seq}")
+            if self._next_seq != seq:
                 raise RuntimeError(f"{self.name}: command {seq} arrived twice")
         try:
             yield
         finally:
             with self._cond:
-                self._next = seq + 1
+                self._next_seq = seq + 1
                 self._cond.notify_all()
 
 

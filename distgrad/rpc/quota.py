@@ -75,7 +75,7 @@ class PeerGate:
             p.waiting_bytes += size
             return False
 
-    def _next(self, p):  # with the lock held
+    def _admit_next(self, p):  # with the lock held
         ready = []
         while p.waiting and p.serving < self.serving and self._fits(p, p.waiting[0][0]):
             size, job = p.waiting.popleft()
@@ -93,7 +93,7 @@ class PeerGate:
             p = self._peers[src]
             p.decoding -= 1
             p.decoding_bytes -= size
-            return self._next(p)
+            return self._admit_next(p)
 
     def finished(self, src):
         """A request of ``src`` is done with its handler thread; return the waiting jobs
@@ -101,7 +101,7 @@ class PeerGate:
         with self._lock:
             p = self._peers[src]
             p.serving -= 1
-            return self._next(p)
+            return self._admit_next(p)
 
     def load(self, src):
         """(decoding, waiting, serving) requests of ``src`` now."""

@@ -12,6 +12,8 @@ Leaf gradients of a distributed pass accumulate in the context of each worker
 (not in ``.grad``), so passes of several contexts never mix. See ``engine.py`` for
 the message flow of a backward and ``container.py`` for the recording of sends/recvs.
 """
+from distgrad.autograd._internal import wrap
+
 from . import container as _context
 from . import engine as _engine
 from . import hooks  # noqa: F401 - cross-process hooks: dist_autograd.hooks.register_*
@@ -52,10 +54,9 @@ def backward(context_id, roots, retain_graph=False):
 
 def get_gradients(context_id):
     """{tensor: gradient} of this worker's leaves accumulated in ``context_id``."""
-    from distgrad.autograd.tensor import _make
     ctx = _context.require_context(context_id)
     with ctx.lock:
-        return {t: _make(_context.read_only(g)) for t, g in ctx.grads.items()}
+        return {t: wrap(_context.read_only(g)) for t, g in ctx.grads.items()}
 
 
 def _retrieve_context(context_id):

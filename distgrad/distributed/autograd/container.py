@@ -25,8 +25,8 @@ import weakref
 
 import numpy as np
 
-from distgrad.autograd.node import Node, sum_grads
-from distgrad.autograd.tensor import Tensor
+from distgrad.autograd._internal import (Node, Tensor, array_of, grad_edge, init_node,
+                                         next_sequence_nr, set_history, sum_grads)
 from distgrad.rpc import current_agent, entry_point, interceptors
 
 __all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id",
@@ -308,10 +308,9 @@ class SendNode(Node):
     __slots__ = ("msg_id", "dst", "freed")
 
     def __init__(self, tensor, msg_id, dst):
-        super().__init__()
+        a = array_of(tensor)
+        init_node(self, (grad_edge(tensor),), next_sequence_nr(), ((a.shape, a.dtype),))
         self.msg_id, self.dst, self.freed = msg_id, dst, False
-        self._next = (tensor._grad_edge(),)
-        self._out_meta = ((tensor._data.shape, tensor._data.dtype),)
 
     def name(self):
         return "SendRpcBackward"
@@ -331,16 +330,15 @@ class RecvNode(Node):
     _materialize_grads = True  # runs even with a None gradient: the sender counts on a message
 
     def __init__(self, tensor, msg_id, src, src_rank, context_id, upstream):
-        super().__init__()
         # It only ships a gradient to another process: run it as soon as it is ready, as
         # a leaf runs, so the sender's backward of that micro-batch overlaps with this
         # process's backward of the next. With the number of when its tensor arrived it
         # waited behind compute of later-arriving micro-batches (the 2-stage pipeline of
         # bench_rpc_pipeline ran its stages' backward one after the other).
-        self._seq = SHIP_FIRST_SEQUENCE_NR
+        a = array_of(tensor)
+        init_node(self, (), SHIP_FIRST_SEQUENCE_NR, ((a.shape, a.dtype),))
         self.msg_id, self.src, self.src_rank = msg_id, src, src_rank
         self.context_id, self.upstream = context_id, upstream
-        self._out_meta = ((tensor._data.shape, tensor._data.dtype),)
 
     def name(self):
         return "RecvRpcBackward"
@@ -367,7 +365,7 @@ def reachable_recvs(node, context_id):
             if n.context_id == context_id:
                 found.append(n)
             continue
-        for nxt, _ in n._next:
+        for nxt, _ in n.next_functions:
             if nxt is not None and nxt not in seen:
                 seen.add(nxt)
                 stack.append(nxt)
@@ -378,7 +376,7 @@ def reachable_recvs(node, context_id):
 def _grad_tensors(obj, out):
     t = type(obj)
     if t is Tensor or isinstance(obj, Tensor):
-        if obj._requires_grad:
+        if obj.requires_grad:
             out.append(obj)
     elif t is list or t is tuple:
         for x in obj:
@@ -449,8 +447,7 @@ def _record_recvs(ctx, src, ids, info, payload):
                            f"{len(ids)} tensors that require grad, found {len(tensors)}")
     for t, mid in zip(tensors, ids):
         node = RecvNode(t, mid, src.name, src.id, ctx.id, info)
-        t._grad_fn = node
-        t._output_nr = 0
+        set_history(t, node)
         with ctx.lock:
             ctx.recvs[mid] = node
 

@@ -46,8 +46,7 @@ import logging
 import threading
 from collections import defaultdict
 
-from distgrad.autograd.engine import GraphTask, execute, make_root_grads
-from distgrad.autograd.tensor import Tensor
+from distgrad.autograd._internal import GraphTask, Tensor, execute, grad_edge, make_root_grads
 from distgrad.rpc import Future, RpcError, WorkerUnreachableError, entry_point
 from distgrad.rpc.functions import async_execution
 
@@ -385,7 +384,7 @@ def backward(context_id, roots, retain_graph=False):
     roots = _as_tuple(roots)
     _check_roots(roots)
     grads = make_root_grads(roots, (None,) * len(roots), False)
-    root_edges = [(t._grad_edge(), g) for t, g in zip(roots, grads)]
+    root_edges = [(grad_edge(t), g) for t, g in zip(roots, grads)]
     expected, direct = plan(context_id, [edge[0] for edge, _ in root_edges])
     agent = _c._agent()
     me = _c.my_rank()

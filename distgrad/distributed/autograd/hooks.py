@@ -17,6 +17,7 @@ of the module object (a hook by reference runs on the owner and gets the module)
 import itertools
 import threading
 
+from distgrad.autograd._internal import grad_edge
 from distgrad.rpc import api as _rpc
 from distgrad.rpc import current_agent, entry_point
 from distgrad.rpc.allowlist import ref_of
@@ -141,7 +142,7 @@ def _install_on_tensor(rref, kind, spec):
     fn = _materialize(spec)
     if kind == "tensor":
         return _keep(t.register_hook(fn))
-    node = t._grad_edge()[0]
+    node = grad_edge(t)[0]
     if kind == "node_pre":
         return _keep(node.register_prehook(fn))
     if kind == "node":

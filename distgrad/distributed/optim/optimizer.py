@@ -5,6 +5,7 @@ accumulated there (never ``.grad``), so concurrent contexts each step with their
 """
 import threading
 
+from distgrad.autograd._internal import wrap
 from distgrad.distributed.autograd import container as _c
 from distgrad.rpc import api as _rpc
 from distgrad.rpc import entry_point
@@ -22,22 +23,21 @@ class _LocalOptimizer:
         self.optim = optimizer_cls(self.params, *args, **kwargs)
 
     def step(self, context_id):
-        from distgrad.autograd.tensor import _make
         ctx = _c.get_context(context_id)
         grads = {}
         if ctx is not None:
             with ctx.lock:
                 grads = dict(ctx.grads)
         with self._lock:
-            saved = [p._grad for p in self.params]
+            saved = [p.grad for p in self.params]
             try:
                 for p in self.params:
                     g = grads.get(p)
-                    p._grad = _make(_c.read_only(g)) if g is not None else None
+                    p.grad = wrap(_c.read_only(g)) if g is not None else None
                 self.optim.step()
             finally:
                 for p, g in zip(self.params, saved):
-                    p._grad = g
+                    p.grad = g
 
 
 _optimizers = {}  # on each owner: key -> _LocalOptimizer (calls name keys, not RRefs)
