@@ -93,7 +93,9 @@ class Coordinator:
         self.metrics = None
         self.last_step = self.start
         self.store = None  # where the replicas meet (replicas > 1)
-        self.command_size = progress.CommandSize()
+        x, y = train
+        self.command_size = progress.CommandSize(
+            (x[:1].nbytes + y[:1].nbytes) * data["batch_size"])
         # the steps that raised on a stage (this process serves progress.failed)
         self.failed_steps = progress.FailedSteps(len(self.workers))
         progress.install(self.failed_steps)

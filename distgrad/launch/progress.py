@@ -7,7 +7,8 @@ quickstart's 2 stages spent as much CPU on the coordinator's two messages per st
 on the step itself, and each command woke the stage between two steps). The run ends
 where anything else must happen in between (a checkpoint, an evaluation, the end) and
 holds about :data:`COMMAND_SECONDS` of steps, so a large model still gets one step per
-command. Each stage returns the results of the run's steps with how long before its
+command, and at most :data:`MAX_COMMAND_BYTES` of inputs and targets (a light model on
+heavy data does not send hundreds of batches ahead). Each stage returns the results of the run's steps with how long before its
 answer each finished (:func:`timed`: a difference on one clock), so the coordinator logs
 every step with its own time.
 
@@ -22,21 +23,25 @@ import time
 
 from distgrad.distributed import rpc
 
-__all__ = ["CommandSize", "COMMAND_SECONDS", "MAX_STEPS_PER_COMMAND", "FailedSteps", "failed",
-           "timed"]
+__all__ = ["CommandSize", "COMMAND_SECONDS", "MAX_STEPS_PER_COMMAND", "MAX_COMMAND_BYTES",
+           "FailedSteps", "failed", "timed"]
 
 COMMAND_SECONDS = 0.02     # of steps per command, once the step time is known
 MAX_STEPS_PER_COMMAND = 32
+MAX_COMMAND_BYTES = 16 << 20  # of the steps' inputs and targets in one command
 
 _failed_steps = None  # the coordinator's FailedSteps (it allows this module over RPC)
 
 
 class CommandSize:
     """How many steps the next command may carry: about :data:`COMMAND_SECONDS` of them
-    at the step time seen so far (one until a step time is known)."""
+    at the step time seen so far (one until a step time is known), with at most
+    :data:`MAX_COMMAND_BYTES` of data when a step's is ``bytes_per_step``."""
 
-    def __init__(self):
+    def __init__(self, bytes_per_step=0):
         self.seconds_per_step = None
+        self.most = max(1, min(MAX_STEPS_PER_COMMAND,
+                               MAX_COMMAND_BYTES // max(bytes_per_step, 1)))
 
     def observe(self, steps, seconds):
         """``steps`` steps completed one after the other within ``seconds``."""
@@ -46,7 +51,7 @@ class CommandSize:
     def steps(self):
         if self.seconds_per_step is None:
             return 1
-        return max(1, min(MAX_STEPS_PER_COMMAND, int(COMMAND_SECONDS / self.seconds_per_step)))
+        return max(1, min(self.most, int(COMMAND_SECONDS / self.seconds_per_step)))
 
 
 def timed(done):

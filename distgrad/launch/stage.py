@@ -292,6 +292,8 @@ def step(seq, steps):
     it finished. When a step raises, the coordinator is told which
     (:func:`distgrad.launch.progress.failed`) before the error is."""
     stage = _require()
+    if not steps:
+        raise ValueError("a step command with no steps")
     first = steps[0][0]  # the command's messages are named after its first step
     stage.trace.message("receive", "input", flow_id("input", first, 0, stage.worker))
     done = []

@@ -210,6 +210,10 @@ def test_a_command_carries_about_20_ms_of_steps_and_one_until_the_step_time_is_k
     assert size.steps() == 1
     size.observe(0, 0.0)               # nothing measured: nothing learned
     assert size.steps() == 1
+    heavy = progress.CommandSize(bytes_per_step=progress.MAX_COMMAND_BYTES // 3)
+    heavy.observe(10, 0.001)           # fast steps, but 16 MB of data at most
+    assert heavy.steps() == 3
+    assert progress.CommandSize(bytes_per_step=1 << 30).steps() == 1
 
 
 def test_a_failure_notice_names_a_worker_and_a_step_or_is_refused():
