@@ -229,7 +229,12 @@ class Coordinator:
                 failure.record["step"] = at + 1
             raise
         now = time.perf_counter()
-        for k in range(len(self.workers)):
+        for k, r in enumerate(results):
+            if not (isinstance(r, list) and len(r) == count
+                    and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in r)):
+                raise self._diagnose(k, RuntimeError(
+                    f"a command of {count} steps was answered with {type(r).__name__} "
+                    f"{str(r)[:80]}"), first)
             self.trace.message("receive", "result", _trace.flow_id("result", first, 0, k))
         # a step is done once every stage finished it
         return [(self._combine([r[i][0] for r in results]),
