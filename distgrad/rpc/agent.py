@@ -6,7 +6,8 @@ Layers, bottom to top, one job each:
 ========================  ==================================================
 ``distgrad/codec.py``     values: msgpack, registered types, array buffers
 ``wire``                  message framing (header, body, buffers)
-``transport``             sockets, the I/O thread and its outbox, liveness
+``transport``             sockets, the I/O thread and its outbox
+``liveness``              which peers are alive, dead or gone (on the I/O thread)
 ``calls``                 pending calls: deadlines, peer failure, backpressure
 ``caller``                the caller's path: a CALL out, its reply, its Future
 ``dispatch``              request -> handler -> reply, on a handler pool

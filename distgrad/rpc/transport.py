@@ -1,4 +1,5 @@
-"""The ZeroMQ side of a process: its context, sockets, I/O thread and peer liveness.
+"""The ZeroMQ side of a process: its context, sockets and I/O thread. Whether its peers
+are alive is ``liveness.py``'s, run on that I/O thread.
 
 Sockets and the one thread that owns each:
 
@@ -9,7 +10,7 @@ socket              job                                                    owner
                     process comes in here (CALLs, replies, one-way)
 ``dealers[r]``      to peer ``r``: what the I/O thread itself sends        the I/O thread
                     (replies of calls it serves, RRef releases, LEAVE)
-``monitors[r]``     connection events of ``dealers[r]`` (liveness)         the I/O thread
+``monitors[r]``     connection events of ``dealers[r]`` (``liveness.py``)  the I/O thread
 own sockets         a thread's own DEALER to peer ``r``: the CALLs this    that thread
                     thread makes and the replies of the calls it serves
 ==================  =====================================================  ==============
@@ -30,24 +31,9 @@ While messages flow, the I/O thread polls only the router and its wake-up (a pol
 grows with its sockets, and it is on the path of every message); the monitors, the ZAP
 socket and the dealers are polled whenever traffic stops and at least every 10 ms.
 
-Liveness does not need the GIL: ZeroMQ's own ZMTP heartbeats
-(``HEARTBEAT_IVL``/``_TIMEOUT``/``_TTL``) are answered by libzmq's I/O thread, so
-a process busy in Python or in a long C call stays alive to its peers. What
-this side sees through a dealer's monitor:
-
-* a killed peer: the connection drops and reconnecting is refused at once, so
-  it is reported dead within ~0.2 s;
-* a stopped (or unreachable) peer: heartbeats go unanswered for
-  ``heartbeat_timeout - grace``, the connection drops, and the reconnection
-  never completes its handshake: reported dead after ``heartbeat_timeout``;
-* a peer that drops its connection but comes back within ``grace`` (a process
-  resumed after a stop reconnects at once) is never reported at all; one that
-  comes back later is reported alive again.
-
-A process that leaves sends LEAVE first, so its peers report a clean departure,
-not a death. The I/O thread never dies silently: an unexpected error stops it
-with ``on_fatal(cause)``, which fails every pending and future call, and the
-peers are told it is leaving.
+The I/O thread never dies silently: an unexpected error stops it with
+``on_fatal(cause)``, which fails every pending and future call, and the peers are
+told it is leaving (a LEAVE, as a process that closes sends one).
 """
 import collections
 import errno
@@ -58,7 +44,6 @@ import threading
 import time
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from ..utils.lifetimes import join_all
 from . import wire
@@ -66,6 +51,7 @@ from .admission import ZapHandler
 from .credentials import Credential
 from .errors import ProtocolError, describe_exception
 from .link import SimulatedLink, parse_link
+from .liveness import PeerLiveness
 
 __all__ = ["Transport", "send_frames", "frames_nbytes"]
 
@@ -81,8 +67,6 @@ _OWN_LINGER = 1000        # ms a thread's last messages may take to leave after 
 # blocks), and it is on the path of every message. The others (liveness monitors, ZAP, the
 # dealers) are looked at when traffic stops, and at least this often (seconds) meanwhile.
 _QUIET_SOCKETS_EVERY = 0.01
-_MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
-              | zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
 def _received_frame(a):
@@ -180,7 +164,8 @@ class _ThreadSockets(dict):
 
 
 class Transport:
-    """Sockets and liveness of one process. Callbacks run on the I/O thread:
+    """Sockets and I/O thread of one process; ``liveness`` (a :class:`PeerLiveness`)
+    follows its peers on that thread. Callbacks run on the I/O thread:
 
     ``on_request(ident, msg_id, src, extra, segments, frames)`` a CALL arrived;
     ``on_system_request(...)`` (same arguments, optional) a SYSTEM call arrived: an
@@ -220,11 +205,7 @@ class Transport:
         # a network between hosts, simulated: messages from others are held on arrival
         self.link = SimulatedLink(*parse_link(options.simulated_link)) \
             if getattr(options, "simulated_link", None) else None
-        self._down = {}            # rank -> why (dead or left); read by any thread
-        self._left = set()
-        self._suspect = {}         # rank -> deadline (I/O thread only)
-        self._refused = {}         # rank -> reconnections refused in a row (I/O thread only)
-        self._leaving = {}         # rank -> (when its pending calls fail, why) after a LEAVE
+        self.liveness = PeerLiveness(rank, options, handlers)
         self._stop = False
         self._announce = None      # reason sent in LEAVE messages on close, if any
         self._closed = threading.Event()
@@ -233,12 +214,6 @@ class Transport:
         self.endpoints = None
         self.router = None
         self.dealers = []
-        self._monitors = {}
-        self.grace = max(0.5, options.heartbeat_interval)
-        zmtp_timeout = max(options.heartbeat_timeout - self.grace - options.heartbeat_interval,
-                           options.heartbeat_interval)
-        self._hb = (int(options.heartbeat_interval * 1000), int(zmtp_timeout * 1000),
-                    int(options.heartbeat_timeout * 1000))
 
     # ------------------------------------------------------------------ setup
     def socket(self, kind, server=False, peer=None):
@@ -248,8 +223,7 @@ class Transport:
         s.linger = 0
         s.sndhwm = 0  # never block the I/O thread: backpressure is per call (calls.py)
         s.rcvhwm = 0
-        ivl, timeout, ttl = self._hb
-        s.heartbeat_ivl, s.heartbeat_timeout, s.heartbeat_ttl = ivl, timeout, ttl
+        self.liveness.set_heartbeats(s)
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 1000
         if server:
@@ -293,15 +267,12 @@ class Transport:
                 raise ValueError("an authenticated transport needs every rank's verifier")
             self._verifiers = list(verifiers)
             self.zap.admit(verifiers)
-        now = time.monotonic()
         for r, ep in enumerate(self.endpoints):
             d = self.socket(zmq.DEALER, peer=r)
             d.identity = b"%d:%s" % (self.rank, self._tag) if self._tag else b"%d" % self.rank
-            self._monitors[d.get_monitor_socket(_MONITORED)] = r
+            self.liveness.watch(d, r)
             d.connect(ep)
             self.dealers.append(d)
-            if r != self.rank:  # until its handshake succeeds, a peer is on probation
-                self._suspect[r] = now + self.options.heartbeat_timeout
         # pinned to one core (``distgrad worker --cpus``): see send()
         self._one_core = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == 1
         self._thread = threading.Thread(target=self._run, name=f"rpc-io-{self.name}", daemon=True)
@@ -390,11 +361,11 @@ class Transport:
 
     def down(self, rank):
         """Why peer ``rank`` cannot be reached (dead or left), or None."""
-        return self._down.get(rank)
+        return self.liveness.down(rank)
 
     def left(self, rank):
         """Whether peer ``rank`` left the world (said so) rather than died."""
-        return rank in self._left
+        return self.liveness.left(rank)
 
     def running(self):
         return self._thread is not None and not self._closed.is_set()
@@ -434,7 +405,9 @@ class Transport:
         for r, d in enumerate(self.dealers):
             poller.register(d, zmq.POLLIN)
             dealer_rank[d] = r
-        for m in self._monitors:
+        liveness = self.liveness
+        monitors = liveness.monitors
+        for m in monitors:
             poller.register(m, zmq.POLLIN)
         zap = self.zap.socket if self.zap is not None else None
         if zap is not None:
@@ -446,9 +419,8 @@ class Transport:
         router, handlers = self.router, self.handlers
         while not self._stop:
             now = time.monotonic()
-            wait = min([handlers.next_deadline(), now + 1.0, *self._suspect.values(),
-                        *(t for t, _ in self._leaving.values()),
-                        self.link.next_due if self.link is not None else now + 1.0]) - now
+            wait = min(handlers.next_deadline(), liveness.next_deadline(now + 1.0),
+                       self.link.next_due if self.link is not None else now + 1.0) - now
             if now < all_due:
                 # what came meanwhile to the others waits for the next full poll, whose
                 # first pass sees it (zmq_poll asks each socket before it blocks)
@@ -465,22 +437,14 @@ class Transport:
                     self._guarded(self._on_router)
                 elif sock in dealer_rank:
                     self._guarded(self._on_dealer, sock, dealer_rank[sock])
-                elif sock in self._monitors:
-                    self._guarded(self._on_monitor, sock, self._monitors[sock])
+                elif sock in monitors:
+                    self._guarded(liveness.on_monitor, sock)
                 elif sock is zap:
                     self._guarded(self.zap.serve)
             now = time.monotonic()
             if self.link is not None:
                 self.link.release(now)
-            for r, deadline in list(self._suspect.items()):
-                if now >= deadline:
-                    del self._suspect[r]
-                    self._peer_down(r, f"no heartbeat for {self.options.heartbeat_timeout:.1f} s",
-                                    left=False)
-            for r, (deadline, why) in list(self._leaving.items()):
-                if now >= deadline:
-                    del self._leaving[r]
-                    handlers.on_peer_down(r, why, True)
+            liveness.expire(now)
             handlers.on_tick(now)
         while self._outbox:
             self._send_router(*self._outbox.popleft())
@@ -550,8 +514,7 @@ class Transport:
             h.on_release(src, segments)
         elif kind == Kind.LEAVE:
             why = extra if isinstance(extra, str) else "it left the world"
-            self._suspect.pop(src, None)
-            self._peer_down(src, why[:500], left=True)
+            self.liveness.on_leave(src, why[:500])
         else:
             self.drop(f"{Kind.NAMES.get(kind, kind)} on the request socket")
             h.on_late(src, segments)
@@ -573,55 +536,10 @@ class Transport:
             self.drop(f"{Kind.NAMES.get(kind, kind)} on a dealer socket")
             self.handlers.on_late(rank, segments)
 
-    def _on_monitor(self, mon, rank):
-        for _ in range(_BATCH):
-            try:
-                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
-            except zmq.Again:
-                return
-            if rank in self._left:
-                continue
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._suspect.pop(rank, None)
-                self._refused.pop(rank, None)
-                if rank in self._down:
-                    del self._down[rank]
-                    self.handlers.on_peer_up(rank)
-            elif event == zmq.EVENT_DISCONNECTED:
-                if rank not in self._down:
-                    self._suspect.setdefault(rank, time.monotonic() + self.grace)
-            elif event == zmq.EVENT_CONNECTED:
-                self._refused.pop(rank, None)
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self._suspect.pop(rank, None)
-                self._peer_down(rank, "it refused this process's credentials (is it a member "
-                                      "of another world?)", left=False)
-            elif event == zmq.EVENT_CLOSED and rank in self._suspect:
-                # reconnections refused twice in a row (once can be the old connection
-                # closing): nobody listens on the peer's endpoint any more
-                self._refused[rank] = self._refused.get(rank, 0) + 1
-                if self._refused[rank] >= 2:
-                    del self._suspect[rank]
-                    self._peer_down(rank, "its process is gone (connection refused)",
-                                    left=False)
-
-    def _peer_down(self, rank, why, left):
-        if left:
-            self._left.add(rank)
-        elif rank in self._down:
-            return
-        self._down[rank] = why  # from now on new calls to it fail
-        if left and rank not in self._leaving:
-            # A peer that leaves answered what it will answer before saying so, but those
-            # replies travel on another connection: wait a moment before failing the rest.
-            self._leaving[rank] = (time.monotonic() + self.grace, why)
-        elif not left:
-            self.handlers.on_peer_down(rank, why, left)
-
     def _send_leave(self, why):
         header = wire.pack_header(Kind.LEAVE, 0, self.rank, why)
         for r, d in enumerate(self.dealers):
-            if r != self.rank and r not in self._down:
+            if r != self.rank and self.liveness.down(r) is None:
                 try:
                     d.send_multipart([header, b""], zmq.NOBLOCK)
                 except zmq.ZMQError:
@@ -631,12 +549,13 @@ class Transport:
         # let the last replies (router) and LEAVE (dealers) out; a LEAVE to a peer that is
         # already gone would wait for the whole linger, so the dealers' is short
         linger = 1000 if self._announce is not None else 0
-        for s in [*self._monitors, self.router, self.zap and self.zap.socket]:
+        for s in [*self.liveness.monitors, self.router, self.zap and self.zap.socket]:
             if s is not None and not s.closed:
                 s.close(linger=linger)
         for r, d in enumerate(self.dealers):
             if not d.closed:
-                d.close(linger=0 if r in self._down else min(linger, _LEAVE_LINGER))
+                d.close(linger=0 if self.liveness.down(r) is not None
+                        else min(linger, _LEAVE_LINGER))
 
     # ------------------------------------------------------------------ closing
     def close(self, announce=None, timeout=10.0):

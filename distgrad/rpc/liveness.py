@@ -1,0 +1,152 @@
+"""Whether each peer of a process is alive, dead or gone: ZMTP heartbeats and the
+connection events of the transport's dealers.
+
+Liveness does not need the GIL: ZeroMQ's own ZMTP heartbeats
+(``HEARTBEAT_IVL``/``_TIMEOUT``/``_TTL``) are answered by libzmq's I/O thread, so
+a process busy in Python or in a long C call stays alive to its peers. What
+this side sees through a dealer's monitor:
+
+* a killed peer: the connection drops and reconnecting is refused at once, so
+  it is reported dead within ~0.2 s;
+* a stopped (or unreachable) peer: heartbeats go unanswered for
+  ``heartbeat_timeout - grace``, the connection drops, and the reconnection
+  never completes its handshake: reported dead after ``heartbeat_timeout``;
+* a peer that drops its connection but comes back within ``grace`` (a process
+  resumed after a stop reconnects at once) is never reported at all; one that
+  comes back later is reported alive again.
+
+A process that leaves sends LEAVE first, so its peers report a clean departure,
+not a death; the calls still pending to it fail ``grace`` later, since the replies
+it sent before its LEAVE travel on another connection.
+
+:class:`PeerLiveness` is the transport's (``transport.py``) and runs on its I/O thread:
+the transport polls the monitors, hands their events and LEAVE messages over, includes
+:meth:`PeerLiveness.next_deadline` in its poll's wait and calls
+:meth:`PeerLiveness.expire` after each poll. What it finds goes to the transport's
+handlers: ``on_peer_down(rank, why, left)`` and ``on_peer_up(rank)``.
+"""
+import time
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+__all__ = ["PeerLiveness"]
+
+_BATCH = 64  # events taken from one monitor before looking at the other sockets
+_MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+              | zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class PeerLiveness:
+    """The liveness of the peers of process ``rank``, from ``options``' heartbeat
+    settings; reports go to ``handlers``. Everything runs on the transport's I/O thread
+    except :meth:`down` and :meth:`left`, which any thread may ask."""
+
+    def __init__(self, rank, options, handlers):
+        self.rank = rank
+        self.options = options
+        self.handlers = handlers
+        self.grace = max(0.5, options.heartbeat_interval)
+        # libzmq drops a silent connection within an interval and its own timeout; the
+        # grace given to a reconnection completes heartbeat_timeout
+        zmtp_timeout = max(options.heartbeat_timeout - self.grace - options.heartbeat_interval,
+                           options.heartbeat_interval)
+        self._hb = (int(options.heartbeat_interval * 1000), int(zmtp_timeout * 1000),
+                    int(options.heartbeat_timeout * 1000))
+        self._down = {}            # rank -> why (dead or left); read by any thread
+        self._left = set()
+        self._suspect = {}         # rank -> deadline
+        self._refused = {}         # rank -> reconnections refused in a row
+        self._leaving = {}         # rank -> (when its pending calls fail, why) after a LEAVE
+        self.monitors = {}         # monitor socket -> the rank its dealer goes to
+
+    def set_heartbeats(self, sock):
+        """Turn on ZMTP heartbeats on ``sock`` (every socket of the transport has them)."""
+        ivl, timeout, ttl = self._hb
+        sock.heartbeat_ivl, sock.heartbeat_timeout, sock.heartbeat_ttl = ivl, timeout, ttl
+
+    def watch(self, dealer, rank):
+        """Follow the connection events of ``dealer`` (to ``rank``); call before it
+        connects. Another process is on probation until its handshake succeeds: it is
+        reported dead if that takes ``heartbeat_timeout``."""
+        self.monitors[dealer.get_monitor_socket(_MONITORED)] = rank
+        if rank != self.rank:
+            self._suspect[rank] = time.monotonic() + self.options.heartbeat_timeout
+
+    def down(self, rank):
+        """Why peer ``rank`` cannot be reached (dead or left), or None."""
+        return self._down.get(rank)
+
+    def left(self, rank):
+        """Whether peer ``rank`` left the world (said so) rather than died."""
+        return rank in self._left
+
+    def next_deadline(self, later):
+        """When :meth:`expire` has something to do, or ``later`` if that is sooner."""
+        if not self._suspect and not self._leaving:
+            return later
+        return min(later, *self._suspect.values(), *(t for t, _ in self._leaving.values()))
+
+    def expire(self, now):
+        """Report the peers whose deadline passed: suspects as dead, leavers as left."""
+        for r, deadline in list(self._suspect.items()):
+            if now >= deadline:
+                del self._suspect[r]
+                self._peer_down(r, f"no heartbeat for {self.options.heartbeat_timeout:.1f} s",
+                                left=False)
+        for r, (deadline, why) in list(self._leaving.items()):
+            if now >= deadline:
+                del self._leaving[r]
+                self.handlers.on_peer_down(r, why, True)
+
+    def on_leave(self, rank, why):
+        """Peer ``rank`` said it leaves the world, because ``why``."""
+        self._suspect.pop(rank, None)
+        self._peer_down(rank, why, left=True)
+
+    def on_monitor(self, mon):
+        """Take in the waiting connection events of monitor ``mon``."""
+        rank = self.monitors[mon]
+        for _ in range(_BATCH):
+            try:
+                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return
+            if rank in self._left:
+                continue
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._suspect.pop(rank, None)
+                self._refused.pop(rank, None)
+                if rank in self._down:
+                    del self._down[rank]
+                    self.handlers.on_peer_up(rank)
+            elif event == zmq.EVENT_DISCONNECTED:
+                if rank not in self._down:
+                    self._suspect.setdefault(rank, time.monotonic() + self.grace)
+            elif event == zmq.EVENT_CONNECTED:
+                self._refused.pop(rank, None)
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._suspect.pop(rank, None)
+                self._peer_down(rank, "it refused this process's credentials (is it a member "
+                                      "of another world?)", left=False)
+            elif event == zmq.EVENT_CLOSED and rank in self._suspect:
+                # reconnections refused twice in a row (once can be the old connection
+                # closing): nobody listens on the peer's endpoint any more
+                self._refused[rank] = self._refused.get(rank, 0) + 1
+                if self._refused[rank] >= 2:
+                    del self._suspect[rank]
+                    self._peer_down(rank, "its process is gone (connection refused)",
+                                    left=False)
+
+    def _peer_down(self, rank, why, left):
+        if left:
+            self._left.add(rank)
+        elif rank in self._down:
+            return
+        self._down[rank] = why  # from now on new calls to it fail
+        if left and rank not in self._leaving:
+            # A peer that leaves answered what it will answer before saying so, but those
+            # replies travel on another connection: wait a moment before failing the rest.
+            self._leaving[rank] = (time.monotonic() + self.grace, why)
+        elif not left:
+            self.handlers.on_peer_down(rank, why, left)
