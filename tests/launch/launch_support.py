@@ -13,6 +13,9 @@ from distgrad.utils.tempdirs import pid_alive
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
+# heartbeat_timeout: a stopped worker is found within 2 s (a test checks it); 1 s was too
+# tight for a handshake on a 2-core machine running three suites at once (a world fell
+# apart at its start). test_config counts this text's lines: keep them.
 TINY = """\
 # a pipeline small enough to start, train and stop in a couple of seconds
 [run]
@@ -21,7 +24,7 @@ log_every = 2
 
 [world]
 workers = 2
-heartbeat_timeout = 1.0
+heartbeat_timeout = 2.0
 rpc_timeout = 30.0
 
 [model]
