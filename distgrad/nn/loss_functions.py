@@ -121,7 +121,7 @@ def _nll(x, t, valid, weight, reduction):
         out, coef = losses.sum(), -w
     else:
         total = np.asarray(w.sum(), dtype=d.dtype)
-        out, coef = np.asarray(losses.sum() / total), -w / total
+        out, coef = losses.sum() / total, -w / total
     return record(NllLossBackward0, np.asarray(out, dtype=d.dtype), (x,), (),
                   {"shape": d.shape, "key": key, "coef": coef})
 

@@ -284,7 +284,8 @@ class Transport:
         owns: the I/O thread's dealer on the I/O thread, else this thread's own socket to
         ``dst`` (made on first use). No thread hand-off. Returns False if it could not be
         sent (this side is closing, or the peer is gone)."""
-        if threading.get_ident() == self._io_ident:
+        own = threading.get_ident() != self._io_ident
+        if not own:
             sock = self.dealers[dst]
         else:
             socks = getattr(self._tls, "socks", None)
@@ -304,7 +305,7 @@ class Transport:
                 log.debug("%s: send to rank %d failed: %s", self.name, dst, e)
             return False
         self._count(frames)
-        if self._one_core and sock is not self.dealers[dst]:
+        if own and self._one_core:
             # ZeroMQ's own I/O thread writes the message out, and on a process pinned to
             # one core it can only run when this thread blocks: a stage that sends a
             # gradient and goes on with its optimizer step held it back for the whole
