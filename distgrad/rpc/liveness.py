@@ -3,7 +3,10 @@ connection events of the transport's dealers.
 
 Liveness does not need the GIL: ZeroMQ's own ZMTP heartbeats
 (``HEARTBEAT_IVL``/``_TIMEOUT``/``_TTL``) are answered by libzmq's I/O thread, so
-a process busy in Python or in a long C call stays alive to its peers. What
+a process busy in Python or in a long C call stays alive to its peers. (Not a
+connection that drops meanwhile: admitting it again is ZAP, in Python, so it waits
+for the busy process's I/O thread and reads as a death after ``grace``. Drops take a
+libzmq thread unscheduled for the ZMTP timeout, 2 s with the default options.) What
 this side sees through a dealer's monitor:
 
 * a killed peer: the connection drops and reconnecting is refused at once, so
