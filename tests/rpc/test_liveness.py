@@ -24,12 +24,11 @@ FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=1.0)  # detection bound: 1
 # takes a libzmq thread unscheduled for the ZMTP timeout: in CI (2 cores, the whole suite
 # beside it) that happened with 0.3 s and with 0.75 s of margin. The default options give
 # it 2 s; both processes hold the GIL for longer than the detection bound (3 s).
-ROOMY = dict(heartbeat_interval=0.5, heartbeat_timeout=3.0)  # the defaults
-HOLD = 4.0
+HOLD = rpc.TensorPipeRpcBackendOptions().heartbeat_timeout + 1.0
 
 
 def test_a_process_holding_the_gil_stays_alive_to_its_peers(rpc_world):
-    world = rpc_world(2, **ROOMY)
+    world = rpc_world(2)  # the default heartbeat options
     # worker1 keeps the GIL in one C call for longer than the detection bound
     busy = rpc.rpc_async("worker1", f.hold_gil, (HOLD,))
     time.sleep(0.5)
