@@ -16,6 +16,7 @@ COMMANDS = {
     "launch": "distgrad.launch.command",
     "offload": "distgrad.offload.experiment.command",
     "store": "distgrad.offload.store.command",
+    "hosts": "distgrad.testing.hosts_command",
 }
 
 

@@ -12,6 +12,8 @@
 ``harness``        the worlds of one test, and the worlds tests share
 ``remote``         the only functions a world's workers run for the harness
 ``oracle``         compares an op with PyTorch
+``hosts``          simulated hosts: network namespaces on a switch, for multi-host tests
+                   (the ``simulated_hosts`` fixture, ``distgrad hosts`` by hand)
 
 Nothing here is callable over RPC by default; a World's workers allow ``remote`` only.
 """

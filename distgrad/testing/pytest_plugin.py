@@ -214,6 +214,30 @@ def rpc_world(request):
 
 
 @pytest.fixture
+def simulated_hosts():
+    """Factory: ``simulated_hosts(n=2, *, bandwidth=None, private_shm=False, ipv6=False,
+    attach_caller=False)`` -> :class:`~distgrad.testing.hosts.SimulatedHosts`: ``n``
+    hosts (network namespaces on a switch), removed with everything running on them when
+    the test ends, passed or failed. Skips the test, with the reason, where hosts cannot
+    be made (not root, no namespaces)."""
+    from . import hosts
+
+    why = hosts.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    made = []
+
+    def make(n=2, **options):
+        made.append(hosts.SimulatedHosts(n, **options))
+        return made[-1]
+    try:
+        yield make
+    finally:
+        for h in made:
+            h.close()
+
+
+@pytest.fixture
 def world_size(request):
     """The number of processes of this SPMD test's world (``@pytest.mark.world(size)``)."""
     marker = request.node.get_closest_marker("world")
