@@ -18,6 +18,8 @@ import os
 import signal
 import sys
 
+from distgrad.utils import addresses
+
 __all__ = ["add_arguments", "run", "main", "die_with_parent", "DUMP_END"]
 
 HELP = "run an RPC worker until the world shuts down"
@@ -108,9 +110,10 @@ def add_arguments(p):
     p.add_argument("--transport", choices=("tcp", "ipc"), default=env("DISTGRAD_TRANSPORT", "tcp"),
                    help="this worker's own endpoint: tcp on --bind-addr, or an ipc socket "
                         "(default: %(default)s; env: DISTGRAD_TRANSPORT)")
-    p.add_argument("--bind-addr", default=env("DISTGRAD_BIND_ADDR", "127.0.0.1"),
-                   help="address the tcp endpoint binds to (default: %(default)s; env: "
-                        "DISTGRAD_BIND_ADDR)")
+    p.add_argument("--bind-addr", default=env("DISTGRAD_BIND_ADDR"),
+                   help="address the tcp endpoint binds to (default: this host's address "
+                        "toward the rendezvous host, 127.0.0.1 for one on loopback; env: "
+                        "DISTGRAD_BIND_ADDR, or an interface: DISTGRAD_SOCKET_IFNAME)")
     p.add_argument("--allow", action="append", default=[], metavar="MODULE",
                    help="a module whose functions and classes may run here, with its "
                         "submodules; repeatable (env: DISTGRAD_ALLOWED_MODULES, "
@@ -234,7 +237,7 @@ def run(args, parser=None):
     from distgrad.rpc.options import RpcBackendOptions
     init_method = args.init_method
     if init_method is None and args.master_addr:
-        init_method = f"tcp://{args.master_addr}:{args.master_port}"
+        init_method = addresses.endpoint(args.master_addr, args.master_port)
     allowed = list(args.allow) + [m for m in _env("DISTGRAD_ALLOWED_MODULES", "").split(",") if m]
     pub, sec = _env("DISTGRAD_CURVE_PUBLIC_KEY"), _env("DISTGRAD_CURVE_SECRET_KEY")
     log = logging.getLogger("distgrad.rpc")

@@ -48,7 +48,8 @@ from distgrad.rpc.options import RpcBackendOptions
 from distgrad.rpc.pool import HandlerPool
 from distgrad.rpc.shm import LendingContext, SameHost
 from distgrad.rpc.transport import Transport
-from distgrad.utils.host import boot_id
+from distgrad.utils import addresses
+from distgrad.utils.host import network_id
 from distgrad.utils.tempdirs import owned_tempdir
 
 from .errors import DistBackendError
@@ -143,10 +144,13 @@ class Communicator:
     :class:`PointToPoint` (``p2p``), and routes their messages to them."""
 
     def __init__(self, rank, world_size, heartbeat_interval=0.5, heartbeat_timeout=3.0,
-                 bind_addr="127.0.0.1"):
+                 address=None):
         self.rank, self.world_size = rank, world_size
+        # where to bind and what to advertise (utils/addresses.py; None: loopback)
+        self.address = address or addresses.choose(None, "pg", env={})
         self.options = RpcBackendOptions(heartbeat_interval=heartbeat_interval,
-                                         heartbeat_timeout=heartbeat_timeout, bind_addr=bind_addr,
+                                         heartbeat_timeout=heartbeat_timeout,
+                                         bind_addr=self.address.bind,
                                          shm_threshold=_SHM_THRESHOLD)
         # authenticated as an RPC world: members only, each as its own rank (members.py)
         self.transport = Transport(f"pg-rank{rank}", rank, world_size, self.options, self,
@@ -170,8 +174,12 @@ class Communicator:
     # ------------------------------------------------------------------ setup (caller thread)
     def bind(self):
         """Listen; return this rank's address for its peers: a TCP endpoint, and an ipc://
-        one (lower latency) for peers on this host, with the host's boot id."""
-        tcp = self.transport.bind(f"tcp://{self.options.bind_addr}:0")
+        one (lower latency) for peers on this host, with the host's :func:`network_id`."""
+        here = self.address
+        tcp = self.transport.bind(addresses.endpoint(here.bind, 0))
+        host, port = addresses.host_port(tcp)
+        if addresses.is_wildcard(host):
+            tcp = addresses.endpoint(here.advertise, port)
         try:
             self._ipc_dir = owned_tempdir(IPC_DIR_PREFIX)
             ipc = f"ipc://{self._ipc_dir}/r{self.rank}.sock"
@@ -179,14 +187,14 @@ class Communicator:
         except (OSError, zmq.ZMQError) as e:  # no unix sockets here: TCP only
             log.debug("process group: no ipc endpoint: %s", e)
             return tcp
-        return f"{tcp} {ipc} {boot_id()}"
+        return f"{tcp} {ipc} {network_id()}"
 
     @staticmethod
     def _choose(address):
         """The endpoint to reach a peer at ``address`` (see :meth:`bind`): its ipc:// one
-        when it runs on this host (same boot id, its socket file visible), else TCP."""
+        when it runs on this host (same network id, its socket file visible), else TCP."""
         parts = address.split()
-        if len(parts) == 3 and parts[2] == boot_id() and \
+        if len(parts) == 3 and parts[2] == network_id() and \
                 os.path.exists(parts[1][len("ipc://"):]):
             return parts[1]
         return parts[0]

@@ -23,18 +23,18 @@ process calls ``new_group`` in the same order (members and not), as in PyTorch.
 import datetime
 import hashlib
 import os
-import socket
 import time
 import urllib.parse
 import warnings
 
 from distgrad.rpc.rendezvous import resolve_address
 from distgrad.rpc.rendezvous_file import file_path
+from distgrad.utils import addresses
 
 from . import comm as _comm
 from . import members
 from .agent_store import attempt_store, uses_agent_store
-from .errors import DistError, DistStoreError
+from .errors import DistError, DistNetworkError, DistStoreError
 from .file_store import FileStore
 from .programs import shm_handshake
 from .store import PrefixStore, Store, TCPStore, seconds
@@ -169,22 +169,14 @@ def _group_id(ranks, nth):
     return int.from_bytes(digest.digest(), "big") >> 1
 
 
-def _local_address_towards(host):
-    """The address of this host that reaches ``host`` (127.0.0.1 for a loopback master)."""
+def _own_address(host):
+    """Where this rank binds and what it advertises (``utils/addresses.py``): toward the
+    master ``host``, unless DISTGRAD_BIND_ADDR, DISTGRAD_SOCKET_IFNAME or
+    GLOO_SOCKET_IFNAME say otherwise."""
     try:
-        ip = socket.gethostbyname(host)
-    except OSError:
-        return "127.0.0.1"
-    if ip.startswith("127."):
-        return "127.0.0.1"
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.connect((ip, 9))  # UDP: no packet is sent; the kernel picks the route
-        return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
-    finally:
-        s.close()
+        return addresses.choose(host, "pg")
+    except addresses.AddressError as e:
+        raise DistNetworkError(f"cannot choose this rank's address: {e}") from None
 
 
 def _from_env(name, given):
@@ -225,16 +217,16 @@ def _store_from_init_method(init_method, rank, world_size, timeout):
     elif url.scheme == "tcp":
         rank = int(query.get("rank", rank))
         world_size = int(query.get("world_size", world_size))
-        address = f"tcp://{url.hostname}:{url.port}"
         if url.hostname is None or url.port is None:
             raise ValueError(f"init_method {init_method!r} must be tcp://host:port")
+        address = addresses.endpoint(url.hostname, url.port)
         if rank < 0 or world_size < 1:
             raise ValueError("tcp:// init_method needs rank and world_size (arguments, or "
                              "?rank=..&world_size=.. in the URL)")
     else:
         raise ValueError(f"init_method {init_method!r} is not supported: use env://, "
                          "tcp://host:port or file:///path (or pass store=)")
-    host, port = address[len("tcp://"):].rsplit(":", 1)
+    host, port = addresses.host_port(address)
     _check_rank(rank, world_size)
     if uses_agent_store():
         store, client = attempt_store(host, int(port), timeout)
@@ -319,7 +311,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             comm = _comm.Communicator(rank, world_size, heartbeat_interval=interval,
                                       heartbeat_timeout=getattr(pg_options, "heartbeat_timeout",
                                                                 max(3.0, 4 * interval)),
-                                      bind_addr=_local_address_towards(host or "127.0.0.1"))
+                                      address=_own_address(host))
             secret = members.secret_for(comm.options, store, rank, world_size)
             mine = members.entry(rank, world_size, comm.bind(), comm.verifier, secret)
             entries = _meet(pg_store, rank, world_size, mine, timeout_s,

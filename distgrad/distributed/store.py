@@ -23,7 +23,6 @@ every malformed request with an error; nothing is unpickled.
 import datetime
 import itertools
 import logging
-import socket
 import threading
 import time
 
@@ -31,6 +30,7 @@ import msgpack
 import zmq
 
 from ..rpc.rendezvous import MeetingPoint, RendezvousError
+from ..utils import addresses
 from .errors import DistNetworkError, DistStoreError
 
 __all__ = ["Store", "HashStore", "TCPStore", "PrefixStore"]
@@ -261,10 +261,9 @@ class HashStore(Store):
 # ---------------------------------------------------------------------- TCPStore
 def _bind_address(host, port):
     try:
-        ip = socket.gethostbyname(host)
-    except OSError as e:
-        raise DistNetworkError(f"cannot resolve the store host {host!r}: {e}") from None
-    return f"tcp://{ip}:{port}"
+        return addresses.endpoint(addresses.listen_address(host), port)
+    except addresses.AddressError as e:
+        raise DistNetworkError(f"the store cannot listen at {host}:{port}: {e}") from None
 
 
 def _valid_request(req):
@@ -398,6 +397,7 @@ class _OwnedSocket:
     def __init__(self, address):
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.linger = 0
+        self.sock.ipv6 = 1
         self.sock.connect(address)
 
     def __del__(self):
@@ -447,7 +447,7 @@ class TCPStore(Store):
         elif port == 0:
             raise ValueError("TCPStore(): a client (is_master=False) needs the master's port")
         self.port = port
-        self._address = f"tcp://{host_name}:{port}"
+        self._address = addresses.endpoint(host_name, port)
         self._call("hello")
         if is_master and wait_for_workers and world_size:
             self._wait_members(world_size)

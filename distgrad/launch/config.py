@@ -143,7 +143,11 @@ SCHEMA = {
                                                     "worker is one (default world.workers)"),
         "transport": Field(str, "ipc", choices=("ipc", "tcp"), doc="worker endpoints: unix "
                                                                    "sockets or TCP"),
-        "bind_addr": Field(str, "127.0.0.1", doc="address TCP endpoints bind to"),
+        "bind_addr": Field(str, "auto", doc="address TCP endpoints bind to; auto: this "
+                                            "host's address toward the rendezvous host "
+                                            "(127.0.0.1 for a launch on one machine), unless "
+                                            "DISTGRAD_BIND_ADDR or DISTGRAD_SOCKET_IFNAME "
+                                            "say otherwise; 0.0.0.0: every interface"),
         "blas_threads": Field("int_or_auto", "auto", low=1, doc="BLAS threads per process; "
                                                                "auto: cores / workers"),
         "pin_workers": Field(bool, True, doc="pin each worker process started here to "

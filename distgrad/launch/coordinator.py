@@ -38,6 +38,7 @@ from . import progress
 from . import stage as _stage
 from . import trace as _trace
 from .data import Batches, micro_batches, split
+from .environment import own_address
 from .grid import Grid
 from .resolve import plan
 from .rundir import METRICS, RESULT, write_json
@@ -153,7 +154,8 @@ class Coordinator:
         config, p, grid = self.config, self.plan, self.grid
         stages, world = grid.stages, config["world"]
         if grid.replicas > 1:
-            bind = self.launch["world"].get("bind_addr") or world["bind_addr"]
+            bind = own_address(self.launch["world"]["init_method"],
+                               self.launch["world"].get("bind_addr") or world["bind_addr"])
             self.store = TCPStore(bind, 0, is_master=True, wait_for_workers=False,
                                   timeout=world["rendezvous_timeout"])
 

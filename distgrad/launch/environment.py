@@ -25,11 +25,12 @@ import os
 import re
 import socket
 
+from distgrad.utils import addresses
 from distgrad.utils.cpus import allocate_cpus, allowed_cpus
 from distgrad.utils.ports import free_port
 
 __all__ = ["Layout", "detect", "first_host", "slurm_port", "cpu_count", "worker_cores",
-           "torchrun_rendezvous"]
+           "torchrun_rendezvous", "own_address"]
 
 
 class Layout:
@@ -111,12 +112,11 @@ def detect(workers, env=None, force_local=False):
         _check_size(size, world, "SLURM_NTASKS")
         rank = _int_env(env, "SLURM_PROCID")
         host = first_host(env.get("SLURM_JOB_NODELIST") or socket.gethostname())
-        multi = _int_env(env, "SLURM_JOB_NUM_NODES") > 1 if env.get("SLURM_JOB_NUM_NODES") \
-            else False
-        rendezvous = f"tcp://{_address(host)}:{slurm_port(env['SLURM_JOB_ID'])}"
+        # the rendezvous runs on the first host; each process binds its address toward
+        # it (utils/addresses.py), whatever this host's name resolves to
+        rendezvous = addresses.endpoint(host, slurm_port(env["SLURM_JOB_ID"]))
         return Layout("slurm", size, [rank], rendezvous,
-                      run_id=f"slurm{env['SLURM_JOB_ID']}",
-                      bind_addr=_address(socket.gethostname()) if multi else None)
+                      run_id=f"slurm{env['SLURM_JOB_ID']}")
     size, rank = _int_env(env, "WORLD_SIZE"), _int_env(env, "RANK")
     _check_size(size, world, "WORLD_SIZE")
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
@@ -124,11 +124,9 @@ def detect(workers, env=None, force_local=False):
         raise ValueError("RANK is set but MASTER_ADDR/MASTER_PORT are not: a torchrun-style "
                          "launch needs all four (or pass --local)")
     run_id = env.get("TORCHELASTIC_RUN_ID") or f"{addr}-{port}"
-    bind = None if addr in ("127.0.0.1", "localhost") else _address(socket.gethostname())
     if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-        return Layout("torchrun", size, [rank], None, run_id=run_id, bind_addr=bind)
-    return Layout("env", size, [rank], f"tcp://{_address(addr)}:{int(port)}", run_id=run_id,
-                  bind_addr=bind)
+        return Layout("torchrun", size, [rank], None, run_id=run_id)
+    return Layout("env", size, [rank], addresses.endpoint(addr, int(port)), run_id=run_id)
 
 
 def _check_size(size, world, name):
@@ -138,11 +136,14 @@ def _check_size(size, world, name):
                          f"world.workers={size - 1} or {world} tasks")
 
 
-def _address(host):
-    try:
-        return socket.gethostbyname(host)
-    except OSError:
-        return host
+def own_address(rendezvous, bind_addr="auto"):
+    """The address this process advertises in a world that meets at ``rendezvous``
+    (``world.bind_addr``: "auto" chooses it toward the rendezvous host)."""
+    if bind_addr and bind_addr != "auto" and not addresses.is_wildcard(bind_addr):
+        return bind_addr
+    toward = addresses.host_port(rendezvous)[0] if rendezvous.startswith("tcp://") else None
+    env = {"DISTGRAD_BIND_ADDR": bind_addr} if bind_addr and bind_addr != "auto" else None
+    return addresses.choose(toward, "rpc", env=env).advertise
 
 
 def torchrun_rendezvous(rank, env=None, timeout=60.0):
@@ -154,8 +155,9 @@ def torchrun_rendezvous(rank, env=None, timeout=60.0):
                           timeout=datetime.timedelta(seconds=timeout))
     key = f"distgrad/launch/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/rendezvous"
     if rank == 0:
-        host = _address(env["MASTER_ADDR"])
-        address = f"tcp://{host}:{free_port(host)}"  # closed again just before rank 0 binds it
+        # rank 0 need not run on MASTER_ADDR's host (the agents' store may be elsewhere)
+        host = own_address(addresses.endpoint(env["MASTER_ADDR"], env["MASTER_PORT"]))
+        address = addresses.endpoint(host, free_port(host))  # closed just before rank 0 binds it
         store.set(key, address)
         return address
     return store.get(key).decode()  # waits (up to the store's timeout) for rank 0

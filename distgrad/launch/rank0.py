@@ -35,12 +35,17 @@ def _die_with_parent():
         pass
 
 
+def _bind_addr(value):
+    return None if value == "auto" else value  # None: chosen toward the rendezvous host
+
+
 def _options(world):
     cfg = world["config"]
     hb = cfg["heartbeat_timeout"]
     return rpc.RpcBackendOptions(
         init_method=world["init_method"], transport=world["transport"],
-        bind_addr=world.get("bind_addr") or cfg["bind_addr"], rpc_timeout=cfg["rpc_timeout"],
+        bind_addr=_bind_addr(world.get("bind_addr") or cfg["bind_addr"]),
+        rpc_timeout=cfg["rpc_timeout"],
         heartbeat_interval=heartbeat_interval(hb), heartbeat_timeout=hb,
         rendezvous_timeout=cfg["rendezvous_timeout"], simulated_link=cfg.get("simulated_link"),
         allowed_modules=("distgrad.launch.progress",))  # the stages' step reports

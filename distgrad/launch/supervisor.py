@@ -156,7 +156,8 @@ class Supervisor:
         world = self.config["world"]
         cmd = [sys.executable, "-m", "distgrad", "worker", "--name", name, "--rank", str(rank),
                "--world-size", str(self.layout.world_size), "--init-method", rendezvous,
-               "--transport", self.transport, "--bind-addr", bind,
+               "--transport", self.transport,
+               *(["--bind-addr", bind] if bind != "auto" else []),
                "--rpc-timeout", str(world["rpc_timeout"]),
                "--rendezvous-timeout", str(world["rendezvous_timeout"]),
                "--heartbeat-timeout", str(world["heartbeat_timeout"]),

@@ -17,6 +17,7 @@ import time
 import uuid
 
 from .. import codec
+from ..utils import addresses
 from ..utils.allocator import keep_freed_memory
 from ..utils.tempdirs import owned_tempdir
 from .barrier import ShutdownBarrier
@@ -40,6 +41,14 @@ __all__ = ["Lifecycle", "IPC_DIR_PREFIX"]
 IPC_DIR_PREFIX = "dg-rpc-"
 
 _FOREVER = 3600 * 24 * 365
+
+
+def _advertised(endpoint, here):
+    """``endpoint`` as the others reach it: a wildcard bind advertises the chosen address."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, port = addresses.host_port(endpoint)
+    return addresses.endpoint(here.advertise, port) if addresses.is_wildcard(host) else endpoint
 
 
 class Lifecycle:
@@ -98,43 +107,65 @@ class Lifecycle:
         """Bind this process's socket and join the rendezvous (rank 0 serves it unless given
         a server); the world's table ``[[name, rank, endpoint, auth], ...]``."""
         opts = self.options
-        if opts.transport == "ipc":
-            self._ipc_dir = opts.ipc_dir or owned_tempdir(IPC_DIR_PREFIX)
-            address = f"ipc://{self._ipc_dir}/{uuid.uuid4().hex[:12]}.sock"
-        else:
-            address = f"tcp://{opts.bind_addr}:0"
-        endpoint = t.bind(address)
-        curve = None if opts.curve_public_key is None else (opts.curve_public_key,
-                                                            opts.curve_secret_key)
         rendezvous_file = file_path(opts.init_method)
         server = rendezvous_server
         handed = None  # the secret a file:// rendezvous hands (see rendezvous_file.py)
-        if server is None and self.rank == 0:
+        address = None  # where the rendezvous is, once known
+        if server is not None:
+            address = server.address
+        elif self.rank == 0:
             if rendezvous_file and world_secret(opts) is None \
                     and keeps_secret(rendezvous_file):
                 handed = new_world_secret().encode()
-        elif server is None and rendezvous_file:
+            if not rendezvous_file:
+                address = resolve_address(opts.init_method)
+        elif rendezvous_file:
             address, handed = read_published(rendezvous_file, opts.rendezvous_timeout)
-        elif server is None:
+        else:
             address = resolve_address(opts.init_method)
+        here = self._own_address(address)
+        endpoint = t.bind(self._endpoint_address(here))
+        if address is None or address.startswith("tcp://"):
+            endpoint = _advertised(endpoint, here)
+        curve = None if opts.curve_public_key is None else (opts.curve_public_key,
+                                                            opts.curve_secret_key)
         secret = member_secret(opts, f"{self.name!r} (rank {self.rank})", self.world_size,
                                handed)
         if server is None and self.rank == 0:
-            bind = (f"tcp://{opts.bind_addr}:0" if rendezvous_file
-                    else resolve_address(opts.init_method))
+            bind = addresses.endpoint(here.bind, 0) if rendezvous_file else address
             server = RendezvousServer(t.ctx, bind, curve, secret)
         self._rendezvous = server  # answers late joiners until this agent shuts down
         if server is not None and not server.started:
             server.start(self.world_size, opts.rendezvous_timeout)
             if rendezvous_file:
-                publish(rendezvous_file, server.address, handed)
-                self._published = (rendezvous_file, server.address)
+                published = _advertised(server.address, here)
+                publish(rendezvous_file, published, handed)
+                self._published = (rendezvous_file, published)
         if server is not None:
             address = server.address
         # the server's own timeout (with the missing ranks) should be what rank 0 reports
         wait = opts.rendezvous_timeout + (2.0 if server is not None else 0.0)
         return join(t.ctx, address, self.name, self.rank, self.world_size, endpoint, wait,
                     curve, t.credential.registration, secret)
+
+    def _own_address(self, rendezvous):
+        """Where this process binds and what it advertises (``utils/addresses.py``): toward
+        the rendezvous host, unless the options or the environment say otherwise."""
+        toward = addresses.host_port(rendezvous)[0] \
+            if rendezvous and rendezvous.startswith("tcp://") else None
+        env = {"DISTGRAD_BIND_ADDR": self.options.bind_addr} if self.options.bind_addr \
+            else None
+        try:
+            return addresses.choose(toward, "rpc", env=env)
+        except addresses.AddressError as e:
+            raise RpcError(f"{self.name!r} (rank {self.rank}) cannot choose its address: "
+                           f"{e}") from None
+
+    def _endpoint_address(self, here):
+        if self.options.transport == "ipc":
+            self._ipc_dir = self.options.ipc_dir or owned_tempdir(IPC_DIR_PREFIX)
+            return f"ipc://{self._ipc_dir}/{uuid.uuid4().hex[:12]}.sock"
+        return addresses.endpoint(here.bind, 0)
 
     def _make_parts(self, events):
         """The parts that need the formed world, wired to each other; then the transport's

@@ -15,6 +15,11 @@ class RpcBackendOptions:
     ``"tcp://host:port"``, ``"ipc:///path"``: where the rendezvous runs, or
     ``"file:///path"``: a file through which rank 0 tells the others where it runs.
     ``transport``: ``"tcp"`` or ``"ipc"`` for this process's own endpoint.
+    ``bind_addr``: the address its tcp endpoint binds and advertises; None (default): the
+    address of this host on the route toward the rendezvous host (127.0.0.1 for a
+    rendezvous on loopback), unless ``DISTGRAD_BIND_ADDR``, ``DISTGRAD_SOCKET_IFNAME`` or
+    ``TP_SOCKET_IFNAME`` say otherwise (see ``utils/addresses.py``); ``"0.0.0.0"``
+    binds every interface.
     ``rpc_timeout``: default per-call timeout in seconds (0 = no timeout).
     ``num_worker_threads``: handler threads kept ready; more start whenever every
     thread is busy, so nested calls cannot deadlock.
@@ -53,7 +58,7 @@ class RpcBackendOptions:
     rpc_timeout: float = 60.0
     init_method: str = "env://"
     transport: str = "tcp"
-    bind_addr: str = "127.0.0.1"
+    bind_addr: Optional[str] = None
     allowed_modules: Sequence[str] = ()
     authenticate: bool = True
     world_secret: Optional[str] = None

@@ -25,13 +25,13 @@ a wrong one, is refused with a message naming it, and the secret never crosses t
 import collections
 import logging
 import os
-import socket
 import threading
 import time
 
 import msgpack
 import zmq
 
+from ..utils import addresses
 from ..utils.lifetimes import join_all
 from .credentials import MECHANISMS, SECRET_ENV, prove, proven
 from .errors import RpcError, RpcTimeoutError
@@ -64,7 +64,7 @@ def resolve_address(init_method):
         raise ValueError(f"MASTER_PORT must be a port number, not {port!r}") from None
     if not 0 < port < 65536:
         raise ValueError(f"MASTER_PORT {port} is out of range 1-65535")
-    return f"tcp://{addr}:{port}"
+    return addresses.endpoint(addr, port)
 
 
 def _secure(sock, curve, server):
@@ -122,16 +122,16 @@ _POLL_SLICE = 0.05         # s: how soon the serving thread notices a stop or a 
 
 def _normalized(address):
     """``tcp://host:port`` with the host resolved (``localhost`` and ``127.0.0.1`` are one
-    place); other addresses as they are."""
+    place) to the address a server there binds (``addresses.listen_address``); other
+    addresses as they are."""
     if not address.startswith("tcp://"):
         return address
     host, _, port = address[len("tcp://"):].rpartition(":")
-    host = host.strip("[]")
     try:
-        host = socket.gethostbyname(host)
-    except OSError:
-        pass
-    return f"tcp://{host}:{port}"
+        host = addresses.listen_address(host)
+    except addresses.AddressError as e:
+        raise RendezvousError(f"cannot serve the rendezvous at {address}: {e}") from None
+    return addresses.endpoint(host, port)
 
 
 _MAX_PARKED = 1024  # frames per kind kept for a handler not attached yet
@@ -200,6 +200,7 @@ class MeetingPoint:
         # a context of its own, ended with the point: nothing of it outlives its users
         self._ctx = zmq.Context(io_threads=1)
         self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.ipv6 = addresses.is_ipv6(address)
         self._sock.linger = 0
         self._sock.router_mandatory = 1
         self._sock.maxmsgsize = self._applied_limit = max_message
@@ -478,6 +479,7 @@ def join(ctx, address, name, rank, world_size, endpoint, timeout, curve=None, au
                                       _registered(name, rank, world_size, endpoint, auth))
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
+    sock.ipv6 = addresses.is_ipv6(address)
     _secure(sock, curve, server=False)
     try:
         sock.connect(address)

@@ -45,6 +45,7 @@ import time
 
 import zmq
 
+from ..utils.addresses import is_ipv6
 from ..utils.lifetimes import join_all
 from . import wire
 from .admission import ZapHandler
@@ -255,6 +256,7 @@ class Transport:
         r.router_mandatory = 1
         r.router_handover = 1
         r.maxmsgsize = self.options.max_message_size
+        r.ipv6 = is_ipv6(address)
         r.bind(address)
         return r.last_endpoint.decode()
 
@@ -271,6 +273,7 @@ class Transport:
             d = self.socket(zmq.DEALER, peer=r)
             d.identity = b"%d:%s" % (self.rank, self._tag) if self._tag else b"%d" % self.rank
             self.liveness.watch(d, r)
+            d.ipv6 = is_ipv6(ep)
             d.connect(ep)
             self.dealers.append(d)
         # pinned to one core (``distgrad worker --cpus``): see send()
@@ -349,6 +352,7 @@ class Transport:
         # a distinct identity per connection (the router would hand one identity over to
         # the newest connection); the rank in front names the sender in logs
         s.identity = b"%d:%s%d" % (self.rank, self._tag, next(self._own_ids))
+        s.ipv6 = is_ipv6(self.endpoints[dst])
         s.connect(self.endpoints[dst])
         return s
 

@@ -59,7 +59,8 @@ def test_slurm_and_torchrun_environments():
                        "SLURM_JOB_NODELIST": "localhost", "SLURM_LOCALID": "2",
                        "SLURM_STEP_ID": "0"})
     assert (slurm.kind, slurm.world_size, slurm.ranks) == ("slurm", 3, [2])
-    assert slurm.rendezvous == "tcp://127.0.0.1:15042" and slurm.run_id == "slurm42"
+    # the first host by name: each process resolves it (and its own address toward it)
+    assert slurm.rendezvous == "tcp://localhost:15042" and slurm.run_id == "slurm42"
     env = detect(1, {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                      "MASTER_PORT": "29511"})
     assert (env.kind, env.ranks, env.rendezvous) == ("env", [1], "tcp://127.0.0.1:29511")
