@@ -196,6 +196,7 @@ class Host:
         self.address, self.address6 = address, address6
         self.interface = "eth0"
         self.shm_dir = shm_dir  # None: the machine's /dev/shm
+        self._firewalled = False
 
     def __repr__(self):
         return f"Host({self.name}, {self.address})"
@@ -265,6 +266,28 @@ class Host:
 
     def link_up(self):
         _ip(["link", "set", self.interface, "up"], netns=self.netns)
+
+    def drop_port(self, port):
+        """A firewall on this host that silently drops connections to its ``port`` (TCP):
+        a client's connection attempts go unanswered, as behind a firewall that drops
+        rather than rejects. (It drops what the host sends from that port: this kernel
+        offers no tc drop action on ingress.)"""
+        if not self._firewalled:
+            _tc(self.netns, ["qdisc", "replace", "dev", self.interface, "root", "handle", "1:",
+                             "htb", "default", "10", "r2q", "100000"])
+            rate = f"{int(self._hosts.rate)}bit" if self._hosts.rate else "100gbit"
+            _tc(self.netns, ["class", "add", "dev", self.interface, "parent", "1:", "classid",
+                             "1:10", "htb", "rate", rate])
+            _tc(self.netns, ["class", "add", "dev", self.interface, "parent", "1:", "classid",
+                             "1:20", "htb", "rate", "8kbit", "quantum", "1514"])
+            _tc(self.netns, ["qdisc", "add", "dev", self.interface, "parent", "1:20", "handle",
+                             "20:", "pfifo", "limit", "0"])
+            self._firewalled = True
+        for prio, (protocol, u32) in enumerate((("ip", "ip"), ("ipv6", "ip6")), 1):
+            _tc(self.netns, ["filter", "add", "dev", self.interface, "parent", "1:", "protocol",
+                             protocol, "prio", str(prio), "u32", "match", u32, "protocol", "6",
+                             "0xff", "match", u32, "sport", str(int(port)), "0xffff",
+                             "flowid", "1:20"])
 
     def pids(self):
         """The processes running on this host."""
@@ -494,17 +517,20 @@ class SimulatedHosts:
                 self._guardian.wait(10)
 
 
+def _tc(netns, args):
+    done = subprocess.run(["tc", "-n", netns, *args], capture_output=True, text=True,
+                          timeout=30)
+    if done.returncode != 0:
+        raise OSError(f"simulated hosts: `tc {' '.join(args)}` failed: {done.stderr.strip()}")
+
+
 def _shape(netns, dev, bits_per_s):
     """tbf on ``dev``: ``bits_per_s``, with a bucket of a few ms of traffic (at least 64 KB
     plus a frame, so segmentation offload's large packets pass)."""
     burst = max(int(bits_per_s / 8 / 250), 65536 + 1514)
     _ip(["link", "set", dev, "txqueuelen", "10000"], netns=netns)
-    done = subprocess.run(["tc", "-n", netns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                           f"{int(bits_per_s)}bit", "burst", str(burst), "latency", "50ms"],
-                          capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        raise OSError(f"simulated hosts: tbf on {dev} failed ({done.stderr.strip()}); is the "
-                      "sch_tbf kernel module there?")
+    _tc(netns, ["qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{int(bits_per_s)}bit",
+                "burst", str(burst), "latency", "50ms"])
 
 
 def _subnet6(net):

@@ -203,10 +203,16 @@ def rpc_world(request):
     """Factory: ``rpc_world(n=2, transport="ipc", *, scope="function", leak_check=None,
     **options)`` -> :class:`~distgrad.testing.world.World` of ``n`` workers, this process
     joined as ``worker0``. ``options`` are RpcBackendOptions fields (``allowed_modules``,
-    ``rpc_timeout``...) and World's (``worker_env``, ``start_method``...)."""
+    ``rpc_timeout``...) and World's (``worker_env``, ``start_method``, ``hosts=2``: the
+    workers on simulated hosts, skipped where those cannot be made...)."""
     tw = _test_worlds(request)
 
     def start(n=2, transport="ipc", *, scope="function", leak_check=None, **options):
+        if options.get("hosts") is not None:  # simulated hosts: skipped where none can be made
+            from .hosts import unavailable
+            why = unavailable()
+            if why is not None:
+                pytest.skip(why)
         return tw.open(n, transport, scope, _scope_id(request.node, scope), leak_check,
                        **_allowed(request.config, options))
     yield start

@@ -74,11 +74,21 @@ class World:
     variables read at import time); ``allow_advice`` is what a refused module's error
     tells to do, on every rank ("{module}" stands for the module; default: init_rpc's
     options, see :data:`distgrad.rpc.allowlist.ADVICE_ENV`).
+
+    ``hosts`` spreads the workers over simulated hosts (``hosts.py``), worker ``i`` on host
+    ``(i - 1) % len(hosts)``, this process on the switch too: a number makes that many
+    (removed when the world closes), or pass :class:`~distgrad.testing.hosts.SimulatedHosts`
+    made with ``attach_caller=True``. Endpoints are then TCP, each process's address the
+    one it chose toward the rendezvous (this process's), as across real hosts.
     """
 
     def __init__(self, n, transport="ipc", worker_env=None, init_driver=True, grace=10.0,
                  test_modules=None, import_paths=(), start_method=None, allow_advice=None,
-                 **options):
+                 hosts=None, **options):
+        self.hosts, self._own_hosts = _hosts_for(hosts)
+        if self.hosts is not None:
+            transport = "tcp"  # unix sockets do not cross hosts
+            start_method = "spawn"
         self.n, self.transport, self.grace = n, transport, grace
         self.allow_advice = allow_advice
         self.worker_env = dict(worker_env or {})
@@ -122,7 +132,12 @@ class World:
             curve = (self.options["curve_public_key"], self.options["curve_secret_key"])
         secret = self.options["world_secret"]
         secret = secret.encode() if isinstance(secret, str) else secret
-        address = f"ipc://{self.dir}/rdv.sock" if self.transport == "ipc" else "tcp://127.0.0.1:0"
+        if self.hosts is not None:
+            address = f"tcp://{self.hosts.caller_address}:0"
+        elif self.transport == "ipc":
+            address = f"ipc://{self.dir}/rdv.sock"
+        else:
+            address = "tcp://127.0.0.1:0"
         server = RendezvousServer(self._ctx, address, curve, secret)
         self.init_method = server.address
         try:
@@ -200,7 +215,12 @@ class World:
         e = self._worker_environ(paths, env)
         self.killed.discard(name)
         self.paused.discard(name)
-        if self.start_method == "fork" and _read_at_runtime(env or {}):
+        if self.hosts is not None:
+            with open(log_path, "ab") as log:
+                self.procs[name] = self.host_of(name).popen(
+                    [sys.executable, "-m", "distgrad", "worker", *argv], stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=e)
+        elif self.start_method == "fork" and _read_at_runtime(env or {}):
             server = forkserver.fork_server([_ROOT, *sys.path])
             pid = server.fork(argv, e, os.getcwd(), paths, log_path)
             self.procs[name] = forkserver.ForkedProcess(server, pid, ["distgrad worker", *argv])
@@ -210,6 +230,12 @@ class World:
                     [sys.executable, "-m", "distgrad", "worker", *argv], stdout=log,
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=e)
         return self.procs[name]
+
+    def host_of(self, name):
+        """The simulated host worker ``name`` runs on (None: this machine)."""
+        if self.hosts is None:
+            return None
+        return self.hosts[(self.names.index(name) - 1) % len(self.hosts)]
 
     def pids(self):
         """{name: pid} of every process of the world, this one included."""
@@ -228,6 +254,17 @@ class World:
             self.paused.discard(name)
         p.send_signal(sig)
         p.wait(10)
+
+    def lose_host(self, host):
+        """Simulated host ``host`` (a :class:`~distgrad.testing.hosts.Host` of this world)
+        vanishes: its link goes down and every process on it is killed, as in a power
+        failure; its workers count as killed."""
+        host.link_down()
+        host.kill_all()
+        for name in self.names[1:]:
+            if self.host_of(name) is host:
+                self.killed.add(name)
+                self.procs[name].wait(10)
 
     def pause(self, name, timeout=5.0):
         """SIGSTOP worker ``name``: its process lives but neither computes nor answers
@@ -354,9 +391,24 @@ class World:
                 self.final_logs[name] = self.log_text(name)
             shutil.rmtree(self.dir, ignore_errors=True)
             sweep_stale(IPC_DIR_PREFIX)  # the socket directories of workers that were killed
+            if self._own_hosts:
+                self.hosts.close()
 
     def _all_alive(self):
         return all(p.poll() is None for p in self.procs.values())
+
+
+def _hosts_for(hosts):
+    """(the simulated hosts of a world, whether it made them) for World's ``hosts``."""
+    if hosts is None:
+        return None, False
+    from .hosts import SimulatedHosts
+    if isinstance(hosts, int):
+        return SimulatedHosts(hosts, attach_caller=True), True
+    if getattr(hosts, "caller_address", None) is None:
+        raise ValueError("a World on simulated hosts needs them made with attach_caller=True "
+                         "(this process, rank 0, joins them on the switch)")
+    return hosts, False
 
 
 def _stopped(pid):

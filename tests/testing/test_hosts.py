@@ -83,7 +83,12 @@ def test_a_private_shm_is_shared_on_its_host_and_apart_from_the_others(simulated
 def test_a_function_on_a_host_returns_its_value_or_its_error_with_the_traceback(
         simulated_hosts):
     (a,) = simulated_hosts(1)
-    assert a.spawn(shm_files).result(30) == shm_files()
+    marker = f"dg-test-{os.getpid()}-marker"
+    touch_shm(marker)
+    try:  # without private_shm a host sees the machine's /dev/shm
+        assert marker in a.spawn(shm_files).result(30)
+    finally:
+        os.unlink(os.path.join("/dev/shm", marker))
     with pytest.raises(simulated.HostCallError, match=r"ValueError: broken[\s\S]*in fail"):
         a.spawn(fail, "broken").result(30)
     done = a.run([sys.executable, "-c", "import sys; print(sys.argv[1])", "hello"])
@@ -182,3 +187,17 @@ def test_where_hosts_cannot_be_made_the_reason_is_given(monkeypatch):
     assert simulated.parse_rate("1Gbit/s") == 1e9
     with pytest.raises(ValueError, match="such as '1Gbit/s'"):
         simulated.parse_rate("fast")
+
+
+def test_a_dropped_port_goes_unanswered_and_the_others_still_work(simulated_hosts):
+    a, b = simulated_hosts(2, ipv6=True)
+    a.drop_port(7003)
+    dropped = a.spawn(listen_once, 7003)
+    with pytest.raises(simulated.HostCallError, match="timed out"):
+        b.spawn(fetch, a.address, 7003, 0.5).result(30)
+    with pytest.raises(simulated.HostCallError, match="timed out"):
+        b.spawn(fetch, a.address6, 7003, 0.5).result(30)
+    dropped.kill()
+    server = a.spawn(listen_once, 7004)
+    assert b.spawn(fetch, "host0", 7004).result(30) == a.address
+    server.result(30)
