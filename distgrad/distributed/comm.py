@@ -403,7 +403,7 @@ class Communicator:
         body, bufs = wire.encode(payload, ctx)
         frames = [wire.pack_header(Kind.CALL, 0, self.rank, extra, ctx.segments or None), body,
                   *bufs]
-        sock = self.transport.dealers[dst]
+        sock = self.transport.io_socket(dst)
         try:
             last = len(frames) - 1
             for i, f in enumerate(frames):

@@ -50,31 +50,62 @@ class PeerLiveness:
         self.options = options
         self.handlers = handlers
         self.grace = max(0.5, options.heartbeat_interval)
+        # how long a first handshake may take once the peer's host accepted the connection
+        self._admission = max(4 * options.heartbeat_timeout, 10.0)
         # libzmq drops a silent connection within an interval and its own timeout; the
         # grace given to a reconnection completes heartbeat_timeout
         zmtp_timeout = max(options.heartbeat_timeout - self.grace - options.heartbeat_interval,
                            options.heartbeat_interval)
         self._hb = (int(options.heartbeat_interval * 1000), int(zmtp_timeout * 1000),
                     int(options.heartbeat_timeout * 1000))
+        # Connections that carry messages outlast a network outage as long as the bound and
+        # TCP's retransmissions after it, which back off exponentially (an outage of t s is
+        # over for TCP by about 2t + 0.2 s): dropping one would lose what was in flight.
+        # Only the liveness connections (which carry nothing) drop at the bound.
+        lasting = int((2 * options.heartbeat_timeout + 1.0) * 1000)
+        self._hb_data = (self._hb[0], lasting, lasting)
         self._down = {}            # rank -> why (dead or left); read by any thread
         self._left = set()
         self._suspect = {}         # rank -> deadline
         self._refused = {}         # rank -> reconnections refused in a row
         self._leaving = {}         # rank -> (when its pending calls fail, why) after a LEAVE
+        self._silent = set()       # ranks reported dead for want of heartbeats
+        self._probation = set()    # ranks watched whose first handshake has not succeeded
+        self._mates = {}           # rank -> the other ranks on its host (none on one host)
+        self._host = {}            # rank -> its host
         self.monitors = {}         # monitor socket -> the rank its dealer goes to
 
-    def set_heartbeats(self, sock):
-        """Turn on ZMTP heartbeats on ``sock`` (every socket of the transport has them)."""
-        ivl, timeout, ttl = self._hb
+    def set_hosts(self, hosts):
+        """The host of each rank (``hosts[rank]``; None: unknown or this machine's), so
+        that a host that goes silent as a whole is reported as such, with all its ranks."""
+        by_host = {}
+        if len({h for h in hosts if h is not None}) < 2:
+            return  # one host: a silent peer is a silent process
+        for r, h in enumerate(hosts):
+            if h is not None and r != self.rank:
+                by_host.setdefault(h, []).append(r)
+        self._mates = {r: [m for m in ranks if m != r] for ranks in by_host.values()
+                       for r in ranks}
+        self._host = {r: h for r, h in enumerate(hosts)}
+
+    def set_heartbeats(self, sock, carries_messages=True):
+        """Turn on ZMTP heartbeats on ``sock`` (every socket of the transport has them):
+        a socket that ``carries_messages`` keeps its connections through an outage within
+        the bound; a liveness connection (``watch``) drops when its peer is silent."""
+        ivl, timeout, ttl = self._hb_data if carries_messages else self._hb
         sock.heartbeat_ivl, sock.heartbeat_timeout, sock.heartbeat_ttl = ivl, timeout, ttl
 
     def watch(self, dealer, rank):
-        """Follow the connection events of ``dealer`` (to ``rank``); call before it
-        connects. Another process is on probation until its handshake succeeds: it is
-        reported dead if that takes ``heartbeat_timeout``."""
-        self.monitors[dealer.get_monitor_socket(_MONITORED)] = rank
+        """Follow the connection events of ``dealer`` (to ``rank``), a connection that
+        carries no messages; call before it connects. Another process is on probation until
+        its handshake succeeds: reported dead if that takes ``heartbeat_timeout``, unless
+        its host accepted the connection meanwhile (see ``on_monitor``)."""
+        mon = dealer.get_monitor_socket(_MONITORED)
+        self.monitors[mon] = rank
         if rank != self.rank:
             self._suspect[rank] = time.monotonic() + self.options.heartbeat_timeout
+            self._probation.add(rank)
+        return mon
 
     def down(self, rank):
         """Why peer ``rank`` cannot be reached (dead or left), or None."""
@@ -93,14 +124,32 @@ class PeerLiveness:
     def expire(self, now):
         """Report the peers whose deadline passed: suspects as dead, leavers as left."""
         for r, deadline in list(self._suspect.items()):
-            if now >= deadline:
-                del self._suspect[r]
-                self._peer_down(r, f"no heartbeat for {self.options.heartbeat_timeout:.1f} s",
-                                left=False)
+            if now >= deadline and r in self._suspect:
+                self._expire_silent(r)
         for r, (deadline, why) in list(self._leaving.items()):
             if now >= deadline:
                 del self._leaving[r]
                 self.handlers.on_peer_down(r, why, True)
+
+    def _expire_silent(self, rank):
+        """Report ``rank`` dead for want of heartbeats; where every other rank of its host
+        is silent too (their connections dropped, or already reported so), the host is
+        down or cut off: all of them are reported now, each naming the host and its ranks."""
+        silence = f"no heartbeat for {self.options.heartbeat_timeout:.1f} s"
+        mates = self._mates.get(rank, [])
+        quiet = [m for m in mates if m in self._suspect or m in self._silent]
+        if not mates or len(quiet) < len(mates):
+            del self._suspect[rank]
+            self._silent.add(rank)
+            self._peer_down(rank, silence, left=False)
+            return
+        ranks = sorted([rank, *mates])
+        why = (f"{silence}, nor from any rank of its host {self._host[rank]} (ranks "
+               f"{', '.join(map(str, ranks))}): the host is down or cut off from this one")
+        for r in [rank, *(m for m in quiet if m in self._suspect)]:
+            del self._suspect[r]
+            self._silent.add(r)
+            self._peer_down(r, why, left=False)
 
     def on_leave(self, rank, why):
         """Peer ``rank`` said it leaves the world, because ``why``."""
@@ -120,6 +169,8 @@ class PeerLiveness:
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._suspect.pop(rank, None)
                 self._refused.pop(rank, None)
+                self._silent.discard(rank)
+                self._probation.discard(rank)
                 if rank in self._down:
                     del self._down[rank]
                     self.handlers.on_peer_up(rank)
@@ -128,6 +179,11 @@ class PeerLiveness:
                     self._suspect.setdefault(rank, time.monotonic() + self.grace)
             elif event == zmq.EVENT_CONNECTED:
                 self._refused.pop(rank, None)
+                if rank in self._probation and rank in self._suspect:
+                    # its host accepted the connection: the process listens, and a busy one
+                    # (many processes per core forming a world) admits it late, in Python
+                    self._suspect[rank] = max(self._suspect[rank],
+                                              time.monotonic() + self._admission)
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self._suspect.pop(rank, None)
                 self._peer_down(rank, "it refused this process's credentials (is it a member "

@@ -8,12 +8,24 @@ socket              job                                                    owner
 ==================  =====================================================  ==============
 ``router``          bound endpoint: every message addressed to this        the I/O thread
                     process comes in here (CALLs, replies, one-way)
-``dealers[r]``      to peer ``r``: what the I/O thread itself sends        the I/O thread
-                    (replies of calls it serves, RRef releases, LEAVE)
+``dealers[r]``      to peer ``r``: its liveness connection, which carries  the I/O thread
+                    nothing but LEAVE and drops when ``r`` is silent for
+                    the heartbeat bound
 ``monitors[r]``     connection events of ``dealers[r]`` (``liveness.py``)  the I/O thread
 own sockets         a thread's own DEALER to peer ``r``: the CALLs this    that thread
-                    thread makes and the replies of the calls it serves
+                    thread makes and the replies of the calls it serves;
+                    the I/O thread's own carry what it sends itself
+                    (replies of calls it serves, releases, collectives)
 ==================  =====================================================  ==============
+
+In a world of more than :data:`WATCH_ALL_UP_TO` processes, connections are made when first
+needed, so a process has sockets for the peers it talks to, not for the whole world:
+rank 0 (which holds the shutdown barrier) watches every peer from the start, the others
+rank 0, and a peer is watched (``dealers[r]``) from the first message to or from it. A
+smaller world watches every peer from the start: a few sockets buy first calls that need
+no handshake with a liveness connection beside theirs. Connections that carry messages outlast a network outage within
+the heartbeat bound (TCP retransmits what was in flight); only the liveness connections
+drop at the bound, so a dead peer is still reported within it.
 
 A message leaves from the thread that produced it, on a socket that thread owns
 (:meth:`Transport.send`): a caller's request from the caller's own socket, a
@@ -45,7 +57,7 @@ import time
 
 import zmq
 
-from ..utils.addresses import is_ipv6
+from ..utils.addresses import endpoint_host, is_ipv6
 from ..utils.lifetimes import join_all
 from . import wire
 from .admission import ZapHandler
@@ -68,6 +80,8 @@ _OWN_LINGER = 1000        # ms a thread's last messages may take to leave after 
 # blocks), and it is on the path of every message. The others (liveness monitors, ZAP, the
 # dealers) are looked at when traffic stops, and at least this often (seconds) meanwhile.
 _QUIET_SOCKETS_EVERY = 0.01
+#: Worlds up to this size watch every peer from the start; larger ones on first contact.
+WATCH_ALL_UP_TO = 16
 
 
 def _received_frame(a):
@@ -116,6 +130,11 @@ def _recv_frames(sock):
         f = sock.recv(0, copy=False)
         frames.append(f)
     return frames
+
+
+def _sent_by(ident, rank):
+    """Whether routing identity ``ident`` is one of ``rank``'s own sockets'."""
+    return ident == b"%d" % rank or ident.startswith(b"%d:" % rank)
 
 
 class _Wake:
@@ -214,17 +233,30 @@ class Transport:
         self.failure = None
         self.endpoints = None
         self.router = None
-        self.dealers = []
+        self.dealers = {}          # rank -> liveness DEALER (I/O thread), made on first need
+        self._dealer_rank = {}     # liveness DEALER -> rank
+        self._io_socks = {}        # rank -> the I/O thread's own DEALER (messages it sends)
+        self._to_watch = collections.deque()  # ranks other threads started talking to
+        self._poller = None
+        self._first_watched = ()
 
     # ------------------------------------------------------------------ setup
-    def socket(self, kind, server=False, peer=None):
+    def socket(self, kind, server=False, peer=None, carries_messages=True):
         """A socket with this transport's settings: the router (``server``), or a client
-        to rank ``peer`` presenting this process's credential."""
+        to rank ``peer`` presenting this process's credential; one that carries no
+        messages (a liveness connection) drops when the peer is silent for the bound."""
         s = self.ctx.socket(kind)
         s.linger = 0
         s.sndhwm = 0  # never block the I/O thread: backpressure is per call (calls.py)
         s.rcvhwm = 0
-        self.liveness.set_heartbeats(s)
+        self.liveness.set_heartbeats(s, carries_messages)
+        if server:
+            # The router sends no PINGs of its own: its connections still end when a peer's
+            # socket goes silent for the TTL that socket announces, and libzmq 4.3 aborts
+            # the process ("Assertion failed: !_io_error") when a PING timer fires on a
+            # connection whose identity a reconnected peer took over (ROUTER_HANDOVER), as
+            # after a network outage; seen here, with a link down for 2.7 s.
+            s.heartbeat_ivl = 0
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 1000
         if server:
@@ -261,21 +293,20 @@ class Transport:
         return r.last_endpoint.decode()
 
     def connect(self, endpoints, verifiers=None):
-        """Connect a dealer to every peer and start the I/O thread. ``verifiers`` (rank ->
-        what checks its credential) is the world's table from the rendezvous."""
+        """Know every peer's endpoint and start the I/O thread, which watches every peer
+        at once in a small world, else rank 0 (rank 0: every peer) at once and the others
+        from the first message to or from them.
+        ``verifiers`` (rank -> what checks its credential) is the world's table from the
+        rendezvous."""
         self.endpoints = list(endpoints)
+        self.liveness.set_hosts([endpoint_host(ep) for ep in self.endpoints])
         if self.credential.mechanism != "none":
             if verifiers is None or len(verifiers) != self.world_size:
                 raise ValueError("an authenticated transport needs every rank's verifier")
             self._verifiers = list(verifiers)
             self.zap.admit(verifiers)
-        for r, ep in enumerate(self.endpoints):
-            d = self.socket(zmq.DEALER, peer=r)
-            d.identity = b"%d:%s" % (self.rank, self._tag) if self._tag else b"%d" % self.rank
-            self.liveness.watch(d, r)
-            d.ipv6 = is_ipv6(ep)
-            d.connect(ep)
-            self.dealers.append(d)
+        everyone = self.rank == 0 or self.world_size <= WATCH_ALL_UP_TO
+        self._first_watched = range(self.world_size) if everyone else (0,)
         # pinned to one core (``distgrad worker --cpus``): see send()
         self._one_core = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == 1
         self._thread = threading.Thread(target=self._run, name=f"rpc-io-{self.name}", daemon=True)
@@ -289,7 +320,7 @@ class Transport:
         sent (this side is closing, or the peer is gone)."""
         own = threading.get_ident() != self._io_ident
         if not own:
-            sock = self.dealers[dst]
+            sock = self._io_socks.get(dst) or self.io_socket(dst)
         else:
             socks = getattr(self._tls, "socks", None)
             if socks is None:
@@ -328,7 +359,7 @@ class Transport:
         from this thread to ``src``'s router when ``ident`` is one of ``src``'s own sockets
         (the normal case, no hand-off), else back on that connection (through the outbox:
         only the I/O thread may use the router)."""
-        if ident is not None and (ident == b"%d" % src or ident.startswith(b"%d:" % src)):
+        if ident is not None and _sent_by(ident, src):
             return self.send(src, frames)
         if threading.get_ident() == self._io_ident:
             self._send_router(ident, frames)
@@ -354,7 +385,33 @@ class Transport:
         s.identity = b"%d:%s%d" % (self.rank, self._tag, next(self._own_ids))
         s.ipv6 = is_ipv6(self.endpoints[dst])
         s.connect(self.endpoints[dst])
+        if dst not in self.dealers and dst != self.rank:  # a peer we start talking to
+            self._to_watch.append(dst)
+            self._wake.signal()
         return s
+
+    def io_socket(self, dst):
+        """The I/O thread's own socket to ``dst`` (I/O thread only), made on first use."""
+        sock = self._io_socks.get(dst)
+        if sock is None:
+            sock = self._io_socks[dst] = self._own_socket(dst)
+            self._watch(dst)
+        return sock
+
+    def _watch(self, r):
+        """Follow peer ``r``'s liveness (I/O thread): a DEALER that carries nothing, its
+        connection events (``liveness.py``) and whatever stray arrives on it."""
+        if r in self.dealers or r == self.rank or self._poller is None:
+            return
+        d = self.socket(zmq.DEALER, peer=r, carries_messages=False)
+        d.identity = b"%d:%s" % (self.rank, self._tag) if self._tag else b"%d" % self.rank
+        monitor = self.liveness.watch(d, r)
+        d.ipv6 = is_ipv6(self.endpoints[r])
+        d.connect(self.endpoints[r])
+        self.dealers[r] = d
+        self._dealer_rank[d] = r
+        self._poller.register(d, zmq.POLLIN)
+        self._poller.register(monitor, zmq.POLLIN)
 
     def on_io_thread(self):
         """Whether the calling thread is the I/O thread."""
@@ -402,18 +459,15 @@ class Transport:
             self._closed.set()
 
     def _loop(self):
-        poller = zmq.Poller()
+        poller = self._poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         wake_fd = self._wake.fd
         poller.register(wake_fd, zmq.POLLIN)
-        dealer_rank = {}
-        for r, d in enumerate(self.dealers):
-            poller.register(d, zmq.POLLIN)
-            dealer_rank[d] = r
+        dealer_rank = self._dealer_rank
         liveness = self.liveness
         monitors = liveness.monitors
-        for m in monitors:
-            poller.register(m, zmq.POLLIN)
+        for r in self._first_watched:
+            self._watch(r)
         zap = self.zap.socket if self.zap is not None else None
         if zap is not None:
             poller.register(zap, zmq.POLLIN)
@@ -437,6 +491,8 @@ class Transport:
                 self._wake.clear()  # clear first, then look at the work: a later wake signals
             while self._outbox:
                 self._send_router(*self._outbox.popleft())
+            while self._to_watch:
+                self._watch(self._to_watch.popleft())
             for sock, _ in events:
                 if sock is router:
                     self._guarded(self._on_router)
@@ -502,18 +558,23 @@ class Transport:
             self.refuse(frames[0].bytes, kind, mid, f"source rank {src} is not in the world of "
                                                     f"{self.world_size} processes")
             h.on_late(None, segments)
-        elif self.zap is not None and (why := self.zap.impostor(frames, src)) is not None:
+            return
+        if self.zap is not None and (why := self.zap.impostor(frames, src)) is not None:
             self.refuse(frames[0].bytes, kind, mid, why)
             h.on_late(None, segments)
-        elif kind == Kind.CALL:
+            return
+        if src not in self.dealers and src != self.rank:  # a peer that starts talking to us
+            self._watch(src)
+        if kind == Kind.CALL:
             h.on_request(frames[0].bytes, mid, src, extra, segments, frames[2:])
         elif kind == Kind.REPLY or kind == Kind.ERROR:
             h.on_reply(src, kind, mid, extra, segments, frames[2:])
         elif kind == Kind.SYSTEM and self._on_system is not None:
             self._on_system(frames[0].bytes, mid, src, extra, segments, frames[2:])
         elif kind in (Kind.RELEASE, Kind.LEAVE) and self.zap is None \
-                and frames[0].bytes != b"%d" % src:
-            # one-way messages come from the peer's own dealer, whose identity is its rank
+                and not _sent_by(frames[0].bytes, src):
+            # one-way messages come from the peer's own sockets, whose identities begin
+            # with its rank
             self.drop(f"{Kind.NAMES[kind]} claiming rank {src} from another connection")
         elif kind == Kind.RELEASE:
             h.on_release(src, segments)
@@ -543,7 +604,7 @@ class Transport:
 
     def _send_leave(self, why):
         header = wire.pack_header(Kind.LEAVE, 0, self.rank, why)
-        for r, d in enumerate(self.dealers):
+        for r, d in list(self.dealers.items()):
             if r != self.rank and self.liveness.down(r) is None:
                 try:
                     d.send_multipart([header, b""], zmq.NOBLOCK)
@@ -557,7 +618,7 @@ class Transport:
         for s in [*self.liveness.monitors, self.router, self.zap and self.zap.socket]:
             if s is not None and not s.closed:
                 s.close(linger=linger)
-        for r, d in enumerate(self.dealers):
+        for r, d in [*self.dealers.items(), *self._io_socks.items()]:
             if not d.closed:
                 d.close(linger=0 if self.liveness.down(r) is not None
                         else min(linger, _LEAVE_LINGER))

@@ -28,8 +28,8 @@ import socket
 import struct
 
 __all__ = ["Choice", "choose", "resolve", "route_source", "interface_address", "endpoint",
-           "host_port", "is_ipv6", "is_loopback", "is_wildcard", "is_local", "listen_address",
-           "AddressError", "OVERRIDES"]
+           "host_port", "endpoint_host", "diagnose", "is_ipv6", "is_loopback", "is_wildcard", "is_local", "listen_address",
+           "host_address", "AddressError", "OVERRIDES"]
 
 #: environment variables, in the order they win, for each purpose
 OVERRIDES = {
@@ -190,6 +190,24 @@ def choose(toward=None, purpose="rpc", env=None):
     return Choice(source, source, f"the route toward the rendezvous host {toward} ({target})")
 
 
+def host_address(family=socket.AF_INET):
+    """This host's address for others when no rendezvous host tells which: the source of
+    its default route, else the first address of an interface that is up and not the
+    loopback, else the loopback (a server bound to every interface advertises it)."""
+    probe = "2001:db8::1" if family == socket.AF_INET6 else "192.0.2.1"  # documentation nets
+    source = route_source(probe)
+    if source is not None:
+        return source
+    for _, name in socket.if_nameindex():
+        if name == "lo":
+            continue
+        try:
+            return interface_address(name, family)
+        except AddressError:
+            continue
+    return "::1" if family == socket.AF_INET6 else "127.0.0.1"
+
+
 def listen_address(host):
     """The address a server at ``host`` (MASTER_ADDR: a name or an address) binds: the
     address itself where it is one of this host's (loopback stays loopback), else every
@@ -213,10 +231,36 @@ def is_ipv6(endpoint):
     return endpoint.startswith("tcp://[")
 
 
+def diagnose(address, timeout=1.0):
+    """Why nobody answers at ``tcp://host:port``, as far as one TCP connection attempt
+    tells: for the error of a wait that timed out."""
+    try:
+        host, port = host_port(address)
+        ip = resolve(host, "host")
+    except (AddressError, ValueError) as e:
+        return str(e)
+    where = f"{host}:{port}" if host == ip else f"{host} ({ip}) port {port}"
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return f"{where} accepts connections but did not answer in time"
+    except ConnectionRefusedError:
+        return f"nothing listens at {where} (connection refused)"
+    except socket.timeout:
+        return (f"no answer from {where} within {timeout:g} s: a firewall drops the "
+                "connection, or the host is down")
+    except OSError as e:
+        return f"{where} cannot be reached ({e.strerror or e})"
+
+
 def endpoint(ip, port, scheme="tcp"):
     """``tcp://ip:port``, with IPv6 addresses in brackets."""
     ip = ip.strip("[]")
     return f"{scheme}://[{ip}]:{port}" if ":" in ip else f"{scheme}://{ip}:{port}"
+
+
+def endpoint_host(address):
+    """The host address of a ``tcp://`` endpoint; None for others (``ipc://``: this host)."""
+    return host_port(address)[0] if address.startswith("tcp://") else None
 
 
 def host_port(address):
