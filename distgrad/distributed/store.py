@@ -486,8 +486,9 @@ class TCPStore(Store):
             if left <= 0 or not sock.poll(int(left * 1000) + 1):
                 raise DistNetworkError(
                     f"the store at {self.host}:{self.port} did not answer {op!r} within "
-                    f"{budget:g} s: is the master process running, and do MASTER_ADDR/"
-                    "MASTER_PORT (or init_method) name it?")
+                    f"{budget:g} s ({addresses.diagnose(self._address)}): is the master "
+                    "process running, and do MASTER_ADDR/MASTER_PORT (or init_method) name "
+                    "it?")
             rrid, ok, value = msgpack.unpackb(sock.recv(), raw=False)
             if rrid == rid or rrid == 0:
                 break  # other ids: late answers to requests that timed out here

@@ -485,8 +485,10 @@ def join(ctx, address, name, rank, world_size, endpoint, timeout, curve=None, au
         sock.connect(address)
         sock.send(msgpack.packb(registration))
         if not sock.poll(int(timeout * 1000)):
+            why = addresses.diagnose(address) if address.startswith("tcp://") else None
             raise RpcTimeoutError(f"rendezvous at {address} did not answer {name!r} "
-                                  f"(rank {rank}) within {timeout:g} s: is rank 0 running, and "
+                                  f"(rank {rank}) within {timeout:g} s"
+                                  + (f" ({why})" if why else "") + ": is rank 0 running, and "
                                   "are MASTER_ADDR/MASTER_PORT (or init_method) the same "
                                   "everywhere? (rendezvous_timeout, --rendezvous-timeout)")
         try:
