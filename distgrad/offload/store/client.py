@@ -18,6 +18,7 @@ from collections import deque
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ...utils import addresses
 from ...utils.lifetimes import join_all
 from ..errors import StoreError
 from . import protocol
@@ -167,6 +168,7 @@ class StoreClient:
         monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         pending = {}   # request id -> (waiter, deadline)
         try:
+            sock.ipv6 = addresses.is_ipv6(self.endpoint)
             sock.connect(self.endpoint)
             self._ready.set()
             poller = zmq.Poller()

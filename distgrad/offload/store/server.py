@@ -11,11 +11,13 @@ descriptor reused by a new connection is first reported closed.
 """
 import logging
 import os
+import socket
 import threading
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ...utils import addresses
 from ...utils.lifetimes import join_all
 from ..errors import StoreError
 from . import protocol
@@ -59,12 +61,18 @@ class StoreServer:
         sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
         set_heartbeats(sock, heartbeat_interval, heartbeat_timeout)
         self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        sock.ipv6 = addresses.is_ipv6(endpoint)
         if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
             port = sock.bind_to_random_port(endpoint[:-2])
             endpoint = f"{endpoint[:-2]}:{port}"
         else:
             sock.bind(endpoint)
             endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if endpoint.startswith("tcp://"):
+            host, port = addresses.host_port(endpoint)
+            if addresses.is_wildcard(host):  # every interface: clients elsewhere need one
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                endpoint = addresses.endpoint(addresses.host_address(family), port)
         self.endpoint = endpoint
         self._sock = sock
         self.blobs = BlobStore(memory_bytes, spill_directory, spill_bytes, name=endpoint)
