@@ -74,6 +74,7 @@ class PeerLiveness:
         self._mates = {}           # rank -> the other ranks on its host (none on one host)
         self._host = {}            # rank -> its host
         self.monitors = {}         # monitor socket -> the rank its dealer goes to
+        self._monitor_of = {}      # rank -> its monitor socket
 
     def set_hosts(self, hosts):
         """The host of each rank (``hosts[rank]``; None: unknown or this machine's), so
@@ -102,6 +103,7 @@ class PeerLiveness:
         its host accepted the connection meanwhile (see ``on_monitor``)."""
         mon = dealer.get_monitor_socket(_MONITORED)
         self.monitors[mon] = rank
+        self._monitor_of[rank] = mon
         if rank != self.rank:
             self._suspect[rank] = time.monotonic() + self.options.heartbeat_timeout
             self._probation.add(rank)
@@ -124,7 +126,14 @@ class PeerLiveness:
     def expire(self, now):
         """Report the peers whose deadline passed: suspects as dead, leavers as left."""
         for r, deadline in list(self._suspect.items()):
-            if now >= deadline and r in self._suspect:
+            if now < deadline or r not in self._suspect:
+                continue
+            # what its connection said meanwhile first: while messages flow the monitors
+            # are polled only now and then, and a busy process reads them late
+            mon = self._monitor_of.get(r)
+            if mon is not None:
+                self.on_monitor(mon)
+            if r in self._suspect and now >= self._suspect[r]:
                 self._expire_silent(r)
         for r, (deadline, why) in list(self._leaving.items()):
             if now >= deadline:
@@ -135,7 +144,11 @@ class PeerLiveness:
         """Report ``rank`` dead for want of heartbeats; where every other rank of its host
         is silent too (their connections dropped, or already reported so), the host is
         down or cut off: all of them are reported now, each naming the host and its ranks."""
-        silence = f"no heartbeat for {self.options.heartbeat_timeout:.1f} s"
+        if rank in self._probation:
+            silence = (f"no connection completed within {self.options.heartbeat_timeout:.1f} "
+                       "s of the first attempt")
+        else:
+            silence = f"no heartbeat for {self.options.heartbeat_timeout:.1f} s"
         mates = self._mates.get(rank, [])
         quiet = [m for m in mates if m in self._suspect or m in self._silent]
         if not mates or len(quiet) < len(mates):
