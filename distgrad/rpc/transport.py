@@ -12,7 +12,9 @@ socket              job                                                    owner
                     nothing but LEAVE and drops when ``r`` is silent for
                     the heartbeat bound
 ``monitors[r]``     connection events of ``dealers[r]`` (``liveness.py``)  the I/O thread
-own sockets         a thread's own DEALER to peer ``r``: the CALLs this    that thread
+own sockets         a thread's own DEALER to peer ``r`` (to at most        that thread
+                    ``OWN_SOCKETS_PER_THREAD`` peers; it relays the rest
+                    through the I/O thread): the CALLs this
                     thread makes and the replies of the calls it serves;
                     the I/O thread's own carry what it sends itself
                     (replies of calls it serves, releases, collectives)
@@ -82,6 +84,9 @@ _OWN_LINGER = 1000        # ms a thread's last messages may take to leave after 
 _QUIET_SOCKETS_EVERY = 0.01
 #: Worlds up to this size watch every peer from the start; larger ones on first contact.
 WATCH_ALL_UP_TO = 16
+#: Peers a thread keeps sockets of its own to; it hands messages to others to the I/O thread
+#: (a handler pool that answered everyone of 1,000 ranks would otherwise hold 16,000).
+OWN_SOCKETS_PER_THREAD = 16
 
 
 def _received_frame(a):
@@ -217,6 +222,7 @@ class Transport:
         self.stats = collections.Counter()
         self._on_system = getattr(handlers, "on_system_request", None)
         self._outbox = collections.deque()  # (router identity, frames) for the I/O thread
+        self._relayed = collections.deque()  # (rank, frames) the I/O thread sends for others
         self._wake = _Wake()
         self._tls = threading.local()      # .socks: the calling thread's own sockets
         self._own_ids = itertools.count(1)  # routing identities of own sockets
@@ -330,6 +336,8 @@ class Transport:
                 if self._closed.is_set() or self._stop:
                     self.stats["send_failed"] += 1
                     return False
+                if len(socks) >= OWN_SOCKETS_PER_THREAD:
+                    return self._relay(dst, frames)
                 sock = socks[dst] = self._own_socket(dst)
         try:
             send_frames(sock, frames)
@@ -346,6 +354,15 @@ class Transport:
             # step (the quickstart's gradient hop: 400 us, 220 us with this). Let it go
             # first; with nothing else to run here this returns at once.
             os.sched_yield()
+        return True
+
+    def _relay(self, dst, frames):
+        """Have the I/O thread send a message of a thread that talks to more peers than it
+        keeps sockets for (one hand-off): a process's sockets stay within its threads times
+        :data:`OWN_SOCKETS_PER_THREAD`, plus one per peer for the I/O thread."""
+        self.stats["relayed"] += 1
+        self._relayed.append((dst, frames))
+        self._wake.signal()
         return True
 
     def _count(self, frames):
@@ -491,6 +508,8 @@ class Transport:
                 self._wake.clear()  # clear first, then look at the work: a later wake signals
             while self._outbox:
                 self._send_router(*self._outbox.popleft())
+            while self._relayed:
+                self.send(*self._relayed.popleft())
             while self._to_watch:
                 self._watch(self._to_watch.popleft())
             for sock, _ in events:
@@ -509,6 +528,8 @@ class Transport:
             handlers.on_tick(now)
         while self._outbox:
             self._send_router(*self._outbox.popleft())
+        while self._relayed:
+            self.send(*self._relayed.popleft())
         if self._announce is not None:
             self._send_leave(self._announce)
 

@@ -140,3 +140,23 @@ def test_while_faults_may_hold_replies_a_never_blocks_function_goes_to_a_handler
     finally:
         rule.remove()
     assert rpc.rpc_sync("worker1", f.thread_on_arrival) == "rpc-io-worker1"
+
+
+def test_a_thread_past_its_share_of_sockets_relays_through_the_io_thread(rpc_world,
+                                                                        monkeypatch):
+    from distgrad.rpc import transport
+    rpc_world(3)
+    monkeypatch.setattr(transport, "OWN_SOCKETS_PER_THREAD", 1)
+    relayed = current_agent().stats["relayed"]
+
+    def calls(out):
+        out.extend(rpc.rpc_sync(f"worker{w}", f.add, (w, i)) for i in range(5)
+                   for w in (1, 2, 3))
+        out.append(len(current_agent().transport._tls.socks))
+    out = []
+    t = threading.Thread(target=calls, args=(out,))
+    t.start()
+    t.join(30)
+    assert out[:-1] == [w + i for i in range(5) for w in (1, 2, 3)]
+    assert out[-1] == 1  # one socket of its own; the calls to the other two peers relayed
+    assert current_agent().stats["relayed"] - relayed == 10
