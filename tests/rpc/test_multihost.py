@@ -138,3 +138,15 @@ def test_a_link_that_drops_and_comes_back_within_the_bound_loses_nothing(rpc_wor
     assert [f.wait() for f in before] == [i + 1 for i in range(50)]
     assert [f.wait() for f in during] == [i + 2 for i in range(50)]
     assert [f.wait() for f in after] == [i + 3 for i in range(50)]
+
+
+def test_the_secret_set_on_every_host_admits_them_and_a_wrong_one_is_refused(simulated_hosts,
+                                                                              monkeypatch):
+    a, b = simulated_hosts(2)
+    monkeypatch.setenv("DISTGRAD_WORLD_SECRET", "the-right-one")
+    rank0 = a.spawn(multihost.failing_member, 0, 2, "host0", 29413, None, 10.0)
+    wrong = b.spawn(multihost.failing_member, 1, 2, "host0", 29413,
+                    {"DISTGRAD_WORLD_SECRET": "another-one"}).result(60)
+    assert "'w1' (rank 1) has a wrong world secret" in wrong
+    right = b.spawn(multihost.failing_member, 1, 2, "host0", 29413).result(60)
+    assert right == "joined" and rank0.result(60) == "joined"
