@@ -13,9 +13,11 @@ least 2x PyTorch's figure.
 
 Then the cost of authentication (``RpcBackendOptions.authenticate``, on by default):
 worlds with it on and off, alternating, round trip and 64 MB echo over the socket
-path; target: within 5% of each other.
+path; target: within 5% of each other. With ``--encryption-only``: the cost of CURVE
+encryption against PLAIN authentication across two simulated hosts (root: network
+namespaces), unshaped and at 1 Gbit/s.
 
-    python scripts/bench_rpc.py [--quick] [--auth-only]
+    python scripts/bench_rpc.py [--quick] [--auth-only] [--encryption-only]
 """
 import argparse
 import json
@@ -178,6 +180,68 @@ def report_auth(auth, result):
     return on["rt"] / off["rt"] <= 1.05 and on["big"] / off["big"] <= 1.05
 
 
+def bench_encryption(small_dg, big, reps, batches, rounds, bandwidth=None):
+    """Across two simulated hosts (this process and a worker on another network namespace,
+    joined by a veth pair through a bridge; ``bandwidth``: tbf on the worker's host):
+    median round trip and 64 MB echo of worlds authenticated with PLAIN (the default) and
+    encrypted with CURVE, alternating. None where simulated hosts cannot be made."""
+    from distgrad.distributed import rpc
+    from distgrad.rpc.options import generate_curve_keypair
+    from distgrad.testing import hosts as simulated
+    from distgrad.testing.world import World
+    if simulated.unavailable():
+        return None
+    f = "bench_remote:echo"
+    times = {"plain": {"rt": [], "big": []}, "curve": {"rt": [], "big": []}}
+    with simulated.SimulatedHosts(1, attach_caller=True, bandwidth=bandwidth) as hosts:
+        for i in range(rounds):
+            for kind in (("plain", "curve") if i % 2 == 0 else ("curve", "plain")):
+                keys = {}
+                if kind == "curve":
+                    public, secret = generate_curve_keypair()
+                    keys = {"curve_public_key": public, "curve_secret_key": secret}
+                world = World(1, hosts=hosts, num_worker_threads=4, shm_threshold=0,
+                              allowed_modules=["bench_remote"], worker_env={
+                                  "PYTHONPATH": str(Path(__file__).resolve().parent)},
+                              **keys).start()
+                try:
+                    for _ in range(100):
+                        rpc.rpc_sync("worker1", f, (small_dg,))
+                    rpc.rpc_sync("worker1", f, (big,))
+                    for _ in range(batches):
+                        t = time.perf_counter()
+                        for _ in range(reps):
+                            rpc.rpc_sync("worker1", f, (small_dg,))
+                        times[kind]["rt"].append((time.perf_counter() - t) / reps)
+                        t = time.perf_counter()
+                        rpc.rpc_sync("worker1", f, (big,))
+                        times[kind]["big"].append(time.perf_counter() - t)
+                finally:
+                    world.close()
+    return {k: {m: statistics.median(v) for m, v in d.items()} for k, d in times.items()}
+
+
+def report_encryption(enc, result, bandwidth):
+    if enc is None:
+        print("\nencryption across hosts: skipped (simulated hosts cannot be made here)")
+        return
+    plain, curve = enc["plain"], enc["curve"]
+    mb = SIZES_MB[-1]
+    link = f", the worker's host sending at most {bandwidth}" if bandwidth else ""
+    print(f"\nacross two simulated hosts (network namespaces, veth through a bridge{link}): "
+          f"PLAIN (authenticated, the default) vs CURVE (encrypted)")
+    print(f"{'metric':<27}{'plain':>10}{'curve':>10}{'cost':>8}")
+    print(f"{'round trip 16 floats (us)':<27}{plain['rt'] * 1e6:10.1f}{curve['rt'] * 1e6:10.1f}"
+          f"{curve['rt'] / plain['rt'] - 1:8.1%}")
+    print(f"{f'echo {mb} MB (MB/s)':<27}{2 * mb / plain['big']:10.1f}{2 * mb / curve['big']:10.1f}"
+          f"{curve['big'] / plain['big'] - 1:8.1%}")
+    key = "encryption" + (f"_{bandwidth}" if bandwidth else "")
+    result[key] = {"rt_us": {"plain": plain["rt"] * 1e6, "curve": curve["rt"] * 1e6},
+                   f"echo_{mb}MB_MBps": {"plain": 2 * mb / plain["big"],
+                                         "curve": 2 * mb / curve["big"]},
+                   "cost_64MB": curve["big"] / plain["big"] - 1}
+
+
 def _torch_worker(port):
     import torch.distributed.rpc as trpc
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -220,6 +284,8 @@ def main():
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--auth-only", action="store_true",
                     help="only the cost of authentication (on vs off)")
+    ap.add_argument("--encryption-only", action="store_true",
+                    help="only the cost of encryption (CURVE vs PLAIN) across simulated hosts")
     args = ap.parse_args()
     reps, batches = (200, 7) if args.quick else (500, 15)
     small = np.ones(16, dtype=np.float32)
@@ -229,6 +295,14 @@ def main():
     except Exception:
         small_dg = small
     arrays = {mb: np.ones(mb * (1 << 20) // 4, dtype=np.float32) for mb in SIZES_MB}
+    if args.encryption_only:
+        result = {"bench": "rpc_encryption", "transport": "tcp"}
+        for bandwidth in (None, "1Gbit/s"):
+            enc = bench_encryption(small_dg, arrays[SIZES_MB[-1]], reps // 5,
+                                   max(3, batches // 3), 3 if args.quick else 5, bandwidth)
+            report_encryption(enc, result, bandwidth)
+        print(json.dumps(result))
+        return
     auth = bench_auth(small_dg, arrays[SIZES_MB[-1]], reps, max(3, batches // 3),
                       rounds=3 if args.quick else 5)
     if args.auth_only:
