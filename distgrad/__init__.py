@@ -46,6 +46,7 @@ from .threads import get_num_threads, set_num_threads
 from . import autograd
 from . import nn
 from . import utils
+from .utils.lazy import submodules_on_first_use as _submodules_on_first_use
 
 _memory.install()
 _diag.install()
@@ -70,13 +71,7 @@ def numel(input):
     return input.numel()
 
 
-def __getattr__(name):
-    # optim and distributed load on first use, as `torch.distributed` does, so that
-    # `import distgrad` stays cheap and the RPC layer's dependencies are optional here.
-    import importlib
-    if name in ("optim", "distributed", "testing", "distributions", "multiprocessing", "futures",
-                "cuda", "backends", "accelerator", "onnx", "compiler", "jit", "linalg"):
-        module = importlib.import_module(f".{name}", __name__)
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'distgrad' has no attribute {name!r}")
+# optim, distributed and the other subpackages load on first use, as `torch.distributed`
+# does, so that `import distgrad` stays cheap and the RPC layer's dependencies are optional
+# here.
+__getattr__ = _submodules_on_first_use(__name__)

@@ -26,9 +26,19 @@ import numpy as np
 
 from .autograd import dtype as _dt
 from .autograd._internal import Tensor, array_of
-from .nn.parameter import Parameter
 
-__all__ = ["set_printoptions", "get_printoptions", "printoptions", "install"]
+__all__ = ["set_printoptions", "get_printoptions", "printoptions", "install",
+           "prints_as_tensor"]
+
+# The classes that print as ``tensor(...)``, as PyTorch's Tensor and nn.Parameter do; any
+# other subclass prints its own name. nn registers Parameter (it is a layer above this one).
+_PLAIN = {Tensor}
+
+
+def prints_as_tensor(cls):
+    """Class decorator: instances of ``cls`` print as ``tensor(...)``."""
+    _PLAIN.add(cls)
+    return cls
 
 
 @dataclasses.dataclass
@@ -208,7 +218,7 @@ def _add_suffixes(text, suffixes, indent, force_newline):
 
 def tensor_repr(self):
     """``repr(tensor)``, as PyTorch's ``Tensor.__repr__``."""
-    plain = type(self) is Tensor or type(self) is Parameter
+    plain = type(self) in _PLAIN
     prefix = "tensor(" if plain else f"{type(self).__name__}("
     indent = len(prefix)
     default = _dt.get_default_dtype()

@@ -13,13 +13,12 @@ underscore name imported from ``autograd``, anywhere outside ``autograd``.
     bump_version(p)                      # ...and the version counter says so
 
 Recording an op (``defop``/``record``, see ``recording.py``) and the local engine's
-extension points for the distributed engine (``GraphTask``, ``execute``, task
-extensions) are part of the door too.
+extension point for the distributed engine (``GraphTask`` and its ``extension``
+slot, ``execute``) are part of the door too.
 """
 from .broadcast import reduction_axes, sum_to_shape
 from .deferred_weight_grads import keep_weight_grad
-from .engine import (GraphTask, current_graph_task, execute, make_root_grads, task_extension,
-                     set_task_extension)
+from .engine import GraphTask, current_graph_task, execute, make_root_grads
 from .grad_mode import _state as grad_mode_state
 from .inplace import apply_inplace, check_inplace, write_inplace
 from .node import AccumulateGrad, Node, accumulate_into_grad, init_node, next_sequence_nr, sum_grads
@@ -43,8 +42,7 @@ __all__ = [
     "Node", "AccumulateGrad", "init_node", "next_sequence_nr", "SavedTensor", "sum_grads",
     "accumulate_into_grad", "saved_tensors_hooks_state", "grad_mode_state",
     # the engine, for the distributed engine
-    "GraphTask", "execute", "make_root_grads", "current_graph_task", "task_extension",
-    "set_task_extension",
+    "GraphTask", "execute", "make_root_grads", "current_graph_task",
     "Size", "Tensor",
 ]
 

@@ -21,7 +21,7 @@ from .tensor import Tensor, _make
 _getrefcount = sys.getrefcount
 
 __all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute",
-           "current_graph_task", "task_extension", "set_task_extension"]
+           "current_graph_task"]
 
 
 class _CurrentTasks(threading.local):
@@ -47,20 +47,6 @@ def execute(task):
         task.execute()
     finally:
         _current_tasks.stack.pop()
-
-
-def task_extension(task, name):
-    """The state an engine built on this one keeps on ``task`` under ``name`` (or None).
-
-    The extension slot of a backward pass: the distributed engine keeps its pass under
-    ``"distributed"``, and code that runs inside backward (hooks, DDP) finds it with
-    ``task_extension(current_graph_task(), "distributed")``.
-    """
-    return task.extensions.get(name) if task is not None else None
-
-
-def set_task_extension(task, name, state):
-    task.extensions[name] = state
 
 
 def will_engine_execute_node(node):
@@ -171,19 +157,12 @@ class GraphTask:
         # gradient that is a contiguous view of one (a reshape's, a view's) becomes .grad
         # without a copy, sharing the caller's memory, as in PyTorch.
         self.caller_buffers = ()
-        # State of engines built on this one, by name (the distributed engine's pass).
-        self.extensions = {}
+        # The one slot for an engine built on this one: the distributed engine keeps its
+        # pass here, and code that runs inside backward (a recv node, DDP's hooks) finds it
+        # through current_graph_task().extension.
+        self.extension = None
         self._heap = []
         self._tiebreak = count()
-
-    @property
-    def dist_pass(self):
-        """The distributed engine's state for this pass (``extensions["distributed"]``)."""
-        return self.extensions.get("distributed")
-
-    @dist_pass.setter
-    def dist_pass(self, value):
-        self.extensions["distributed"] = value
 
     # -- graph discovery --
     def compute_dependencies(self, root_nodes):

@@ -6,7 +6,7 @@ As ``torch.multiprocessing`` does, this module re-exports everything of
 :func:`start_processes`, :class:`ProcessContext` and the exceptions
 :class:`ProcessRaisedException` / :class:`ProcessExitedException`.
 
-Every child started here calls :func:`lifetime.die_with_parent` first, so it
+Every child started here calls :func:`distgrad.utils.processes.die_with_parent` first, so it
 gets SIGKILL when its parent exits (Linux), and a failure or an interrupt in
 the parent terminates, then kills, the children it started.
 

@@ -116,7 +116,7 @@ class _Pass:
         self.sends = sends
         self.expected = set(send_ids)
         task = self.task = GraphTask(retain_graph, False, accumulate=ctx.accumulate)
-        task.dist_pass = self
+        task.extension = self
         task.compute_dependencies(sends + [edge[0] for edge, _ in roots])
 
     # -- feeding (any thread) --
