@@ -25,14 +25,14 @@ import math
 import numpy as np
 
 from .autograd import dtype as _dt
-from .autograd._internal import Tensor, array_of
+from .autograd._internal import array_of
 
-__all__ = ["set_printoptions", "get_printoptions", "printoptions", "install",
+__all__ = ["set_printoptions", "get_printoptions", "printoptions", "tensor_repr",
            "prints_as_tensor"]
 
 # The classes that print as ``tensor(...)``, as PyTorch's Tensor and nn.Parameter do; any
-# other subclass prints its own name. nn registers Parameter (it is a layer above this one).
-_PLAIN = {Tensor}
+# other subclass prints its own name. Both register (they are in the layers above this one).
+_PLAIN = set()
 
 
 def prints_as_tensor(cls):
@@ -257,7 +257,3 @@ def tensor_repr(self):
     elif self.requires_grad:
         suffixes.append("requires_grad=True")
     return _add_suffixes(prefix + text, suffixes, indent, force_newline=self.is_sparse)
-
-
-def install():
-    Tensor.__repr__ = tensor_repr

@@ -308,3 +308,23 @@ def test_tensor_internals_only_through_their_door():
 def test_private_access_check_sees_what_it_should():
     probe = PACKAGE / "autograd" / "engine.py"  # inside autograd, so it uses internals
     assert any(what.endswith("._data") for _, what in _private_uses(probe))
+
+
+def test_no_module_adds_to_the_tensor_class():
+    """distgrad.Tensor is made in one place (distgrad/_tensor.py, from the method sets of
+    its bases): no module assigns or setattr's an attribute of it, or of its core class,
+    after the fact."""
+    names = {"Tensor", "TensorBase"}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            hit = any(isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and
+                      t.value.id in names for t in targets)
+            hit = hit or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
+                          node.func.id == "setattr" and node.args and
+                          isinstance(node.args[0], ast.Name) and node.args[0].id in names)
+            if hit:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert found == []

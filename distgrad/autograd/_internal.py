@@ -21,10 +21,12 @@ from .deferred_weight_grads import keep_weight_grad
 from .engine import GraphTask, current_graph_task, execute, make_root_grads
 from .grad_mode import _state as grad_mode_state
 from .inplace import apply_inplace, check_inplace, write_inplace
-from .node import AccumulateGrad, Node, accumulate_into_grad, init_node, next_sequence_nr, sum_grads
+from .node import (AccumulateGrad, Node, accumulate_into_grad, grad_edge, init_node,
+                   next_sequence_nr, retain_grad, sum_grads)
 from .recording import OpNode, defop, install_backends, new_node, record, record_multi, record_view
 from .saved import SavedTensor, hooks_state as saved_tensors_hooks_state
-from .tensor import (Size, Tensor, _as_array as as_array, _describe as describe,
+from .tensor import (Size, TensorBase, install_tensor_type, _as_array as as_array,
+                     _describe as describe,
                      _legacy_array as legacy_array, _make as wrap, _wrap_dim as wrap_dim)
 
 __all__ = [
@@ -43,7 +45,7 @@ __all__ = [
     "accumulate_into_grad", "saved_tensors_hooks_state", "grad_mode_state",
     # the engine, for the distributed engine
     "GraphTask", "execute", "make_root_grads", "current_graph_task",
-    "Size", "Tensor",
+    "Size", "TensorBase", "install_tensor_type", "retain_grad",
 ]
 
 
@@ -90,11 +92,6 @@ def mark_requires_grad(t, value=True):
     """Set ``requires_grad`` of a leaf without ``requires_grad_``'s dtype checks (for a
     tensor the caller just made from an array known to be floating point)."""
     t._requires_grad = value
-
-
-def grad_edge(t):
-    """The ``(node, input_nr)`` edge a consumer of ``t`` points to (its AccumulateGrad for a leaf)."""
-    return t._grad_edge()
 
 
 def grad_accumulator(t):

@@ -16,7 +16,7 @@ from .backward_checks import check_output_count, conform, make_root_grads
 from .backward_hooks import call_post_hooks, call_pre_hooks, call_tensor_pre_hooks, has_pre_hooks
 from .grad_mode import _state, thread_state
 from .node import AccumulateGrad, accumulate_into_grad, sum_grads
-from .tensor import Tensor, _make
+from .tensor import TensorBase, _make
 
 _getrefcount = sys.getrefcount
 
@@ -70,7 +70,7 @@ def will_engine_execute_node(node):
 def _as_tuple(x):
     if x is None:
         return ()
-    if isinstance(x, Tensor):
+    if isinstance(x, TensorBase):
         return (x,)
     return tuple(x)
 
@@ -413,7 +413,7 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
         root_edges.append((t._grad_edge(), g))
     targets = []
     for i, t in enumerate(inputs):
-        if not isinstance(t, Tensor):
+        if not isinstance(t, TensorBase):
             raise TypeError(f"element {i} of inputs is a {type(t).__name__}, not a Tensor")
         if not t._requires_grad:
             raise RuntimeError("One of the differentiated Tensors does not require grad")
@@ -427,8 +427,9 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
     task.caller_buffers = _buffer_ids(root_grads)
     for (node, nr), g in root_edges:
         if g is not None and isinstance(node, AccumulateGrad) and node._out_meta[0][1] != \
-                (g._data.dtype if isinstance(g, Tensor) else g.dtype):
-            g = g.to(node._out_meta[0][1]) if isinstance(g, Tensor) else g.astype(node._out_meta[0][1])
+                (g._data.dtype if isinstance(g, TensorBase) else g.dtype):
+            dtype = node._out_meta[0][1]
+            g = g.to(dtype) if isinstance(g, TensorBase) else g.astype(dtype)
         task.add_gradient(node, nr, g)
     for node in dict.fromkeys(root_nodes):
         if task.dependencies.get(node, 0) == 0:
@@ -444,7 +445,7 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
                                    "used in the graph. Set allow_unused=True if this is the "
                                    "desired behavior.")
             results.append(None)
-        elif isinstance(g, Tensor):
+        elif isinstance(g, TensorBase):
             results.append(g)
         else:
             results.append(_make(g))
@@ -458,11 +459,3 @@ def _buffer_ids(arrays):
         if type(a) is np.ndarray:
             ids.add(id(a) if a.base is None else id(a.base))
     return ids
-
-
-def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    """Accumulate the gradient of this tensor w.r.t. the graph leaves into their ``.grad``."""
-    backward(self, gradient, retain_graph, create_graph, inputs=inputs)
-
-
-Tensor.backward = _tensor_backward

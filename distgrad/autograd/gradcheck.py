@@ -11,7 +11,7 @@ import numpy as np
 
 from .engine import grad as autograd_grad
 from .grad_mode import enable_grad, no_grad
-from .tensor import Tensor, _make
+from .tensor import TensorBase, _make
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError"]
 
@@ -26,12 +26,12 @@ def _as_tuple(x):
 
 def _differentiable_outputs(func, inputs):
     out = _as_tuple(func(*inputs))
-    return [o for o in out if isinstance(o, Tensor) and o.requires_grad]
+    return [o for o in out if isinstance(o, TensorBase) and o.requires_grad]
 
 
 def _evaluate(func, inputs):
     with no_grad():
-        return [o._data.copy() for o in _as_tuple(func(*inputs)) if isinstance(o, Tensor)
+        return [o._data.copy() for o in _as_tuple(func(*inputs)) if isinstance(o, TensorBase)
                 and o._data.dtype.kind in "fc"]
 
 
@@ -69,7 +69,8 @@ def gradcheck(func, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=T
     True
     """
     inputs = _as_tuple(inputs)
-    diff_inputs = [(i, x) for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
+    diff_inputs = [(i, x) for i, x in enumerate(inputs)
+                   if isinstance(x, TensorBase) and x.requires_grad]
     for i, x in diff_inputs:
         if x._data.dtype not in (np.float64, np.complex128):
             warnings.warn(f"Input #{i} requires gradient and is not a double precision floating "
@@ -127,7 +128,8 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=
             grad_outputs.append(t)
     grad_outputs = _as_tuple(grad_outputs)
     n_in = len(inputs)
-    diff_positions = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
+    diff_positions = [i for i, x in enumerate(inputs)
+                      if isinstance(x, TensorBase) and x.requires_grad]
 
     def first_order(*args):
         ins, gos = args[:n_in], args[n_in:]

@@ -36,8 +36,9 @@ import warnings
 import numpy as np
 
 from ..autograd.grad_mode import no_grad
-from ..autograd._internal import (AccumulateGrad, Tensor, array_of, bump_version, grad_edge,
+from ..autograd._internal import (AccumulateGrad, array_of, bump_version, grad_edge,
                                   grad_mode_state, wrap)
+from .._tensor import Tensor
 from ..nn.modules.module import Module
 from ..nn.parallel import distributed as _declared
 from .autograd.container import running_pass

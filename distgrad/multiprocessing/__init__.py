@@ -35,7 +35,7 @@ import multiprocessing
 import sys
 from multiprocessing import *  # noqa: F401,F403 - torch.multiprocessing re-exports it all
 
-from . import sharing  # noqa: F401 - installs Tensor.share_memory_ and the tensor reducers
+from . import sharing  # noqa: F401 - shared memory; the methods are distgrad.Tensor's
 from .spawn import (ProcessContext, ProcessExitedException, ProcessRaisedException, spawn,
                     start_processes)
 

@@ -1,5 +1,5 @@
 """``Parameter``: a leaf tensor that a Module registers, as ``torch.nn.Parameter``."""
-from ..autograd.tensor import Tensor
+from .._tensor import Tensor
 from ..autograd._internal import array_of, wrap, version_counter, mark_requires_grad
 from ..ops.creation import empty
 from .._tensor_str import prints_as_tensor

@@ -306,6 +306,13 @@ class Allowlist:
                 return getattr(cls, name)
         raise RefusedCallError(f"{ref!r} cannot be resolved on this worker")
 
+    def _base_of_allowed(self, cls, klass):
+        """Whether ``klass`` is one of the method sets distgrad assembles an allowed class of
+        ``cls``'s hierarchy from (``distgrad.Tensor``'s: ops, sparse, sharing): its methods
+        are that class's."""
+        return self._distgrad_class(klass) and any(
+            c is not klass and issubclass(c, klass) and self.class_allowed(c) for c in cls.__mro__)
+
     def _distgrad_class(self, klass):
         """A class of distgrad's own callable modules (``Function.apply`` of a program's
         ``autograd.Function``, say): its class methods run the program's allowed code."""
@@ -352,7 +359,7 @@ class Allowlist:
         for klass in type(value).__mro__:
             if name in vars(klass):
                 attr = vars(klass)[name]
-                if not self.class_allowed(klass):
+                if not (self.class_allowed(klass) or self._base_of_allowed(type(value), klass)):
                     raise RefusedCallError(
                         f"method {name!r} refused: it is defined by {klass.__module__}."
                         f"{klass.__qualname__}, which is not allowed on this worker")

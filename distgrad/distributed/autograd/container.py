@@ -25,8 +25,9 @@ import weakref
 
 import numpy as np
 
-from distgrad.autograd._internal import (Node, Tensor, current_graph_task, array_of, grad_edge, init_node,
+from distgrad.autograd._internal import (Node, current_graph_task, array_of, grad_edge, init_node,
                                          next_sequence_nr, set_history, sum_grads)
+from distgrad._tensor import Tensor
 from distgrad.rpc import current_agent, entry_point, interceptors
 
 __all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id", "running_pass",

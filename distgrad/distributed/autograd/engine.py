@@ -46,7 +46,8 @@ import logging
 import threading
 from collections import defaultdict
 
-from distgrad.autograd._internal import GraphTask, Tensor, execute, grad_edge, make_root_grads
+from distgrad.autograd._internal import GraphTask, execute, grad_edge, make_root_grads
+from distgrad._tensor import Tensor
 from distgrad.rpc import Future, RpcError, WorkerUnreachableError, entry_point
 from distgrad.rpc.functions import async_execution
 
