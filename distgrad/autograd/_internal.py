@@ -18,7 +18,7 @@ slot, ``execute``) are part of the door too.
 """
 from .broadcast import reduction_axes, sum_to_shape
 from .deferred_weight_grads import keep_weight_grad
-from .engine import GraphTask, current_graph_task, execute, make_root_grads
+from .engine import GraphTask, as_tuple, current_graph_task, execute, make_root_grads
 from .grad_mode import _state as grad_mode_state
 from .inplace import apply_inplace, check_inplace, write_inplace
 from .node import (AccumulateGrad, Node, accumulate_into_grad, grad_edge, init_node,
@@ -44,7 +44,7 @@ __all__ = [
     "Node", "AccumulateGrad", "init_node", "next_sequence_nr", "SavedTensor", "sum_grads",
     "accumulate_into_grad", "saved_tensors_hooks_state", "grad_mode_state",
     # the engine, for the distributed engine
-    "GraphTask", "execute", "make_root_grads", "current_graph_task",
+    "GraphTask", "execute", "make_root_grads", "current_graph_task", "as_tuple",
     "Size", "TensorBase", "install_tensor_type", "retain_grad",
 ]
 

@@ -21,7 +21,7 @@ from .tensor import TensorBase, _make
 _getrefcount = sys.getrefcount
 
 __all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute",
-           "current_graph_task"]
+           "current_graph_task", "as_tuple"]
 
 
 class _CurrentTasks(threading.local):
@@ -67,10 +67,12 @@ def will_engine_execute_node(node):
     return node in task.exec_needed or bool(task.captures and node in task.captures)
 
 
-def _as_tuple(x):
+def as_tuple(x):
+    """The tensors (or values) ``x`` names, as a tuple: () for None, one for a tensor or any
+    value that cannot be iterated, the items of a list, tuple or other iterable."""
     if x is None:
         return ()
-    if isinstance(x, TensorBase):
+    if isinstance(x, TensorBase) or not hasattr(x, "__iter__"):
         return (x,)
     return tuple(x)
 
@@ -80,12 +82,12 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     """Compute the sum of gradients of ``tensors`` w.r.t. graph leaves, into their ``.grad``."""
     if grad_variables is not None:
         grad_tensors = grad_variables
-    tensors = _as_tuple(tensors)
+    tensors = as_tuple(tensors)
     if inputs is not None:
-        inputs = _as_tuple(inputs)
+        inputs = as_tuple(inputs)
         if len(inputs) == 0:
             raise RuntimeError("'inputs' argument to backward() cannot be empty.")
-    grad_tensors = _as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(tensors)
+    grad_tensors = as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(tensors)
     if len(grad_tensors) != len(tensors):
         raise RuntimeError(f"got {len(grad_tensors)} tensors and {len(tensors)} gradients")
     if retain_graph is None:
@@ -112,9 +114,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                          "but got: allow_unused=False.")
     if allow_unused is None:
         allow_unused = materialize_grads
-    outputs = _as_tuple(outputs)
-    inputs = _as_tuple(inputs)
-    grad_outputs = _as_tuple(grad_outputs) if grad_outputs is not None else (None,) * len(outputs)
+    outputs = as_tuple(outputs)
+    inputs = as_tuple(inputs)
+    grad_outputs = as_tuple(grad_outputs) if grad_outputs is not None else (None,) * len(outputs)
     if len(grad_outputs) != len(outputs):
         raise RuntimeError(f"grad requires one grad_output per output: got {len(grad_outputs)} "
                            f"grad_outputs and {len(outputs)} outputs")
