@@ -13,10 +13,9 @@ from .autograd.dtype import (bool, complex64, complex128, dtype, float16, float3
                              get_default_dtype, int8, int16, int32, int64, set_default_dtype, uint8)
 from .autograd.grad_mode import (enable_grad, inference_mode, is_grad_enabled,
                                  is_inference_mode_enabled, no_grad, set_grad_enabled)
-from .autograd.tensor import Size, Tensor, is_tensor
+from .autograd.tensor import Size, is_tensor
+from ._tensor import Tensor
 from .autograd.device import device
-from . import ops as _ops  # installs Tensor methods
-from .multiprocessing import sharing as _sharing  # installs share_memory_/is_shared, mp pickling
 from .ops.arithmetic import *  # noqa: F401,F403
 from .ops.complex import *  # noqa: F401,F403
 from .ops.conversion import *  # noqa: F401,F403
@@ -33,23 +32,17 @@ from .ops.softmax import *  # noqa: F401,F403
 from .ops.unary import *  # noqa: F401,F403
 from .ops.unary import gelu as _gelu
 from .serialization import load, save
-from . import sparse  # noqa: F401 - torch.sparse; installs the sparse Tensor methods
+from . import sparse  # noqa: F401 - torch.sparse
 from .sparse import layout, sparse_coo, sparse_coo_tensor, strided  # noqa: F401
 from .ops.linalg import mm as spmm  # noqa: F401 - torch.spmm is mm (MmBackward0)
-from .ops import memory as _memory
-from .ops import diag as _diag
 from .ops.diag import diag, diag_embed, diagflat  # noqa: F401
-from . import _tensor_str
 from ._tensor_str import set_printoptions  # noqa: F401
 from .compiler import compile  # noqa: A004
 from .threads import get_num_threads, set_num_threads
 from . import autograd
 from . import nn
 from . import utils
-
-_memory.install()
-_diag.install()
-_tensor_str.install()
+from .utils.lazy import submodules_on_first_use as _submodules_on_first_use
 
 float = float32  # noqa: A001 - PyTorch's aliases
 double = float64
@@ -70,13 +63,7 @@ def numel(input):
     return input.numel()
 
 
-def __getattr__(name):
-    # optim and distributed load on first use, as `torch.distributed` does, so that
-    # `import distgrad` stays cheap and the RPC layer's dependencies are optional here.
-    import importlib
-    if name in ("optim", "distributed", "testing", "distributions", "multiprocessing", "futures",
-                "cuda", "backends", "accelerator", "onnx", "compiler", "jit", "linalg"):
-        module = importlib.import_module(f".{name}", __name__)
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'distgrad' has no attribute {name!r}")
+# optim, distributed and the other subpackages load on first use, as `torch.distributed`
+# does, so that `import distgrad` stays cheap and the RPC layer's dependencies are optional
+# here.
+__getattr__ = _submodules_on_first_use(__name__)

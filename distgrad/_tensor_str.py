@@ -25,10 +25,20 @@ import math
 import numpy as np
 
 from .autograd import dtype as _dt
-from .autograd._internal import Tensor, array_of
-from .nn.parameter import Parameter
+from .autograd._internal import array_of
 
-__all__ = ["set_printoptions", "get_printoptions", "printoptions", "install"]
+__all__ = ["set_printoptions", "get_printoptions", "printoptions", "tensor_repr",
+           "prints_as_tensor"]
+
+# The classes that print as ``tensor(...)``, as PyTorch's Tensor and nn.Parameter do; any
+# other subclass prints its own name. Both register (they are in the layers above this one).
+_PLAIN = set()
+
+
+def prints_as_tensor(cls):
+    """Class decorator: instances of ``cls`` print as ``tensor(...)``."""
+    _PLAIN.add(cls)
+    return cls
 
 
 @dataclasses.dataclass
@@ -208,7 +218,7 @@ def _add_suffixes(text, suffixes, indent, force_newline):
 
 def tensor_repr(self):
     """``repr(tensor)``, as PyTorch's ``Tensor.__repr__``."""
-    plain = type(self) is Tensor or type(self) is Parameter
+    plain = type(self) in _PLAIN
     prefix = "tensor(" if plain else f"{type(self).__name__}("
     indent = len(prefix)
     default = _dt.get_default_dtype()
@@ -247,7 +257,3 @@ def tensor_repr(self):
     elif self.requires_grad:
         suffixes.append("requires_grad=True")
     return _add_suffixes(prefix + text, suffixes, indent, force_newline=self.is_sparse)
-
-
-def install():
-    Tensor.__repr__ = tensor_repr

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from .autograd._internal import Tensor, defop, record
+from .autograd._internal import TensorBase, defop, record
 from .ops.linalg import mm
 from .ops.reduction import amax, amin
 
@@ -177,7 +177,7 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):  # 
     the largest and the smallest magnitude."""
     if out is not None:
         raise RuntimeError("linalg.vector_norm(): out= is not supported by distgrad")
-    if not isinstance(x, Tensor):
+    if not isinstance(x, TensorBase):
         raise TypeError(f"linalg.vector_norm(): argument 'x' must be Tensor, not "
                         f"{type(x).__name__}")
     if not (x.is_floating_point() or x.is_complex()):

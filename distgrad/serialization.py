@@ -211,7 +211,8 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
 
 def _writable(obj):
     """Decoded arrays are read-only views of the file's bytes; give each its own copy."""
-    from .autograd._internal import Tensor, array_of, set_array
+    from .autograd._internal import array_of, set_array
+    from ._tensor import Tensor
     import numpy as np
     if isinstance(obj, Tensor):
         set_array(obj, array_of(obj).copy())

@@ -18,34 +18,16 @@ import os
 import signal
 import sys
 
-from distgrad.utils import addresses
+from .utils import addresses
+from .utils.cli import env, in_range
+from .utils.processes import die_with_parent
 
-__all__ = ["add_arguments", "run", "main", "die_with_parent", "DUMP_END"]
+__all__ = ["add_arguments", "run", "main", "DUMP_END"]
 
 HELP = "run an RPC worker until the world shuts down"
 
 #: The last line of what ``--dump-signal`` prints (a reader knows the dump is complete).
 DUMP_END = "-- end of distgrad worker dump --"
-
-
-def _env(name, default=None):
-    v = os.environ.get(name)
-    return v if v not in (None, "") else default
-
-
-def _in_range(kind, low, high=None, name=None):
-    """argparse type: a number of ``kind`` in [low, high] with a message naming the option."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range: must be {bound}")
-        return value
-    parse.__name__ = name or kind.__name__
-    return parse
 
 
 def _link(text):
@@ -91,17 +73,16 @@ def _signal_number(text):
 
 
 def add_arguments(p):
-    env = _env
     p.add_argument("--name", default=env("WORKER_NAME") or env("NAME"),
                    help="this worker's name, unique in the world (env: WORKER_NAME or NAME)")
-    p.add_argument("--rank", type=_in_range(int, 0), default=env("RANK"),
+    p.add_argument("--rank", type=in_range(int, 0), default=env("RANK"),
                    help="this worker's rank, 0 <= rank < world size (env: RANK)")
-    p.add_argument("--world-size", type=_in_range(int, 1), default=env("WORLD_SIZE"),
+    p.add_argument("--world-size", type=in_range(int, 1), default=env("WORLD_SIZE"),
                    help="number of processes in the world, the coordinator included "
                         "(env: WORLD_SIZE)")
     p.add_argument("--master-addr", default=env("MASTER_ADDR"),
                    help="host of the rendezvous, run by rank 0 (env: MASTER_ADDR)")
-    p.add_argument("--master-port", type=_in_range(int, 1, 65535, "port"),
+    p.add_argument("--master-port", type=in_range(int, 1, 65535, "port"),
                    default=env("MASTER_PORT"),
                    help="TCP port of the rendezvous, 1-65535 (env: MASTER_PORT)")
     p.add_argument("--init-method", default=env("DISTGRAD_COORDINATOR"),
@@ -123,33 +104,33 @@ def add_arguments(p):
                    help="admit only the world's members, each as its own rank; the world's "
                         "secret comes from DISTGRAD_WORLD_SECRET (default: on; env: "
                         "DISTGRAD_AUTHENTICATE)")
-    p.add_argument("--num-threads", type=_in_range(int, 1), default=16,
+    p.add_argument("--num-threads", type=in_range(int, 1), default=16,
                    help="handler threads kept ready (default: %(default)s)")
-    p.add_argument("--rpc-timeout", type=_in_range(float, 0.0), default=60.0, metavar="SECONDS",
+    p.add_argument("--rpc-timeout", type=in_range(float, 0.0), default=60.0, metavar="SECONDS",
                    help="default timeout of this worker's own calls, in seconds; 0 waits "
                         "forever (default: %(default)s)")
-    p.add_argument("--rendezvous-timeout", type=_in_range(float, 0.1), metavar="SECONDS",
+    p.add_argument("--rendezvous-timeout", type=in_range(float, 0.1), metavar="SECONDS",
                    default=float(env("DISTGRAD_RENDEZVOUS_TIMEOUT", 60.0)),
                    help="how long to wait for the whole world to join, in seconds "
                         "(default: %(default)s; env: DISTGRAD_RENDEZVOUS_TIMEOUT)")
-    p.add_argument("--heartbeat-interval", type=_in_range(float, 0.01), metavar="SECONDS",
+    p.add_argument("--heartbeat-interval", type=in_range(float, 0.01), metavar="SECONDS",
                    default=float(env("DISTGRAD_HEARTBEAT_INTERVAL", 0.5)),
                    help="seconds between liveness heartbeats (default: %(default)s; env: "
                         "DISTGRAD_HEARTBEAT_INTERVAL)")
-    p.add_argument("--heartbeat-timeout", type=_in_range(float, 0.1), metavar="SECONDS",
+    p.add_argument("--heartbeat-timeout", type=in_range(float, 0.1), metavar="SECONDS",
                    default=float(env("DISTGRAD_HEARTBEAT_TIMEOUT", 3.0)),
                    help="how long a stopped or unreachable peer may stay silent before it is "
                         "reported dead (default: %(default)s; env: DISTGRAD_HEARTBEAT_TIMEOUT)")
-    p.add_argument("--shm-threshold", type=_in_range(int, 0), metavar="BYTES",
+    p.add_argument("--shm-threshold", type=in_range(int, 0), metavar="BYTES",
                    default=int(env("DISTGRAD_SHM_THRESHOLD", 1 << 20)),
                    help="arrays of at least this many bytes go to same-host peers through "
                         "shared memory; 0 turns that off (default: %(default)s; env: "
                         "DISTGRAD_SHM_THRESHOLD)")
-    p.add_argument("--max-inflight", type=_in_range(int, 1), metavar="CALLS",
+    p.add_argument("--max-inflight", type=in_range(int, 1), metavar="CALLS",
                    default=int(env("DISTGRAD_MAX_INFLIGHT", 1024)),
                    help="calls to one worker in flight at once before another waits "
                         "(default: %(default)s; env: DISTGRAD_MAX_INFLIGHT)")
-    p.add_argument("--max-message-size", type=_in_range(int, 1024), metavar="BYTES",
+    p.add_argument("--max-message-size", type=in_range(int, 1024), metavar="BYTES",
                    default=int(env("DISTGRAD_MAX_MESSAGE_SIZE", 1 << 30)),
                    help="largest accepted message part; a peer sending more is disconnected "
                         "(default: %(default)s; env: DISTGRAD_MAX_MESSAGE_SIZE)")
@@ -169,21 +150,6 @@ def add_arguments(p):
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper,
                    help="(default: %(default)s; env: DISTGRAD_LOG_LEVEL)")
     return p
-
-
-def die_with_parent():
-    """Linux: get SIGKILL when the parent dies, so a crashed test leaves no orphan."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:
-            os._exit(1)
-    except Exception:  # noqa: BLE001 - not Linux: the parent reaps us instead
-        pass
-
-
-_die_with_parent = die_with_parent  # the name distgrad.offload.store.command imports
 
 
 def _dump_on(signum, name):
@@ -233,13 +199,15 @@ def run(args, parser=None):
         _dump_on(args.dump_signal, args.name)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python script.py` puts the script's folder first
+    import distgrad.distributed  # noqa: F401 - what peers call here for distributed autograd,
+    # RemoteModule and DistributedOptimizer registers with the allowlist
     from distgrad.rpc import api
     from distgrad.rpc.options import RpcBackendOptions
     init_method = args.init_method
     if init_method is None and args.master_addr:
         init_method = addresses.endpoint(args.master_addr, args.master_port)
-    allowed = list(args.allow) + [m for m in _env("DISTGRAD_ALLOWED_MODULES", "").split(",") if m]
-    pub, sec = _env("DISTGRAD_CURVE_PUBLIC_KEY"), _env("DISTGRAD_CURVE_SECRET_KEY")
+    allowed = list(args.allow) + [m for m in env("DISTGRAD_ALLOWED_MODULES", "").split(",") if m]
+    pub, sec = env("DISTGRAD_CURVE_PUBLIC_KEY"), env("DISTGRAD_CURVE_SECRET_KEY")
     log = logging.getLogger("distgrad.rpc")
     try:
         opts = RpcBackendOptions(

@@ -209,4 +209,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import perf_page
+    with perf_page.recorded("bench_collectives"):  # with --record: its section of docs/performance.md
+        main()

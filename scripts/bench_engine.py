@@ -212,4 +212,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import perf_page
+    with perf_page.recorded("bench_engine"):  # with --record: its section of docs/performance.md
+        sys.exit(main())

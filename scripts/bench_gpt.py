@@ -205,5 +205,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    import perf_page
     _single_threaded_reexec()
-    sys.exit(main())
+    with perf_page.recorded("bench_gpt"):  # with --record: its section of docs/performance.md
+        sys.exit(main())

@@ -373,4 +373,6 @@ def _verdict(rows):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import perf_page
+    with perf_page.recorded("bench_launch"):  # with --record: its section of docs/performance.md
+        sys.exit(main())

@@ -322,5 +322,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    import perf_page
     _single_threaded_reexec()
-    main()
+    with perf_page.recorded("bench_layers"):  # with --record: its section of docs/performance.md
+        main()

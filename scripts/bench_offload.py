@@ -268,4 +268,6 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import perf_page
+    with perf_page.recorded("bench_offload"):  # with --record: its section of docs/performance.md
+        sys.exit(main())

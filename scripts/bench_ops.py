@@ -315,4 +315,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import perf_page
+    with perf_page.recorded("bench_ops"):  # with --record: its section of docs/performance.md
+        sys.exit(main())

@@ -160,4 +160,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import perf_page
+    with perf_page.recorded("bench_optim"):  # with --record: its section of docs/performance.md
+        main()

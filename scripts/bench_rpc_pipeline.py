@@ -299,7 +299,9 @@ def main():
 
 
 if __name__ == "__main__":
+    import perf_page
     # run as the module "bench_rpc_pipeline", so that workers (and pickle, for PyTorch)
     # find Shard and the process targets under that name
     import bench_rpc_pipeline
-    bench_rpc_pipeline.main()
+    with perf_page.recorded("bench_rpc_pipeline"):  # with --record: its section of docs/performance.md
+        bench_rpc_pipeline.main()

@@ -199,4 +199,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import perf_page
+    with perf_page.recorded("bench_sparse"):  # with --record: its section of docs/performance.md
+        main()

@@ -156,4 +156,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import perf_page
+    with perf_page.recorded("bench_testing"):  # with --record: its section of docs/performance.md
+        main()

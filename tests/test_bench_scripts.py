@@ -32,3 +32,27 @@ def test_bench_layers_prints_na_without_torch(tmp_path):
     assert row.split()[2:4] == ["n/a", "n/a"]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["rows"][0]["torch_ms"] is None and report["rows"][0]["distgrad_ms"] > 0
+
+
+def test_a_benchmark_records_its_own_section_of_the_performance_page(tmp_path, monkeypatch):
+    """``--record`` replaces the benchmark's section (table, command, date, machine) and
+    leaves the others; a run that ends without its JSON line writes nothing."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import perf_page
+    page = tmp_path / "performance.md"
+    monkeypatch.setattr(perf_page, "PAGE", page)
+    perf_page.write_section("bench_other", "## bench_other\n\nkept")
+
+    def bench(lines):
+        monkeypatch.setattr("sys.argv", ["bench_x.py", "--reps", "1", "--record"])
+        with perf_page.recorded("bench_x"):
+            for line in lines:
+                print(line)
+        return page.read_text()
+
+    text = bench(["name  ratio", "a     1.10x", json.dumps({"benchmark": "x"})])
+    assert "kept" in text and "a     1.10x" in text and '"benchmark"' not in text
+    assert "`python scripts/bench_x.py --reps 1`" in text and "cores" in text
+    text = bench(["name  ratio", "a     2.20x", json.dumps({"benchmark": "x"})])
+    assert "2.20x" in text and "1.10x" not in text and text.count("## bench_x") == 1
+    assert bench(["usage: bench_x.py [-h]"]) == text   # --help, say: the page stays

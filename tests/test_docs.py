@@ -1,11 +1,9 @@
-"""The documentation runs as written: every docstring example of the package (doctest),
-every example script, and every Python block of README.md (each as a script of its own,
-as a reader would save and run it)."""
+"""The documentation runs as written: every docstring example of the package (doctest) and
+every example script. The blocks of README.md and docs/ run in test_doc_pages.py."""
 import doctest
 import importlib
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -63,39 +61,6 @@ def _run(path, cwd, timeout=90):
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "scripts").glob("example_*.py")))
 def test_example_scripts_run(script, tmp_path):
     _run(ROOT / "scripts" / script, tmp_path)
-
-
-def _readme_blocks():
-    text = (ROOT / "README.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
-
-
-@pytest.mark.parametrize("index", range(len(_readme_blocks())))
-def test_readme_python_blocks_run_as_written(index, tmp_path):
-    """A block is a script, or a test file when its first line names one (``# test_x.py``),
-    which then runs under pytest with distgrad's plugin, as a user's suite would."""
-    block = _readme_blocks()[index]
-    first = block.splitlines()[0]
-    test_file = re.match(r"# (test_\w+\.py)", first)
-    if test_file is None:
-        path = tmp_path / f"readme_block_{index}.py"
-        path.write_text(block)
-        _run(path, tmp_path)
-        return
-    (tmp_path / test_file.group(1)).write_text(block)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        test_file.group(1)], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=110)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
-
-
-def test_readme_links_stay_inside_the_repository():
-    text = (ROOT / "README.md").read_text()
-    links = re.findall(r"\]\(([^)]+)\)", text) + re.findall(r"`(\.\./[^`]*)`", text)
-    outside = [t for t in links if t.startswith(("../", "/"))]
-    assert not outside, f"README points outside the repository: {outside}"
 
 
 def test_no_docstring_example_is_skipped():

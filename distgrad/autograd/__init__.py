@@ -5,10 +5,18 @@ from .function import Function, FunctionCtx, once_differentiable
 from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled,
                         no_grad, set_grad_enabled)
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
-from .tensor import Tensor
-from . import graph
+from .tensor import TensorBase
+from . import graph, tensor as _tensor
 
-Variable = Tensor  # the legacy name, kept for programs that still use it
+Variable = TensorBase  # the legacy name, kept for programs that still use it: Variable(t) and
+# isinstance(t, Variable) work as PyTorch's (TensorBase(...) builds a distgrad.Tensor)
+
+
+def __getattr__(name):
+    # distgrad.autograd.Tensor, as before distgrad.Tensor was assembled above this package
+    if name == "Tensor":
+        return _tensor.Tensor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "once_differentiable", "enable_grad",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "no_grad",

@@ -13,19 +13,20 @@ underscore name imported from ``autograd``, anywhere outside ``autograd``.
     bump_version(p)                      # ...and the version counter says so
 
 Recording an op (``defop``/``record``, see ``recording.py``) and the local engine's
-extension points for the distributed engine (``GraphTask``, ``execute``, task
-extensions) are part of the door too.
+extension point for the distributed engine (``GraphTask`` and its ``extension``
+slot, ``execute``) are part of the door too.
 """
 from .broadcast import reduction_axes, sum_to_shape
 from .deferred_weight_grads import keep_weight_grad
-from .engine import (GraphTask, current_graph_task, execute, make_root_grads, task_extension,
-                     set_task_extension)
+from .engine import GraphTask, as_tuple, current_graph_task, execute, make_root_grads
 from .grad_mode import _state as grad_mode_state
 from .inplace import apply_inplace, check_inplace, write_inplace
-from .node import AccumulateGrad, Node, accumulate_into_grad, init_node, next_sequence_nr, sum_grads
+from .node import (AccumulateGrad, Node, accumulate_into_grad, grad_edge, init_node,
+                   next_sequence_nr, retain_grad, sum_grads)
 from .recording import OpNode, defop, install_backends, new_node, record, record_multi, record_view
 from .saved import SavedTensor, hooks_state as saved_tensors_hooks_state
-from .tensor import (Size, Tensor, _as_array as as_array, _describe as describe,
+from .tensor import (Size, TensorBase, install_tensor_type, _as_array as as_array,
+                     _describe as describe,
                      _legacy_array as legacy_array, _make as wrap, _wrap_dim as wrap_dim)
 
 __all__ = [
@@ -43,9 +44,8 @@ __all__ = [
     "Node", "AccumulateGrad", "init_node", "next_sequence_nr", "SavedTensor", "sum_grads",
     "accumulate_into_grad", "saved_tensors_hooks_state", "grad_mode_state",
     # the engine, for the distributed engine
-    "GraphTask", "execute", "make_root_grads", "current_graph_task", "task_extension",
-    "set_task_extension",
-    "Size", "Tensor",
+    "GraphTask", "execute", "make_root_grads", "current_graph_task", "as_tuple",
+    "Size", "TensorBase", "install_tensor_type", "retain_grad",
 ]
 
 
@@ -92,11 +92,6 @@ def mark_requires_grad(t, value=True):
     """Set ``requires_grad`` of a leaf without ``requires_grad_``'s dtype checks (for a
     tensor the caller just made from an array known to be floating point)."""
     t._requires_grad = value
-
-
-def grad_edge(t):
-    """The ``(node, input_nr)`` edge a consumer of ``t`` points to (its AccumulateGrad for a leaf)."""
-    return t._grad_edge()
 
 
 def grad_accumulator(t):

@@ -10,7 +10,7 @@ import numpy as np
 
 from .broadcast import reduction_axes, sum_to_shape
 from .naming import public_name
-from .tensor import ArrayStorage, Tensor, _make
+from .tensor import ArrayStorage, TensorBase, _make
 
 __all__ = ["make_root_grads", "check_output_count", "conform"]
 
@@ -19,7 +19,7 @@ def make_root_grads(outputs, grad_outputs, create_graph):
     """The checked gradients to start a backward with (ones for scalar outputs)."""
     grads = []
     for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
-        if not isinstance(out, Tensor):
+        if not isinstance(out, TensorBase):
             raise TypeError(f"element {i} of outputs is a {type(out).__name__}, not a Tensor")
         if g is None:
             if not out._requires_grad:
@@ -33,7 +33,7 @@ def make_root_grads(outputs, grad_outputs, create_graph):
             arr = np.ones(out._data.shape, dtype=out._data.dtype)
             grads.append(_make(arr) if create_graph else arr)
             continue
-        if not isinstance(g, Tensor):
+        if not isinstance(g, TensorBase):
             if isinstance(g, (int, float, complex, np.ndarray)):
                 g = _make(np.asarray(g, dtype=out._data.dtype))
             else:
@@ -66,7 +66,7 @@ def conform(node, nxt, input_nr, g, create_graph):
     input's shape and dtype: an ndarray, or a Tensor under ``create_graph``. The engine
     calls this only when the gradient is not already a plain array of the right kind."""
     shape, dtype = nxt._out_meta[input_nr]
-    if isinstance(g, Tensor):
+    if isinstance(g, TensorBase):
         if not create_graph:
             g = g._data
         else:

@@ -8,7 +8,7 @@ Tensors and may return replacements; the engine keeps ndarrays unless
 """
 from .grad_mode import _state
 from .node import AccumulateGrad
-from .tensor import Tensor, _make
+from .tensor import TensorBase, _make
 
 __all__ = ["has_pre_hooks", "call_pre_hooks", "call_tensor_pre_hooks", "call_post_hooks"]
 
@@ -28,13 +28,13 @@ def call_pre_hooks(node, grads):
 
 
 def _to_user(g):
-    return g if (g is None or isinstance(g, Tensor)) else _make(g)
+    return g if (g is None or isinstance(g, TensorBase)) else _make(g)
 
 
 def _from_user(value):
     if value is None or _state.grad_enabled:
         return value
-    if isinstance(value, Tensor):
+    if isinstance(value, TensorBase):
         return value._data
     return value
 
@@ -48,7 +48,7 @@ def call_tensor_pre_hooks(node, grads):
             for hook in hooks:
                 result = hook(_to_user(g))
                 if result is not None:
-                    if not isinstance(result, Tensor):
+                    if not isinstance(result, TensorBase):
                         raise TypeError(f"hook returned a {type(result).__name__}, "
                                         "expected a Tensor or None")
                     g = _from_user(result)

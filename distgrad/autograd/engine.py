@@ -16,12 +16,12 @@ from .backward_checks import check_output_count, conform, make_root_grads
 from .backward_hooks import call_post_hooks, call_pre_hooks, call_tensor_pre_hooks, has_pre_hooks
 from .grad_mode import _state, thread_state
 from .node import AccumulateGrad, accumulate_into_grad, sum_grads
-from .tensor import Tensor, _make
+from .tensor import TensorBase, _make
 
 _getrefcount = sys.getrefcount
 
 __all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute",
-           "current_graph_task", "task_extension", "set_task_extension"]
+           "current_graph_task", "as_tuple"]
 
 
 class _CurrentTasks(threading.local):
@@ -49,20 +49,6 @@ def execute(task):
         _current_tasks.stack.pop()
 
 
-def task_extension(task, name):
-    """The state an engine built on this one keeps on ``task`` under ``name`` (or None).
-
-    The extension slot of a backward pass: the distributed engine keeps its pass under
-    ``"distributed"``, and code that runs inside backward (hooks, DDP) finds it with
-    ``task_extension(current_graph_task(), "distributed")``.
-    """
-    return task.extensions.get(name) if task is not None else None
-
-
-def set_task_extension(task, name, state):
-    task.extensions[name] = state
-
-
 def will_engine_execute_node(node):
     """Whether the running backward will call ``node`` (or capture a gradient at it).
 
@@ -81,10 +67,12 @@ def will_engine_execute_node(node):
     return node in task.exec_needed or bool(task.captures and node in task.captures)
 
 
-def _as_tuple(x):
+def as_tuple(x):
+    """The tensors (or values) ``x`` names, as a tuple: () for None, one for a tensor or any
+    value that cannot be iterated, the items of a list, tuple or other iterable."""
     if x is None:
         return ()
-    if isinstance(x, Tensor):
+    if isinstance(x, TensorBase) or not hasattr(x, "__iter__"):
         return (x,)
     return tuple(x)
 
@@ -94,12 +82,12 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     """Compute the sum of gradients of ``tensors`` w.r.t. graph leaves, into their ``.grad``."""
     if grad_variables is not None:
         grad_tensors = grad_variables
-    tensors = _as_tuple(tensors)
+    tensors = as_tuple(tensors)
     if inputs is not None:
-        inputs = _as_tuple(inputs)
+        inputs = as_tuple(inputs)
         if len(inputs) == 0:
             raise RuntimeError("'inputs' argument to backward() cannot be empty.")
-    grad_tensors = _as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(tensors)
+    grad_tensors = as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(tensors)
     if len(grad_tensors) != len(tensors):
         raise RuntimeError(f"got {len(grad_tensors)} tensors and {len(tensors)} gradients")
     if retain_graph is None:
@@ -126,9 +114,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                          "but got: allow_unused=False.")
     if allow_unused is None:
         allow_unused = materialize_grads
-    outputs = _as_tuple(outputs)
-    inputs = _as_tuple(inputs)
-    grad_outputs = _as_tuple(grad_outputs) if grad_outputs is not None else (None,) * len(outputs)
+    outputs = as_tuple(outputs)
+    inputs = as_tuple(inputs)
+    grad_outputs = as_tuple(grad_outputs) if grad_outputs is not None else (None,) * len(outputs)
     if len(grad_outputs) != len(outputs):
         raise RuntimeError(f"grad requires one grad_output per output: got {len(grad_outputs)} "
                            f"grad_outputs and {len(outputs)} outputs")
@@ -171,19 +159,12 @@ class GraphTask:
         # gradient that is a contiguous view of one (a reshape's, a view's) becomes .grad
         # without a copy, sharing the caller's memory, as in PyTorch.
         self.caller_buffers = ()
-        # State of engines built on this one, by name (the distributed engine's pass).
-        self.extensions = {}
+        # The one slot for an engine built on this one: the distributed engine keeps its
+        # pass here, and code that runs inside backward (a recv node, DDP's hooks) finds it
+        # through current_graph_task().extension.
+        self.extension = None
         self._heap = []
         self._tiebreak = count()
-
-    @property
-    def dist_pass(self):
-        """The distributed engine's state for this pass (``extensions["distributed"]``)."""
-        return self.extensions.get("distributed")
-
-    @dist_pass.setter
-    def dist_pass(self, value):
-        self.extensions["distributed"] = value
 
     # -- graph discovery --
     def compute_dependencies(self, root_nodes):
@@ -434,7 +415,7 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
         root_edges.append((t._grad_edge(), g))
     targets = []
     for i, t in enumerate(inputs):
-        if not isinstance(t, Tensor):
+        if not isinstance(t, TensorBase):
             raise TypeError(f"element {i} of inputs is a {type(t).__name__}, not a Tensor")
         if not t._requires_grad:
             raise RuntimeError("One of the differentiated Tensors does not require grad")
@@ -448,8 +429,9 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
     task.caller_buffers = _buffer_ids(root_grads)
     for (node, nr), g in root_edges:
         if g is not None and isinstance(node, AccumulateGrad) and node._out_meta[0][1] != \
-                (g._data.dtype if isinstance(g, Tensor) else g.dtype):
-            g = g.to(node._out_meta[0][1]) if isinstance(g, Tensor) else g.astype(node._out_meta[0][1])
+                (g._data.dtype if isinstance(g, TensorBase) else g.dtype):
+            dtype = node._out_meta[0][1]
+            g = g.to(dtype) if isinstance(g, TensorBase) else g.astype(dtype)
         task.add_gradient(node, nr, g)
     for node in dict.fromkeys(root_nodes):
         if task.dependencies.get(node, 0) == 0:
@@ -465,7 +447,7 @@ def run_backward(roots, root_grads, retain_graph, create_graph, inputs, allow_un
                                    "used in the graph. Set allow_unused=True if this is the "
                                    "desired behavior.")
             results.append(None)
-        elif isinstance(g, Tensor):
+        elif isinstance(g, TensorBase):
             results.append(g)
         else:
             results.append(_make(g))
@@ -479,11 +461,3 @@ def _buffer_ids(arrays):
         if type(a) is np.ndarray:
             ids.add(id(a) if a.base is None else id(a.base))
     return ids
-
-
-def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    """Accumulate the gradient of this tensor w.r.t. the graph leaves into their ``.grad``."""
-    backward(self, gradient, retain_graph, create_graph, inputs=inputs)
-
-
-Tensor.backward = _tensor_backward

@@ -22,7 +22,7 @@ import numpy as np
 from .grad_mode import _state, no_grad
 from .node import Node
 from .saved import SavedTensor, RELEASED_MESSAGE
-from .tensor import Tensor, _make
+from .tensor import TensorBase, _make
 
 __all__ = ["Function", "FunctionCtx", "BackwardCFunction", "once_differentiable"]
 
@@ -32,7 +32,7 @@ class FunctionCtx:
 
     def save_for_backward(self, *tensors):
         for t in tensors:
-            if t is not None and not isinstance(t, Tensor):
+            if t is not None and not isinstance(t, TensorBase):
                 raise TypeError("save_for_backward can only save variables, but argument "
                                 f"{tensors.index(t)} is of type {type(t).__name__}")
         self.to_save = tensors
@@ -86,7 +86,7 @@ class BackwardCFunction(Node, FunctionCtx):
                 else:
                     user.append(None)
                     continue
-            user.append(g if isinstance(g, Tensor) else _make(g))
+            user.append(g if isinstance(g, TensorBase) else _make(g))
         result = self._forward_cls.backward(self, *user)
         if not isinstance(result, tuple):
             result = (result,)
@@ -100,7 +100,7 @@ class BackwardCFunction(Node, FunctionCtx):
         out = []
         for pos in self._tensor_positions:
             r = result[pos]
-            if r is not None and not isinstance(r, Tensor):
+            if r is not None and not isinstance(r, TensorBase):
                 raise TypeError(f"function {type(self).__name__} returned a gradient of type "
                                 f"{type(r).__name__} at position {pos}, expected a Tensor or None")
             # A gradient for an input that needs none is kept: node post-hooks see it, as
@@ -156,9 +156,9 @@ class Function(FunctionCtx, metaclass=FunctionMeta):
     @classmethod
     def apply(cls, *args, **kwargs):
         ctx = cls._backward_cls()
-        positions = tuple(i for i, a in enumerate(args) if isinstance(a, Tensor))
+        positions = tuple(i for i, a in enumerate(args) if isinstance(a, TensorBase))
         ctx._tensor_positions = positions
-        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a._requires_grad for a in args)
+        ctx.needs_input_grad = tuple(isinstance(a, TensorBase) and a._requires_grad for a in args)
         is_executable = _state.grad_enabled and any(ctx.needs_input_grad)
         uses_setup_context = cls.setup_context is not Function.setup_context
         with no_grad():
@@ -178,7 +178,7 @@ def _wrap_outputs(ctx, args, positions, output, is_executable):
     non_diff = {id(t) for t in ctx.non_differentiable}
     wrapped = []
     for i, out in enumerate(outputs):
-        if not isinstance(out, Tensor):
+        if not isinstance(out, TensorBase):
             wrapped.append(out)
             continue
         if id(out) in dirty:
@@ -197,7 +197,7 @@ def _wrap_outputs(ctx, args, positions, output, is_executable):
                           for p in positions)
         metas = []
         for i, t in enumerate(wrapped):
-            if isinstance(t, Tensor):
+            if isinstance(t, TensorBase):
                 metas.append((t._data.shape, t._data.dtype))
                 differentiable = id(outputs[i]) not in non_diff and t._data.dtype.kind in "fc"
                 if differentiable:
@@ -211,7 +211,7 @@ def _wrap_outputs(ctx, args, positions, output, is_executable):
         ctx._out_meta = tuple(metas)
     else:
         ctx._next = ()
-        ctx._out_meta = tuple(((t._data.shape, t._data.dtype) if isinstance(t, Tensor) else
+        ctx._out_meta = tuple(((t._data.shape, t._data.dtype) if isinstance(t, TensorBase) else
                                ((), np.dtype(np.float32))) for t in wrapped)
     ctx._saved = _save_for_backward(ctx, wrapped) if is_executable else ()
     ctx.to_save = ()
@@ -221,7 +221,7 @@ def _wrap_outputs(ctx, args, positions, output, is_executable):
 def _save_for_backward(ctx, wrapped):
     # Only a node that joined the graph saves anything (PyTorch's is_executable): with
     # grad off there is no backward to save for, so inference tensors are fine here.
-    out_ids = {id(t): i for i, t in enumerate(wrapped) if isinstance(t, Tensor)}
+    out_ids = {id(t): i for i, t in enumerate(wrapped) if isinstance(t, TensorBase)}
     saved = []
     for s in ctx.to_save:
         if s is None:
@@ -241,12 +241,12 @@ def once_differentiable(fn):
             outputs = fn(ctx, *args)
         if not _state.grad_enabled:
             return outputs
-        inputs = [a for a in args if isinstance(a, Tensor) and a._requires_grad]
+        inputs = [a for a in args if isinstance(a, TensorBase) and a._requires_grad]
         if not inputs:
             return outputs
         # As PyTorch's DelayedError: the result joins the graph, and backward through it fails.
         single = not isinstance(outputs, tuple)
-        wrapped = tuple(_DelayedError.apply(o, *inputs) if isinstance(o, Tensor) else o
+        wrapped = tuple(_DelayedError.apply(o, *inputs) if isinstance(o, TensorBase) else o
                         for o in ((outputs,) if single else outputs))
         return wrapped[0] if single else wrapped
     return wrapper

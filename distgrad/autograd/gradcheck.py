@@ -9,9 +9,9 @@ import warnings
 
 import numpy as np
 
-from .engine import grad as autograd_grad
+from .engine import as_tuple, grad as autograd_grad
 from .grad_mode import enable_grad, no_grad
-from .tensor import Tensor, _make
+from .tensor import TensorBase, _make
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError"]
 
@@ -20,18 +20,14 @@ class GradcheckError(RuntimeError):
     """Raised by gradcheck when analytical and numerical gradients disagree."""
 
 
-def _as_tuple(x):
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
 def _differentiable_outputs(func, inputs):
-    out = _as_tuple(func(*inputs))
-    return [o for o in out if isinstance(o, Tensor) and o.requires_grad]
+    out = as_tuple(func(*inputs))
+    return [o for o in out if isinstance(o, TensorBase) and o.requires_grad]
 
 
 def _evaluate(func, inputs):
     with no_grad():
-        return [o._data.copy() for o in _as_tuple(func(*inputs)) if isinstance(o, Tensor)
+        return [o._data.copy() for o in as_tuple(func(*inputs)) if isinstance(o, TensorBase)
                 and o._data.dtype.kind in "fc"]
 
 
@@ -68,8 +64,9 @@ def gradcheck(func, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=T
     >>> gradcheck(lambda t: (t * t).sum(), (x,))
     True
     """
-    inputs = _as_tuple(inputs)
-    diff_inputs = [(i, x) for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
+    inputs = as_tuple(inputs)
+    diff_inputs = [(i, x) for i, x in enumerate(inputs)
+                   if isinstance(x, TensorBase) and x.requires_grad]
     for i, x in diff_inputs:
         if x._data.dtype not in (np.float64, np.complex128):
             warnings.warn(f"Input #{i} requires gradient and is not a double precision floating "
@@ -112,7 +109,7 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=
                   check_undefined_grad=True, check_grad_dtypes=False, check_batched_grad=False,
                   check_fwd_over_rev=False, check_rev_over_rev=True, fast_mode=False, masked=False):
     """Check second-order gradients: gradcheck of the gradient with ``create_graph=True``."""
-    inputs = _as_tuple(inputs)
+    inputs = as_tuple(inputs)
     with enable_grad():
         outputs = _differentiable_outputs(func, inputs)
     if grad_outputs is None:
@@ -125,9 +122,10 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=
             t = _make(g.astype(o._data.dtype))
             t.requires_grad_(True)
             grad_outputs.append(t)
-    grad_outputs = _as_tuple(grad_outputs)
+    grad_outputs = as_tuple(grad_outputs)
     n_in = len(inputs)
-    diff_positions = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
+    diff_positions = [i for i, x in enumerate(inputs)
+                      if isinstance(x, TensorBase) and x.requires_grad]
 
     def first_order(*args):
         ins, gos = args[:n_in], args[n_in:]

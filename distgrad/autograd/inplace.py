@@ -12,7 +12,7 @@ from .dtype import scalar_type_name
 from .grad_mode import _state, thread_state
 from .node import Node, init_node, next_sequence_nr
 from .recording import defop, new_node
-from .tensor import Tensor, _make
+from .tensor import TensorBase, _make
 
 __all__ = ["apply_inplace", "check_inplace", "write_inplace"]
 
@@ -74,7 +74,7 @@ def apply_inplace(self, fn, *args, **kwargs):
     check_inplace(self)
     recording = _state.grad_enabled and (self._requires_grad or (self._base is not None and
                                                                   self._base._requires_grad) or
-                                         any(isinstance(a, Tensor) and a._requires_grad
+                                         any(isinstance(a, TensorBase) and a._requires_grad
                                              for a in args))
     if not recording:
         with thread_state(_state, grad_enabled=False):

@@ -10,7 +10,7 @@ import weakref
 
 from ..utils.hooks import RemovableHandle
 from .engine import current_graph_task, will_engine_execute_node
-from .tensor import Tensor
+from .tensor import TensorBase
 
 __all__ = ["register_multi_grad_hook"]
 
@@ -65,7 +65,7 @@ def register_multi_grad_hook(tensors, fn, *, mode="all"):
         raise ValueError(f"Expects mode to be one of {supported_modes} but got {mode}")
     tensors = tuple(tensors)
     for t in tensors:
-        if not isinstance(t, Tensor):
+        if not isinstance(t, TensorBase):
             raise TypeError(f"register_multi_grad_hook expects Tensors, got {type(t).__name__}")
     lock = threading.Lock()
     if mode == "all":

@@ -18,7 +18,8 @@ from .grad_mode import _state
 
 from ..utils.hooks import RemovableHandle
 
-__all__ = ["Node", "AccumulateGrad", "next_sequence_nr", "init_node", "sum_grads"]
+__all__ = ["Node", "AccumulateGrad", "next_sequence_nr", "init_node", "sum_grads",
+           "grad_edge", "retain_grad"]
 
 _sequence = itertools.count()
 next_sequence_nr = _sequence.__next__
@@ -71,7 +72,7 @@ class Node:
         """Call the node on gradients directly, as PyTorch allows (``y.grad_fn(g)``)."""
         raw = [g if (g is None or _state.grad_enabled) else g._data for g in grads]
         out = self.apply(raw)
-        wrapped = tuple(o if (o is None or isinstance(o, _tensor.Tensor)) else _tensor._make(o)
+        wrapped = tuple(o if (o is None or isinstance(o, _tensor.TensorBase)) else _tensor._make(o)
                         for o in out)
         return wrapped[0] if len(wrapped) == 1 else wrapped
 
@@ -235,7 +236,7 @@ def _accumulate_storage(variable, old, g, owned):
     """``.grad += g`` where either is sparse (an ArrayStorage), as PyTorch's AccumulateGrad:
     a sparse gradient is added into a dense ``.grad`` in place; otherwise ``.grad``
     becomes the sum (dense + sparse is dense, in either order)."""
-    if isinstance(g, _tensor.Tensor):  # under create_graph
+    if isinstance(g, _tensor.TensorBase):  # under create_graph
         new = g if old is not None or _state.grad_enabled else g.detach()
     else:
         new = _tensor._make(g if owned else g.copy())
@@ -256,7 +257,8 @@ def _accumulate_storage(variable, old, g, owned):
 
 
 # ---------------------------------------------------------------- Tensor methods that need nodes
-def _grad_edge(self):
+# (methods of distgrad.Tensor, distgrad/_tensor.py; the core class is below this module)
+def grad_edge(self):
     """The (node, input_nr) edge a consumer of this tensor points to."""
     fn = self._grad_fn
     if fn is not None:
@@ -268,7 +270,7 @@ def _grad_edge(self):
     return (acc, 0)
 
 
-def _retain_grad(self):
+def retain_grad(self):
     """Populate ``.grad`` of this non-leaf during backward (a no-op on leaves)."""
     if self._grad_fn is None:
         if not self._requires_grad:
@@ -281,9 +283,9 @@ def _retain_grad(self):
     def retain_grad_hook(grad):
         tensor = ref()
         if tensor is not None and grad is not None:
-            if isinstance(grad, _tensor.Tensor) and not _state.grad_enabled:
+            if isinstance(grad, _tensor.TensorBase) and not _state.grad_enabled:
                 grad = grad._data
-            if isinstance(grad, _tensor.Tensor):
+            if isinstance(grad, _tensor.TensorBase):
                 tensor._grad = grad if tensor._grad is None else tensor._grad + grad
             elif tensor._grad is None:
                 tensor._grad = _tensor._make(np.array(grad, copy=True))
@@ -293,7 +295,3 @@ def _retain_grad(self):
 
     self._grad_fn._set_retains_grad_hook(self._output_nr, retain_grad_hook)
     self._retains_grad = True
-
-
-_tensor.Tensor._grad_edge = _grad_edge
-_tensor.Tensor.retain_grad = _retain_grad

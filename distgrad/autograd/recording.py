@@ -19,7 +19,7 @@ for inputs that need a gradient.
 from .grad_mode import _state
 from .node import Node, init_node, next_sequence_nr
 from .saved import KeptInput, SavedTensor, RELEASED_MESSAGE
-from .tensor import Tensor, _make
+from .tensor import TensorBase, _make
 
 __all__ = ["OpNode", "defop", "record", "record_view", "record_multi", "new_node",
            "install_backends"]
@@ -60,7 +60,7 @@ class OpNode(Node):
         if _state.grad_enabled:
             xp = _backends.tensor
             vals = self._unpack_saved(SavedTensor.unpack)
-            grads = [g if (g is None or isinstance(g, Tensor)) else _make(g) for g in grads]
+            grads = [g if (g is None or isinstance(g, TensorBase)) else _make(g) for g in grads]
         else:
             xp = _backends.array
             vals = []
@@ -213,7 +213,7 @@ def record(cls, out, inputs, saved=(), meta=None, kept=()):
     else:
         node._saved = ()
     if kept:
-        node._kept = tuple(KeptInput(k) for k in kept if isinstance(k, Tensor))
+        node._kept = tuple(KeptInput(k) for k in kept if isinstance(k, TensorBase))
     return t
 
 

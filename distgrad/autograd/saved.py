@@ -9,7 +9,7 @@ import weakref
 
 from .grad_mode import ThreadState, _state, thread_state
 from .node import AccumulateGrad
-from .tensor import Tensor, _describe, _make
+from .tensor import TensorBase, _describe, _make
 
 __all__ = ["SavedTensor", "KeptInput", "SavedTensorHooksState", "hooks_state"]
 
@@ -98,7 +98,7 @@ class SavedTensor:
 
     def _unpacked(self, node):
         value = self._unpack_hook(self._packed)
-        if not isinstance(value, Tensor):
+        if not isinstance(value, TensorBase):
             raise TypeError(
                 "Output of saved tensor unpack_hook expected to be a Tensor but got result of "
                 f"type {type(value).__name__}")

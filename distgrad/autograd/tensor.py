@@ -1,11 +1,12 @@
-"""The Tensor: a NumPy array plus the autograd state PyTorch keeps beside it.
+"""The tensor core: a NumPy array plus the autograd state PyTorch keeps beside it.
 
-Operators and math methods (``x + y``, ``x.exp()``, ...) are installed by
-``distgrad.ops``, which sits above this layer; what lives here is what autograd
-itself needs: leaves and non-leaves, ``.grad``, hooks, version counters, views.
-The methods that need the graph are installed by the modules above this one, so
-nothing here imports up: ``node.py`` installs ``retain_grad`` and ``_grad_edge``,
-``engine.py`` installs ``backward``.
+:class:`TensorBase` is what autograd itself needs: leaves and non-leaves, ``.grad``,
+hooks, version counters, views, conversions (PyTorch's ``torch._C.TensorBase``). The
+class programs use, ``distgrad.Tensor``, is assembled from it and the method sets of the
+layers above (``distgrad/_tensor.py``: operators and math from ``distgrad.ops``, sparse
+layouts, shared memory, printing, ``backward``), which registers itself here with
+:func:`install_tensor_type`: every tensor autograd makes is one, and so is what
+``TensorBase(...)`` (``autograd.Variable(...)``) builds.
 """
 import warnings
 from collections import OrderedDict
@@ -19,7 +20,7 @@ from ..utils.hooks import RemovableHandle
 from .. import codec as _codec
 from .naming import public_name
 
-__all__ = ["Tensor", "is_tensor", "ArrayStorage"]
+__all__ = ["TensorBase", "is_tensor", "ArrayStorage", "install_tensor_type"]
 
 
 class ArrayStorage:
@@ -30,7 +31,7 @@ class ArrayStorage:
     __slots__ = ()
 
 
-class Tensor:
+class TensorBase:
     # Hot fields are slots, set by every op; the rest are class-level defaults that
     # land in the instance __dict__ only on the tensors that need them (leaves with
     # hooks, views, inference tensors), so creating a tensor stays cheap.
@@ -48,11 +49,15 @@ class Tensor:
     # NumPy must defer to our reflected operators (``ndarray * Tensor``).
     __array_priority__ = 1000
 
+    def __new__(cls, *args, **kwargs):
+        # The core is never made on its own: TensorBase(...) builds a distgrad.Tensor.
+        return object.__new__(_tensor_type if cls is TensorBase else cls)
+
     def __init__(self, *args, device=None):
         # PyTorch's legacy constructor: Tensor() is empty, Tensor(2, 3) uninitialised of that
         # shape, Tensor([1, 2]) data in the default dtype, Tensor(t) an alias of t.
         # New code uses distgrad.tensor/zeros/empty; the fast path is _make.
-        if len(args) == 1 and isinstance(args[0], Tensor):
+        if len(args) == 1 and isinstance(args[0], TensorBase):
             src = args[0]
             _init(self, src._data, None, 0, False, src._vc)
             return
@@ -74,7 +79,7 @@ class Tensor:
 
     @data.setter
     def data(self, value):
-        self._data = value._data if isinstance(value, Tensor) else np.asarray(value)
+        self._data = value._data if isinstance(value, TensorBase) else np.asarray(value)
 
     @property
     def shape(self):
@@ -194,7 +199,7 @@ class Tensor:
     @grad.setter
     def grad(self, value):
         if value is not None:
-            if not isinstance(value, Tensor):
+            if not isinstance(value, TensorBase):
                 raise TypeError(f"assigned grad expected to be a Tensor or None but got grad "
                                 f"of type {type(value).__name__}")
             if value._data.shape != self._data.shape:
@@ -315,15 +320,6 @@ class Tensor:
             raise TypeError("iteration over a 0-d tensor")
         return iter(self.unbind(0))
 
-    def __format__(self, format_spec):
-        # As PyTorch: a 0-d tensor formats as its number (f"{loss:.4f}"); anything else
-        # takes object's rule (str() for an empty spec, TypeError for any other).
-        if self._data.ndim == 0 and type(self) is Tensor:
-            return self._data.item().__format__(format_spec)
-        return object.__format__(self, format_spec)
-
-    # __repr__ is PyTorch's formatter, installed by distgrad/_tensor_str.py.
-
     def __reduce_ex__(self, protocol):
         # For copy.copy; the RPC wire and checkpoints have their own codec (distgrad/codec.py).
         return (_rebuild, (self._data.copy(), self._requires_grad))
@@ -341,6 +337,24 @@ class Tensor:
             new._grad = self._grad.__deepcopy__(memo)
         memo[id(self)] = new
         return new
+
+
+# The class every tensor is made of: distgrad.Tensor once distgrad/_tensor.py has
+# assembled it (which happens when the distgrad package is imported, before any tensor).
+_tensor_type = TensorBase
+
+
+def install_tensor_type(cls):
+    """Make tensors of ``cls`` (``distgrad.Tensor``, a subclass of :class:`TensorBase`)."""
+    global _tensor_type
+    _tensor_type = cls
+
+
+def __getattr__(name):
+    # ``distgrad.autograd.tensor.Tensor``: the class's old home still names it
+    if name == "Tensor":
+        return _tensor_type
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _rebuild(data, requires_grad):
@@ -377,9 +391,9 @@ def _init(t, data, grad_fn, output_nr, requires_grad, vc):
         t._is_inference = True
 
 
-def _make(data, grad_fn=None, output_nr=0, requires_grad=False, vc=None, cls=Tensor):
+def _make(data, grad_fn=None, output_nr=0, requires_grad=False, vc=None, cls=None):
     """Wrap an ndarray as a Tensor without copying: the hot path of every op."""
-    t = object.__new__(cls)
+    t = object.__new__(cls or _tensor_type)
     _init(t, data, grad_fn, output_nr, requires_grad, vc)
     return t
 
@@ -389,7 +403,8 @@ def _as_array(data, dtype=None):
     np_dtype = _dt.to_numpy_dtype(dtype) if dtype is not None else None
     if isinstance(data, np.ndarray):
         return np.array(data, dtype=np_dtype, copy=True)
-    if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flatten(data)):
+    if isinstance(data, (list, tuple)) and \
+            any(isinstance(x, TensorBase) for x in _flatten(data)):
         data = _tensors_to_lists(data)
     arr = np.array(data, dtype=np_dtype)
     if np_dtype is None:
@@ -416,7 +431,8 @@ def _legacy_array(args, np_dtype):
         isinstance(first, (int, np.integer)) and not isinstance(first, bool))
     if not is_shape:
         data = first
-        if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flatten(data)):
+        if isinstance(data, (list, tuple)) and \
+            any(isinstance(x, TensorBase) for x in _flatten(data)):
             data = _tensors_to_lists(data)
         return np.array(data, dtype=np_dtype)
     shape = tuple(first) if isinstance(first, Size) else args
@@ -440,7 +456,7 @@ def _flatten(data):
 
 
 def _tensors_to_lists(data):
-    if isinstance(data, Tensor):
+    if isinstance(data, TensorBase):
         return data._data.tolist()
     if isinstance(data, (list, tuple)):
         return [_tensors_to_lists(x) for x in data]
@@ -462,7 +478,7 @@ def _describe(array):
 
 
 def is_tensor(obj):
-    return isinstance(obj, Tensor)
+    return isinstance(obj, TensorBase)
 
 
 # ---------------------------------------------------------------- the value codec
@@ -485,7 +501,7 @@ def _decode_tensor(payload, dec):
         return t
     if type(payload) is not list or len(payload) != 4:
         raise _codec.CodecError("malformed tensor")
-    return Tensor._wrap(dec.array(payload), requires_grad=payload[3] is True)
+    return TensorBase._wrap(dec.array(payload), requires_grad=payload[3] is True)
 
 
-_codec.register(Tensor, 6, _encode_tensor, _decode_tensor)
+_codec.register(TensorBase, 6, _encode_tensor, _decode_tensor)

@@ -4,7 +4,7 @@ Process groups and collectives (``init_process_group``, ``all_reduce``, ...) liv
 ``process_group.py``, ``collectives.py``, ``point_to_point.py`` and
 ``object_collectives.py``, the key-value stores in ``store.py`` and
 ``file_store.py``; ``rpc`` is ``torch.distributed.rpc``. ``autograd``, ``optim`` and
-``nn`` load on first use.
+``nn`` load on first use. ``DistributedDataParallel`` is implemented in ``ddp.py``.
 """
 from . import rpc  # noqa: F401
 from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all,
@@ -27,11 +27,17 @@ from .file_store import FileStore
 from .store import HashStore, PrefixStore, Store, TCPStore
 
 
-def __getattr__(name):
-    # autograd, optim and nn load on first use (they install the RPC message interceptor)
-    import importlib
-    if name in ("autograd", "optim", "nn"):
-        module = importlib.import_module(f".{name}", __name__)
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'distgrad.distributed' has no attribute {name!r}")
+from . import ddp as _ddp  # noqa: F401 - DistributedDataParallel's implementation registers
+from ..rpc.allowlist import register_entry_point_modules as _register_entry_point_modules
+from ..utils.data.distributed import use_default_group as _use_default_group
+from ..utils.lazy import submodules_on_first_use as _submodules_on_first_use
+
+_use_default_group(get_rank, get_world_size)  # DistributedSampler's rank and world size
+# what peers call on a worker for distributed autograd, RemoteModule, DistributedOptimizer
+_register_entry_point_modules(
+    "distgrad.distributed.autograd.container", "distgrad.distributed.autograd.engine",
+    "distgrad.distributed.autograd.hooks", "distgrad.distributed.nn.remote_module",
+    "distgrad.distributed.optim.optimizer")
+
+# autograd, optim and nn load on first use (they install the RPC message interceptor)
+__getattr__ = _submodules_on_first_use(__name__)

@@ -9,7 +9,8 @@ The names keep their underscore: they are this package's internals, shared by
 """
 import numpy as np
 
-from distgrad.autograd._internal import Tensor, array_of, bump_version
+from distgrad.autograd._internal import array_of, bump_version
+from distgrad._tensor import Tensor
 
 from .work import Work
 from .process_group import (GroupMember, _warn_not_in_group, _world, get_group_rank,

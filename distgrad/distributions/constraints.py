@@ -3,7 +3,7 @@
 A constraint's ``check(value)`` gives a boolean tensor, one entry per event; the
 distributions use them to validate their arguments and samples (``validate_args``).
 """
-from ..autograd.tensor import Tensor
+from .._tensor import Tensor
 
 __all__ = ["Constraint", "boolean", "dependent", "dependent_property", "greater_than",
            "greater_than_eq", "half_open_interval", "independent", "integer_interval",

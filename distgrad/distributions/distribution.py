@@ -11,7 +11,8 @@ import warnings
 from . import constraints
 from .utils import lazy_property
 from ..autograd.grad_mode import no_grad
-from ..autograd.tensor import Size, Tensor
+from ..autograd.tensor import Size
+from .._tensor import Tensor
 
 __all__ = ["Distribution"]
 

@@ -7,7 +7,8 @@ import numpy as np
 from .. import nn
 from ..autograd import dtype as _dt
 from ..autograd.grad_mode import enable_grad
-from ..autograd.tensor import Size, Tensor
+from ..autograd.tensor import Size
+from .._tensor import Tensor
 from ..ops.creation import tensor as _tensor
 from ..autograd._internal import array_of
 

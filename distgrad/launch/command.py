@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 
-from distgrad.utils.cli import PrintAndExit
+from distgrad.utils.cli import PrintAndExit, env
 
 from . import checkpoint as ckpt
 from . import environment, resume
@@ -27,11 +27,6 @@ from .config import ConfigError, describe_schema, error_for, load_config
 __all__ = ["HELP", "add_arguments", "run", "main"]
 
 HELP = "train a model across worker processes from a TOML config"
-
-
-def _env(name, default=None):
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
 
 
 def _ranks(text):
@@ -54,20 +49,20 @@ def add_arguments(p, rest=argparse.REMAINDER):
                    help="replace config values, e.g. optim.lr=0.01 world.workers=3 "
                         "(values are TOML; a bare word is a string)")
     p.add_argument("--resume", action="store_true",
-                   default=_env("DISTGRAD_RESUME", "0") not in ("0", "false", "no"),
+                   default=env("DISTGRAD_RESUME", "0") not in ("0", "false", "no"),
                    help="continue the run in --run-dir, or the newest run of this config's "
                         "name that is this config's training (same model, layout, optimizer, "
                         "data, seed), from its last complete checkpoint; losses are the same, "
                         "bit for bit, as a run that never stopped; a run already complete is "
                         "said so and nothing starts (default: off, or run.resume; env: "
                         "DISTGRAD_RESUME=1)")
-    p.add_argument("--run-dir", metavar="DIR", default=_env("DISTGRAD_RUN_DIR"),
+    p.add_argument("--run-dir", metavar="DIR", default=env("DISTGRAD_RUN_DIR"),
                    help="the run directory (default: <run.dir>/<run.name>-<date>-<time>; "
                         "env: DISTGRAD_RUN_DIR)")
-    p.add_argument("--trace", metavar="FILE", default=_env("DISTGRAD_TRACE"),
+    p.add_argument("--trace", metavar="FILE", default=env("DISTGRAD_TRACE"),
                    help="write a Chrome trace (open it in ui.perfetto.dev) of every process "
                         "to FILE (default: none; env: DISTGRAD_TRACE)")
-    p.add_argument("--show", metavar="RANKS", type=_ranks, default=_env("DISTGRAD_SHOW"),
+    p.add_argument("--show", metavar="RANKS", type=_ranks, default=env("DISTGRAD_SHOW"),
                    help="print only these ranks' output, e.g. 0,2; all of it is in the run "
                         "directory's logs (default: every rank; env: DISTGRAD_SHOW)")
     p.add_argument("--no-progress", action="store_true",

@@ -12,6 +12,7 @@ import signal
 import sys
 
 from distgrad.distributed import rpc
+from distgrad.utils.processes import die_with_parent
 
 from .autograd_strategy import AutogradCoordinator
 from .config import heartbeat_interval
@@ -22,17 +23,6 @@ __all__ = ["STRATEGIES", "main"]
 
 #: ``world.strategy`` -> the coordinator that trains it
 STRATEGIES = {"pipeline": Coordinator, "ddp": Coordinator, "autograd": AutogradCoordinator}
-
-
-def _die_with_parent():
-    """Linux: SIGKILL when the supervisor dies, so no coordinator outlives its launch."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:
-            os._exit(1)
-    except Exception:  # noqa: BLE001 - not Linux: the supervisor reaps us instead
-        pass
 
 
 def _bind_addr(value):
@@ -58,7 +48,7 @@ def main(argv=None):
         return 2
     run_dir = argv[0]
     if os.environ.get("DISTGRAD_PDEATHSIG"):
-        _die_with_parent()
+        die_with_parent()
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # user modules named in the config, as for workers
     with open(os.path.join(run_dir, LAUNCH), encoding="utf-8") as fh:

@@ -6,7 +6,7 @@ As ``torch.multiprocessing`` does, this module re-exports everything of
 :func:`start_processes`, :class:`ProcessContext` and the exceptions
 :class:`ProcessRaisedException` / :class:`ProcessExitedException`.
 
-Every child started here calls :func:`lifetime.die_with_parent` first, so it
+Every child started here calls :func:`distgrad.utils.processes.die_with_parent` first, so it
 gets SIGKILL when its parent exits (Linux), and a failure or an interrupt in
 the parent terminates, then kills, the children it started.
 
@@ -35,7 +35,7 @@ import multiprocessing
 import sys
 from multiprocessing import *  # noqa: F401,F403 - torch.multiprocessing re-exports it all
 
-from . import sharing  # noqa: F401 - installs Tensor.share_memory_ and the tensor reducers
+from . import sharing  # noqa: F401 - shared memory; the methods are distgrad.Tensor's
 from .spawn import (ProcessContext, ProcessExitedException, ProcessRaisedException, spawn,
                     start_processes)
 

@@ -48,9 +48,9 @@ from multiprocessing.reduction import DupFd, ForkingPickler
 
 import numpy as np
 
-from ..autograd._internal import Tensor, array_of, mark_requires_grad, set_array, wrap
+from ..autograd._internal import TensorBase, array_of, mark_requires_grad, set_array, wrap
 
-__all__ = ["share_memory", "is_shared", "SharedSegment"]
+__all__ = ["share_memory", "is_shared", "SharedSegment", "SharingMethods"]
 
 _ALIGN = 64  # bytes: every array of a segment starts on a cache line
 
@@ -214,7 +214,7 @@ def _tensors_overlapping(tensors):
     candidates = []
     for obj in gc.get_objects():
         # type(), not isinstance: some objects answer __class__ lookups with warnings
-        if issubclass(type(obj), Tensor) and id(obj) not in known \
+        if issubclass(type(obj), TensorBase) and id(obj) not in known \
                 and isinstance(array_of(obj), np.ndarray) and _segment_of(array_of(obj)) is None:
             candidates.append((obj, _bounds(array_of(obj))))
     found, grew = [], True
@@ -336,32 +336,24 @@ def _address(segment):
     return np.frombuffer(segment, np.uint8, count=1).__array_interface__["data"][0]
 
 
-def _register(cls):
-    ForkingPickler.register(cls, _reduce_tensor)
-    for sub in cls.__subclasses__():
-        _register(sub)
+class SharingMethods:
+    """A Tensor's shared memory: ``share_memory_()``, ``is_shared()``, and how every Tensor
+    class crosses :mod:`multiprocessing` (a base of ``distgrad.Tensor``)."""
 
+    __slots__ = ()
 
-def _init_subclass(cls, **kwargs):
-    # Pickling dispatches on the exact type: subclasses defined later (nn.Parameter, a
-    # program's own) cross processes the same way.
-    ForkingPickler.register(cls, _reduce_tensor)
-    super(Tensor, cls).__init_subclass__(**kwargs)
+    def __init_subclass__(cls, **kwargs):
+        # Pickling dispatches on the exact type: distgrad.Tensor itself, nn.Parameter and a
+        # program's own subclasses cross processes the same way.
+        ForkingPickler.register(cls, _reduce_tensor)
+        super().__init_subclass__(**kwargs)
 
+    def share_memory_(self):
+        """Move this tensor's data into shared memory (no-op if it is there); returns ``self``."""
+        share_memory([self])
+        return self
 
-def _share_memory_(self):
-    """Move this tensor's data into shared memory (no-op if it is there); returns ``self``."""
-    share_memory([self])
-    return self
-
-
-def _is_shared(self):
-    """Whether this tensor's data is in shared memory (``share_memory_()``, or received
-    from another process through :mod:`distgrad.multiprocessing`)."""
-    return is_shared(self)
-
-
-_register(Tensor)
-Tensor.__init_subclass__ = classmethod(_init_subclass)
-Tensor.share_memory_ = _share_memory_
-Tensor.is_shared = _is_shared
+    def is_shared(self):
+        """Whether this tensor's data is in shared memory (``share_memory_()``, or received
+        from another process through :mod:`distgrad.multiprocessing`)."""
+        return is_shared(self)

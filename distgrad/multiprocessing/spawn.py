@@ -28,7 +28,7 @@ import weakref
 
 from ..utils.tempdirs import owned_tempdir
 from ..utils.world_secret import SECRET_ENV, for_children
-from .lifetime import die_with_parent, join_all, reap
+from ..utils.processes import die_with_parent, join_all, reap
 
 __all__ = ["ProcessContext", "ProcessException", "ProcessExitedException",
            "ProcessRaisedException", "spawn", "start_processes"]

@@ -4,7 +4,7 @@ rows of a weight at integer indices, with ``max_norm``, ``padding_idx``,
 import numpy as np
 
 from ..autograd._internal import array_of, defop, record
-from ..autograd.tensor import Tensor
+from .._tensor import Tensor
 from ..ops import embedding_bag as _embedding_bag
 from ..sparse import gradients as _sparse_gradients
 

@@ -4,7 +4,7 @@ written from differentiable primitives, with PyTorch's reduction arguments (the 
 import numpy as np
 
 from ..autograd._internal import array_of, defop, record, wrap
-from ..autograd.tensor import Tensor
+from .._tensor import Tensor
 from ..ops import indexing, reduction, shape, softmax as _softmax, unary
 
 

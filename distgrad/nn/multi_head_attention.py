@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from ..autograd.tensor import Tensor
+from .._tensor import Tensor
 from ..ops import shape
 from ..ops.attention import attention, causal_bias
 from ..ops.linalg import linear

@@ -1,11 +1,13 @@
 """``Parameter``: a leaf tensor that a Module registers, as ``torch.nn.Parameter``."""
-from ..autograd.tensor import Tensor
+from .._tensor import Tensor
 from ..autograd._internal import array_of, wrap, version_counter, mark_requires_grad
 from ..ops.creation import empty
+from .._tensor_str import prints_as_tensor
 
 __all__ = ["Parameter", "zero_grads"]
 
 
+@prints_as_tensor
 class Parameter(Tensor):
     """A Tensor that requires grad by default and that ``Module.__setattr__`` registers.
 

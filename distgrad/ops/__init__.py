@@ -1,6 +1,5 @@
-"""Ops: forward and VJP rules, one table per family, installed as Tensor methods."""
+"""Ops: forward and VJP rules, one table per family; ``methods.py`` makes them Tensor methods."""
 from ..autograd._internal import install_backends
-from . import methods as _methods, np_backend as _np_backend, tensor_backend as _tensor_backend
+from . import np_backend as _np_backend, tensor_backend as _tensor_backend
 
-_methods.install()
 install_backends(_np_backend, _tensor_backend)

@@ -6,7 +6,7 @@ holomorphic f the rule is ``g * conj(f'(z))``.
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from .promotion import operands
 from ..autograd._internal import array_of, wrap, defop, record
 
@@ -91,7 +91,7 @@ PowBackward2 = defop("PowBackward2", saved=("exponent", "result"), vjps=(_rpow_v
 
 
 def _raw(x):
-    return array_of(x) if isinstance(x, Tensor) else x
+    return array_of(x) if isinstance(x, TensorBase) else x
 
 
 def add(input, other, *, alpha=1, out=None):
@@ -218,14 +218,14 @@ fmod = _rounding_op(np.fmod, FmodBackward0, FmodBackward1, _not_implemented("fmo
 
 
 def pow(input, exponent):  # noqa: A001
-    if isinstance(input, Tensor) and not isinstance(exponent, (Tensor, np.ndarray)):
+    if isinstance(input, TensorBase) and not isinstance(exponent, (TensorBase, np.ndarray)):
         a, _, ad, e, dt = operands(input, exponent)
         if dt.kind in "iu" and isinstance(e, int) and e < 0:
             raise RuntimeError("Integers to negative integer powers are not allowed.")
         with np.errstate(divide="ignore", invalid="ignore"):
             res = _power(ad, e)
         return record(PowBackward0, res, (a,), (a,), {"exponent": e})
-    if not isinstance(input, (Tensor, np.ndarray)):
+    if not isinstance(input, (TensorBase, np.ndarray)):
         _, b, base, bd, dt = operands(input, exponent)
         with np.errstate(divide="ignore", invalid="ignore"):
             res = np.power(base, bd)

@@ -5,7 +5,7 @@ real part of a complex gradient that flows into a real input.
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from ..autograd._internal import array_of, defop, record, record_view
 from .shape import stack
 from .unary import cos, sin
@@ -19,7 +19,7 @@ ImagBackward0 = defop("ImagBackward0", vjps=(lambda xp, g, m: g * 1j,))
 
 
 def _angle_vjp(xp, g, m, x):
-    xr = array_of(x) if isinstance(x, Tensor) else x
+    xr = array_of(x) if isinstance(x, TensorBase) else x
     if xr.dtype.kind != "c":
         return g * 0
     nonzero = xr != 0

@@ -2,7 +2,7 @@
 import numpy as np
 
 from ..autograd import device as _device, dtype as _dt
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from ..autograd._internal import array_of, wrap, defop, record
 
 __all__ = ["to"]
@@ -20,7 +20,7 @@ def to(input, *args, dtype=None, device=None, copy=False, non_blocking=False, me
     """``to(dtype)``, ``to(device, dtype)``, ``to(other)``, keyword forms too: a
     differentiable cast. Devices other than the CPU raise ``RuntimeError``."""
     args = list(args)
-    if args and isinstance(args[0], Tensor):
+    if args and isinstance(args[0], TensorBase):
         dtype = args.pop(0).dtype
     elif args and _is_dtype(args[0]):
         dtype = args.pop(0)

@@ -4,7 +4,7 @@ import numbers
 import numpy as np
 
 from ..autograd import device as _device, dtype as _dt
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from ..autograd._internal import array_of, wrap, as_array
 
 __all__ = ["tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange",
@@ -100,7 +100,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
     >>> distgrad.tensor([1.0, 2.0]).dtype
     distgrad.float32
     """
-    if isinstance(data, Tensor):
+    if isinstance(data, TensorBase):
         arr = array_of(data).copy() if dtype is None else array_of(data).astype(_dt.to_numpy_dtype(dtype))
     else:
         arr = as_array(data, dtype)
@@ -109,7 +109,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
 
 def as_tensor(data, dtype=None, device=None):
     _device.as_cpu_device(device)
-    if isinstance(data, Tensor):
+    if isinstance(data, TensorBase):
         return data if dtype is None else data.to(dtype)
     if isinstance(data, np.ndarray) and (dtype is None or _dt.to_numpy_dtype(dtype) == data.dtype):
         return from_numpy(data)
@@ -144,7 +144,7 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
             dtype = _dt.int64
         elif isinstance(fill_value, numbers.Complex) and not isinstance(fill_value, numbers.Real):
             dtype = _dt.get_default_dtype().to_complex()
-    if isinstance(fill_value, Tensor):
+    if isinstance(fill_value, TensorBase):
         fill_value = fill_value.item()
     return _finish(np.full(_size((size,)), fill_value, dtype=_float_dtype(dtype)),
                    requires_grad, device)
@@ -153,7 +153,7 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False):
     if end is None:
         start, end = 0, start
-    vals = [v.item() if isinstance(v, Tensor) else v for v in (start, end, step)]
+    vals = [v.item() if isinstance(v, TensorBase) else v for v in (start, end, step)]
     if step == 0:
         raise RuntimeError("step must be nonzero")
     if dtype is None:

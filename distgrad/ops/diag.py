@@ -15,9 +15,9 @@ tensor([1, 5])
 """
 import numpy as np
 
-from ..autograd._internal import Tensor, array_of, defop, record
+from ..autograd._internal import array_of, defop, record
 
-__all__ = ["diag", "diag_embed", "diagflat", "install"]
+__all__ = ["diag", "diag_embed", "diagflat"]
 
 
 def _positions(n_rows, n_cols, offset):
@@ -62,9 +62,3 @@ def diag(input, diagonal=0):
 def diagflat(input, offset=0):
     """``input`` flattened, on diagonal ``offset`` of a square matrix."""
     return diag_embed(input.reshape(-1) if input.dim() != 1 else input, offset)
-
-
-def install():
-    Tensor.diag = diag
-    Tensor.diag_embed = diag_embed
-    Tensor.diagflat = diagflat

@@ -9,7 +9,7 @@ import string
 
 import numpy as np
 
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from ..autograd._internal import array_of, wrap, defop, record
 
 __all__ = ["einsum"]
@@ -83,7 +83,7 @@ def einsum(equation, *operands):
     """``einsum("bij,bjk->bik", a, b)``, as ``torch.einsum``."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    tensors = [op if isinstance(op, Tensor) else wrap(np.asarray(op)) for op in operands]
+    tensors = [op if isinstance(op, TensorBase) else wrap(np.asarray(op)) for op in operands]
     subs, out = _parse(equation, [array_of(t).shape for t in tensors])
     result = np.einsum(",".join(subs) + "->" + out, *[array_of(t) for t in tensors], optimize=True)
     return record(EinsumBackward0, np.asarray(result), tuple(tensors), tuple(tensors),

@@ -8,7 +8,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from .promotion import operands, as_tensor_operand
 from ..autograd._internal import array_of, wrap, wrap_dim, defop, record, record_view
 
@@ -24,7 +24,7 @@ def convert_key(key):
     out = []
     basic = True
     for k in key:
-        if isinstance(k, Tensor):
+        if isinstance(k, TensorBase):
             k = array_of(k)
             if k.dtype.kind not in "biu":
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
@@ -56,7 +56,8 @@ IndexBackward0 = defop("IndexBackward0", vjps=(_index_grad,))
 
 def _tensors_in(key):
     """The tensors of an index (their arrays are part of the converted key)."""
-    return tuple(k for k in (key if isinstance(key, tuple) else (key,)) if isinstance(k, Tensor))
+    return tuple(k for k in (key if isinstance(key, tuple) else (key,))
+                 if isinstance(k, TensorBase))
 
 
 def getitem(input, key, kept=()):
@@ -108,7 +109,7 @@ def index_put(input, key, values):
 def index_select(input, dim, index):
     d = array_of(input)
     dim = wrap_dim(dim, d.ndim)
-    idx = array_of(index) if isinstance(index, Tensor) else np.asarray(index)
+    idx = array_of(index) if isinstance(index, TensorBase) else np.asarray(index)
     if idx.ndim > 1:
         raise IndexError("index_select(): Index is supposed to be a vector")
     key = (slice(None),) * dim + (idx.reshape(-1),)
@@ -136,7 +137,7 @@ def gather(input, dim, index, *, sparse_grad=False):
     d = array_of(input)
     dim = wrap_dim(dim, d.ndim)
     node = SPARSE_GRAD_NODES["gather"] if sparse_grad else GatherBackward0
-    idx = array_of(index) if isinstance(index, Tensor) else np.asarray(index)
+    idx = array_of(index) if isinstance(index, TensorBase) else np.asarray(index)
     if idx.ndim != d.ndim:
         raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
     out = np.take_along_axis(d[tuple(slice(0, s) if i != dim else slice(None)
@@ -157,13 +158,13 @@ WhereBackward0 = defop("WhereBackward0", vjps=(
 
 
 def where(condition, input=None, other=None):
-    c = array_of(condition) if isinstance(condition, Tensor) else np.asarray(condition)
+    c = array_of(condition) if isinstance(condition, TensorBase) else np.asarray(condition)
     if input is None and other is None:
         return tuple(wrap(i.astype(np.int64)) for i in np.nonzero(c))
     if c.dtype != np.bool_:
         raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor "
                            f"with dtype {c.dtype}")
-    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+    if not isinstance(input, TensorBase) and not isinstance(other, TensorBase):
         input = as_tensor_operand(input)
     a, b, ad, bd, dt = operands(input, other)
     out = np.where(c, ad, bd)
@@ -175,8 +176,8 @@ def where(condition, input=None, other=None):
 
 def _tie_vjp(xp, g, m, x, y, which):
     """maximum/minimum: the winner gets the gradient; a tie splits it evenly (PyTorch)."""
-    xr = array_of(x) if isinstance(x, Tensor) else x
-    yr = array_of(y) if isinstance(y, Tensor) else y
+    xr = array_of(x) if isinstance(x, TensorBase) else x
+    yr = array_of(y) if isinstance(y, TensorBase) else y
     first_wins = (xr > yr) if m["is_max"] else (xr < yr)
     tie = xr == yr
     wins = first_wins if which == 0 else ~(first_wins | tie)
@@ -210,15 +211,16 @@ def fmin(input, other):
 
 
 def masked_fill(input, mask, value):
-    m = array_of(mask) if isinstance(mask, Tensor) else np.asarray(mask)
+    m = array_of(mask) if isinstance(mask, TensorBase) else np.asarray(mask)
     if m.dtype != np.bool_:
         raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype "
                            f"{m.dtype}")
-    if isinstance(value, Tensor):
+    if isinstance(value, TensorBase):
         if array_of(value).ndim != 0:
             raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got "
                                f"tensor with {array_of(value).ndim} dimension(s).")
-        return where(mask if isinstance(mask, Tensor) else wrap(m), value.to(input.dtype), input)
+        return where(mask if isinstance(mask, TensorBase) else wrap(m), value.to(input.dtype),
+                     input)
     out = np.where(m, np.asarray(value, dtype=array_of(input).dtype), array_of(input))
     return record(MaskedFillBackward0, out, (input,), (), {"mask": np.broadcast_to(m, out.shape)},
                   kept=(mask,))
@@ -250,7 +252,7 @@ triu = _triangle("triu", np.triu)
 
 
 def masked_select(input, mask):
-    m = array_of(mask) if isinstance(mask, Tensor) else np.asarray(mask)
+    m = array_of(mask) if isinstance(mask, TensorBase) else np.asarray(mask)
     shape = np.broadcast_shapes(array_of(input).shape, m.shape)
     return getitem(input.expand(shape), np.broadcast_to(m, shape), kept=(mask,))
 

@@ -5,7 +5,7 @@ view's base) is ``autograd/inplace.py``'s :func:`apply_inplace`.
 import numpy as np
 
 from ..autograd._internal import apply_inplace, array_of, defop, record
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from .promotion import as_tensor_operand
 
 __all__ = ["copy_", "fill_", "zero_"]
@@ -35,7 +35,7 @@ def copy_(self, src, non_blocking=False):
 
 def _fill_out(self, value):
     d = array_of(self)
-    if isinstance(value, Tensor):
+    if isinstance(value, TensorBase):
         if array_of(value).ndim != 0:
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with "
                                f"{array_of(value).ndim} dimensions.")

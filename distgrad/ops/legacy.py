@@ -11,7 +11,7 @@ these types are not subclasses of ``Tensor`` either: they construct and test).
 (distgrad.int64, True, False)
 """
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from ..autograd._internal import array_of, version_counter, wrap, legacy_array
 
 __all__ = ["FloatTensor", "DoubleTensor", "HalfTensor", "LongTensor", "IntTensor",
@@ -25,14 +25,14 @@ class _TensorType(type):
         return _construct(args, cls.dtype.numpy)
 
     def __instancecheck__(cls, obj):
-        return isinstance(obj, Tensor) and array_of(obj).dtype == cls.dtype.numpy
+        return isinstance(obj, TensorBase) and array_of(obj).dtype == cls.dtype.numpy
 
     def __repr__(cls):
         return f"<class 'distgrad.{cls.__name__}'>"
 
 
 def _construct(args, np_dtype):
-    if len(args) == 1 and isinstance(args[0], Tensor):
+    if len(args) == 1 and isinstance(args[0], TensorBase):
         src = args[0]
         if array_of(src).dtype != np_dtype:
             raise TypeError(f"expected {_type_name(np_dtype)} (got {_type_name(array_of(src).dtype)})")

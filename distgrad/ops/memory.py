@@ -7,9 +7,9 @@ the array views. A sparse tensor has no single buffer; asking raises, as in PyTo
 """
 import numpy as np
 
-from ..autograd._internal import Tensor, array_of
+from ..autograd._internal import array_of
 
-__all__ = ["data_ptr", "storage_offset", "install"]
+__all__ = ["data_ptr", "storage_offset"]
 
 _NO_STORAGE = "Cannot access data pointer of Tensor that doesn't have storage"
 
@@ -39,8 +39,3 @@ def storage_offset(self):
     if a.size == 0:
         return 0
     return (a.__array_interface__["data"][0] - _buffer_start(a)) // a.itemsize
-
-
-def install():
-    Tensor.data_ptr = data_ptr
-    Tensor.storage_offset = storage_offset

@@ -1,11 +1,17 @@
-"""Install the ops as Tensor methods and operators, under PyTorch's names."""
+"""The ops as Tensor methods and operators, under PyTorch's names: one table, read by
+``distgrad.Tensor`` (``distgrad/_tensor.py``) through :class:`TensorMethods`.
+
+>>> import distgrad
+>>> TensorMethods.exp is distgrad.exp and distgrad.Tensor.exp is distgrad.exp
+True
+"""
 import numpy as np
 
 from ..autograd import dtype as _dt
 
-from ..autograd.tensor import Tensor
-from . import (arithmetic, complex as complex_ops, conversion, creation, indexing, inplace, legacy,
-               linalg, random, reduction, scatter, shape, softmax, unary)
+from ..autograd.tensor import TensorBase
+from . import (arithmetic, complex as complex_ops, conversion, creation, diag, indexing, inplace,
+               legacy, linalg, memory, random, reduction, scatter, shape, softmax, unary)
 from .promotion import as_tensor_operand
 from ..autograd._internal import apply_inplace, array_of, wrap, describe
 
@@ -31,6 +37,11 @@ _METHODS = {
     complex_ops: ["conj", "conj_physical", "angle"],
     softmax: ["softmax", "log_softmax"],
     conversion: ["to"],
+    random: ["random_", "uniform_", "normal_", "exponential_", "bernoulli_", "bernoulli",
+             "multinomial"],
+    inplace: ["copy_", "fill_", "zero_"],
+    memory: ["data_ptr", "storage_offset"],
+    diag: ["diag", "diag_embed", "diagflat"],
 }
 
 # name_ -> the out-of-place op it writes back
@@ -91,7 +102,7 @@ def _invert(self):
 
 def _bitwise(ufunc):
     def method(self, other):
-        o = array_of(other) if isinstance(other, Tensor) else other
+        o = array_of(other) if isinstance(other, TensorBase) else other
         return wrap(ufunc(array_of(self), o))
     return method
 
@@ -117,61 +128,43 @@ def _new_factory(factory):
     return method
 
 
-def install():
-    for module, names in _METHODS.items():
-        for name in names:
-            setattr(Tensor, name, getattr(module, name))
-    for name, fn in _INPLACE.items():
-        setattr(Tensor, name, _inplace_method(name, fn))
-    T = Tensor
-    T.copy_ = inplace.copy_
-    T.fill_ = inplace.fill_
-    T.zero_ = inplace.zero_
-    for name in ("random_", "uniform_", "normal_", "exponential_", "bernoulli_"):
-        setattr(T, name, getattr(random, name))
-    T.bernoulli = random.bernoulli
-    T.multinomial = random.multinomial
-    T.new = legacy.new
-    T.__getitem__ = indexing.getitem
-    T.__setitem__ = _setitem
+def _table():
+    """{name: function or property} of every method and operator the ops give a Tensor."""
+    ns = {name: getattr(module, name) for module, names in _METHODS.items() for name in names}
+    ns.update((name, _inplace_method(name, fn)) for name, fn in _INPLACE.items())
+    ns.update(new=legacy.new, __getitem__=indexing.getitem, __setitem__=_setitem)
     for op, (fn, inplace_name) in _BINARY_OPERATORS.items():
-        setattr(T, f"__{op}__", fn)
-        setattr(T, f"__r{op}__", _reflected(fn))
+        ns[f"__{op}__"] = fn
+        ns[f"__r{op}__"] = _reflected(fn)
         if inplace_name is not None:
-            setattr(T, f"__i{op}__", getattr(T, inplace_name))
-    T.__neg__ = arithmetic.neg
-    T.__pos__ = lambda self: self
-    T.__abs__ = unary.abs
-    T.__eq__ = arithmetic.eq
-    T.__ne__ = arithmetic.ne
-    T.__lt__ = arithmetic.lt
-    T.__le__ = arithmetic.le
-    T.__gt__ = arithmetic.gt
-    T.__ge__ = arithmetic.ge
-    T.__invert__ = _invert
-    T.__and__ = _bitwise(np.bitwise_and)
-    T.__or__ = _bitwise(np.bitwise_or)
-    T.__xor__ = _bitwise(np.bitwise_xor)
-    T.__rand__ = T.__and__
-    T.__ror__ = T.__or__
-    T.__rxor__ = T.__xor__
-    T.T = property(lambda self: shape.permute(self, *reversed(range(array_of(self).ndim))))
-    T.mT = property(lambda self: shape.transpose(self, -2, -1))
-    T.H = property(lambda self: complex_ops.conj(shape.t(self)))
-    T.mH = property(lambda self: complex_ops.conj(shape.transpose(self, -2, -1)))
-    T.real = property(complex_ops.real)
-    T.imag = property(complex_ops.imag)
-    T.where = lambda self, condition, other: indexing.where(condition, self, other)
-    for method, dtype_name in _TYPE_METHODS.items():
-        setattr(T, method, _type_method(dtype_name))
-    T.type_as = lambda self, other: conversion.to(self, other.dtype)
-    T.type = _type
-    T.cpu = lambda self, memory_format=None: self
-    T.new_zeros = _new_factory(creation.zeros)
-    T.new_ones = _new_factory(creation.ones)
-    T.new_empty = _new_factory(creation.empty)
-    T.new_full = lambda self, size, fill_value, *, dtype=None, device=None, requires_grad=False: \
-        creation.full(size, fill_value, dtype=dtype or self.dtype, requires_grad=requires_grad)
-    T.new_tensor = lambda self, data, *, dtype=None, device=None, requires_grad=False: \
-        creation.tensor(data, dtype=dtype or self.dtype, requires_grad=requires_grad)
-    T.gelu = unary.gelu
+            ns[f"__i{op}__"] = ns[inplace_name]
+    ns.update(__neg__=arithmetic.neg, __pos__=lambda self: self, __abs__=unary.abs,
+              __eq__=arithmetic.eq, __ne__=arithmetic.ne, __lt__=arithmetic.lt,
+              __le__=arithmetic.le, __gt__=arithmetic.gt, __ge__=arithmetic.ge,
+              __invert__=_invert, __and__=_bitwise(np.bitwise_and),
+              __or__=_bitwise(np.bitwise_or), __xor__=_bitwise(np.bitwise_xor))
+    ns.update(__rand__=ns["__and__"], __ror__=ns["__or__"], __rxor__=ns["__xor__"])
+    ns.update(
+        T=property(lambda self: shape.permute(self, *reversed(range(array_of(self).ndim)))),
+        mT=property(lambda self: shape.transpose(self, -2, -1)),
+        H=property(lambda self: complex_ops.conj(shape.t(self))),
+        mH=property(lambda self: complex_ops.conj(shape.transpose(self, -2, -1))),
+        real=property(complex_ops.real), imag=property(complex_ops.imag),
+        where=lambda self, condition, other: indexing.where(condition, self, other))
+    ns.update((method, _type_method(dtype_name)) for method, dtype_name in _TYPE_METHODS.items())
+    ns.update(
+        type_as=lambda self, other: conversion.to(self, other.dtype), type=_type,
+        cpu=lambda self, memory_format=None: self,
+        new_zeros=_new_factory(creation.zeros), new_ones=_new_factory(creation.ones),
+        new_empty=_new_factory(creation.empty),
+        new_full=lambda self, size, fill_value, *, dtype=None, device=None, requires_grad=False:
+            creation.full(size, fill_value, dtype=dtype or self.dtype, requires_grad=requires_grad),
+        new_tensor=lambda self, data, *, dtype=None, device=None, requires_grad=False:
+            creation.tensor(data, dtype=dtype or self.dtype, requires_grad=requires_grad),
+        gelu=unary.gelu)
+    return ns
+
+
+TensorMethods = type("TensorMethods", (), {
+    "__doc__": "A Tensor's math methods, operators and conversions (a base of distgrad.Tensor).",
+    "__module__": __name__, "__slots__": (), **_table()})

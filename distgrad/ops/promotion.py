@@ -11,7 +11,7 @@ import numbers
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from ..autograd._internal import array_of, wrap
 
 __all__ = ["operands", "result_dtype", "as_tensor_operand"]
@@ -80,9 +80,9 @@ def operands(a, b):
     A Python number stays a number (tensor slot None) so NumPy treats it as a weak
     scalar; arrays are cast when PyTorch's result type differs from NumPy's.
     """
-    if isinstance(a, Tensor):
+    if isinstance(a, TensorBase):
         ad = array_of(a)
-        if isinstance(b, Tensor):
+        if isinstance(b, TensorBase):
             bd = array_of(b)
             if ad.dtype is bd.dtype or ad.dtype == bd.dtype:
                 return a, b, ad, bd, ad.dtype
@@ -92,7 +92,7 @@ def operands(a, b):
             return operands(a, wrap(b))
         dt = scalar_result_dtype(ad, b)
         return a, None, ad.astype(dt, copy=False), b, dt
-    if isinstance(b, Tensor):
+    if isinstance(b, TensorBase):
         if isinstance(a, np.ndarray):
             return operands(wrap(a), b)
         bd = array_of(b)
@@ -104,7 +104,7 @@ def operands(a, b):
 
 def as_tensor_operand(value, like=None):
     """A Tensor for ``value``: tensors pass through, numbers become 0-dim tensors."""
-    if isinstance(value, Tensor):
+    if isinstance(value, TensorBase):
         return value
     if isinstance(value, np.ndarray):
         return wrap(value)

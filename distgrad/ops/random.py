@@ -7,7 +7,7 @@ PyTorch (the values no longer depend on what was there before).
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from .creation import _rng
 from .fused import scalar_type_name
 from ..autograd._internal import apply_inplace, array_of, wrap, defop, record
@@ -86,7 +86,7 @@ def _draw_bernoulli(p, shape, generator):
 
 def bernoulli_(self, p=0.5, *, generator=None):
     """Each element 1 with probability ``p`` (a number or a tensor broadcast to ``self``)."""
-    if isinstance(p, Tensor):
+    if isinstance(p, TensorBase):
         probs = array_of(p)
         if probs.size and (probs.min() < 0 or probs.max() > 1):
             raise RuntimeError("bernoulli_ expects p to be in [0, 1]")

@@ -9,7 +9,7 @@ from collections import namedtuple
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from ..autograd._internal import array_of, defop, record, reduction_axes, wrap, wrap_dim
 from . import indexing, shape as _shape
 from .arithmetic import pow as _pow
@@ -153,8 +153,8 @@ def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
 
 def _evenly_vjp(xp, g, m, x, r):
     """Split the gradient evenly among the elements equal to the extremum (PyTorch's rule)."""
-    xr = array_of(x) if isinstance(x, Tensor) else x
-    rr = array_of(r) if isinstance(r, Tensor) else r
+    xr = array_of(x) if isinstance(x, TensorBase) else x
+    rr = array_of(r) if isinstance(r, TensorBase) else r
     rk = rr if m["keepdim"] else rr.reshape(m["kept"])
     hit = (xr == rk) | (np.isnan(xr) & np.isnan(rk)) if xr.dtype.kind == "f" else (xr == rk)
     count = hit.sum(axis=m["dim"], keepdims=True)
@@ -168,7 +168,7 @@ MinBackward1 = defop("MinBackward1", saved=("self", "result"), vjps=(_evenly_vjp
 
 
 def _select_vjp(xp, g, m, indices):
-    idx = array_of(indices) if isinstance(indices, Tensor) else indices
+    idx = array_of(indices) if isinstance(indices, TensorBase) else indices
     dim = m["dim"][0]
     if not m["keepdim"]:
         idx = np.expand_dims(idx, dim)
@@ -181,8 +181,8 @@ MinBackward0 = defop("MinBackward0", saved=("indices",), vjps=(_select_vjp,))
 
 
 def _extreme(input, dim, keepdim, other, is_max):
-    if isinstance(dim, Tensor) or other is not None:
-        other = dim if isinstance(dim, Tensor) else other
+    if isinstance(dim, TensorBase) or other is not None:
+        other = dim if isinstance(dim, TensorBase) else other
         return indexing.maximum(input, other) if is_max else indexing.minimum(input, other)
     d = array_of(input)
     if d.dtype.kind == "c":
@@ -237,7 +237,7 @@ def amin(input, dim=(), keepdim=False):
 
 
 def _prod_vjp(xp, g, m, x, r):
-    xr = array_of(x) if isinstance(x, Tensor) else x
+    xr = array_of(x) if isinstance(x, TensorBase) else x
     ge = _expand(xp, g, m)
     if not (xr == 0).any():
         rk = r if m["keepdim"] else xp.reshape(r, m["kept"])

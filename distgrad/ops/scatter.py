@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from .fused import scalar_type_name as _type_name
 from ..autograd._internal import array_of, wrap_dim, defop, record
 
@@ -21,7 +21,7 @@ __all__ = ["scatter", "scatter_add", "index_add", "index_fill", "index_copy"]
 
 def _index_array(index, message, error=RuntimeError):
     """``index`` as an integer ndarray; ``message`` (with ``{dtype}``) is the error otherwise."""
-    idx = array_of(index) if isinstance(index, Tensor) else np.asarray(index)
+    idx = array_of(index) if isinstance(index, TensorBase) else np.asarray(index)
     if idx.dtype.kind not in "iu":
         raise error(message.format(dtype=_type_name(idx.dtype)))
     return idx
@@ -105,7 +105,7 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
     >>> distgrad.zeros(2, 3).scatter(1, distgrad.tensor([[2], [0]]), 1.0).tolist()
     [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
     """
-    if src is not None and not isinstance(src, Tensor):
+    if src is not None and not isinstance(src, TensorBase):
         src, value = None, src
     if src is None and value is None:
         raise TypeError("scatter() missing 1 required positional argument: 'src' or 'value'")
@@ -142,7 +142,7 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
 
 def scatter_add(input, dim, index, src):
     """``out[..., index[i], ...] += src[i]`` along ``dim``; repeated indices accumulate."""
-    if not isinstance(src, Tensor):
+    if not isinstance(src, TensorBase):
         raise TypeError(f"scatter_add(): argument 'src' (position 3) must be Tensor, not "
                         f"{type(src).__name__}")
     d = array_of(input)
@@ -239,7 +239,7 @@ def index_fill(input, dim, index, value):
     dim = wrap_dim(dim, d.ndim)
     key, keep = _filled_positions(d, dim, index, "index_fill_", allow_negative=True)
     out = d.copy()
-    if isinstance(value, Tensor):
+    if isinstance(value, TensorBase):
         if array_of(value).ndim != 0:
             raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got "
                                f"tensor with {array_of(value).ndim} dimension(s).")

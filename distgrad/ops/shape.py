@@ -5,7 +5,7 @@ View ops share the input's storage and version counter, as in PyTorch.
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from ..autograd._internal import (array_of, wrap_dim, defop, record, record_view,
                                   record_multi)
 from .promotion import result_dtype
@@ -254,7 +254,7 @@ StackBackward0 = defop("StackBackward0", vjp_all=_stack_vjp)
 
 
 def _as_list(tensors, name):
-    if isinstance(tensors, Tensor):
+    if isinstance(tensors, TensorBase):
         raise TypeError(f"{name}(): argument 'tensors' must be a tuple of Tensors, not Tensor")
     tensors = list(tensors)
     if not tensors:

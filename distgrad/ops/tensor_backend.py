@@ -5,7 +5,7 @@ of its own and higher-order gradients follow.
 """
 import numpy as np
 
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from . import arithmetic, complex as _complex, indexing, linalg, reduction, shape, unary
 from . import einsum as _einsum, np_backend
 from ..autograd._internal import array_of, wrap, defop, record
@@ -24,7 +24,7 @@ conj = _complex.conj
 
 
 def _t(x):
-    return x if isinstance(x, Tensor) else wrap(np.asarray(x))
+    return x if isinstance(x, TensorBase) else wrap(np.asarray(x))
 
 
 def tanh_backward(g, r):

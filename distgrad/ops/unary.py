@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..autograd import dtype as _dt
-from ..autograd.tensor import Tensor
+from ..autograd.tensor import TensorBase
 from ..autograd._internal import array_of, wrap, defop, record
 from . import np_backend
 from .erf import erf as erf_array
@@ -90,7 +90,7 @@ ZeroGradBackward = {n: defop(n, vjps=(lambda xp, g, m: g * 0,))
 
 
 def _raw(x):
-    return array_of(x) if isinstance(x, Tensor) else x
+    return array_of(x) if isinstance(x, TensorBase) else x
 
 
 
@@ -255,9 +255,11 @@ def clamp(input, min=None, max=None):  # noqa: A002
     if min is None and max is None:
         raise RuntimeError("At least one of 'min' or 'max' must not be None")
     x = array_of(input)
-    if isinstance(min, Tensor) or isinstance(max, Tensor):
-        lo = min if isinstance(min, Tensor) else (wrap(np.asarray(min, x.dtype)) if min is not None else None)
-        hi = max if isinstance(max, Tensor) else (wrap(np.asarray(max, x.dtype)) if max is not None else None)
+    if isinstance(min, TensorBase) or isinstance(max, TensorBase):
+        lo = min if isinstance(min, TensorBase) else (
+            wrap(np.asarray(min, x.dtype)) if min is not None else None)
+        hi = max if isinstance(max, TensorBase) else (
+            wrap(np.asarray(max, x.dtype)) if max is not None else None)
         res = x
         if lo is not None:
             res = np.maximum(res, array_of(lo))

@@ -10,7 +10,7 @@ import numpy as np
 
 from .optimizer import Optimizer, _check_nonnegative
 from ..autograd.grad_mode import enable_grad, no_grad
-from ..autograd.tensor import Tensor
+from .._tensor import Tensor
 from ..autograd._internal import array_of, wrap, bump_version
 
 __all__ = ["LBFGS"]

@@ -10,7 +10,7 @@ from itertools import chain
 import numpy as np
 
 from ..autograd.grad_mode import enable_grad, no_grad
-from ..autograd.tensor import Tensor
+from .._tensor import Tensor
 from ..nn.parameter import zero_grads
 from ..utils.hooks import RemovableHandle
 from ..autograd._internal import array_of, wrap, bump_version, set_array

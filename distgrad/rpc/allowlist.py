@@ -35,8 +35,8 @@ import types
 from .. import codec
 from .errors import RefusedCallError
 
-__all__ = ["Allowlist", "ref_of", "entry_point", "default_entry_points", "module_allowed",
-           "program_module", "ADVICE_ENV"]
+__all__ = ["Allowlist", "ref_of", "entry_point", "register_entry_point_modules",
+           "default_entry_points", "module_allowed", "program_module", "ADVICE_ENV"]
 
 #: How a refusal tells to allow a module ("{module}": the refused one). A harness that
 #: starts worlds its own way (the pytest plugin) says what its users set instead: in
@@ -45,27 +45,24 @@ ADVICE_ENV = "DISTGRAD_ALLOW_ADVICE"
 _ADVICE = ("RpcBackendOptions(allowed_modules=['{module}']) in init_rpc, or "
            "`distgrad worker --allow {module}` (env DISTGRAD_ALLOWED_MODULES)")
 
-#: Modules whose functions marked with :func:`entry_point` peers may call; importing
-#: them to resolve a reference is safe.
-ENTRY_POINT_MODULES = (
-    "distgrad.distributed.autograd.container",
-    "distgrad.distributed.autograd.engine",
-    "distgrad.distributed.autograd.hooks",
-    "distgrad.distributed.nn.remote_module",
-    "distgrad.distributed.optim.optimizer",
-)
+#: Modules whose functions marked with :func:`entry_point` peers may call (importing them
+#: to resolve a reference is safe). The layers above this one that hold such functions
+#: (distributed autograd, RemoteModule, DistributedOptimizer) register their modules with
+#: :func:`register_entry_point_modules` when they are imported.
+_entry_point_modules = set()
 
 #: Namespaces whose public functions and classes are the default entry points.
 _PUBLIC_NAMESPACES = ("distgrad", "distgrad.nn", "distgrad.nn.functional", "distgrad.nn.init",
                       "distgrad.optim", "distgrad.optim.lr_scheduler", "distgrad.distributions",
                       "distgrad.linalg", "distgrad.sparse")
 
-#: Never callable by default, even when re-exported by a public namespace: they write
-#: files, start processes, read the environment or drive tests.
-_DENIED_NAMES = frozenset(("distgrad.serialization:save", "distgrad.serialization:load"))
-_DENIED_MODULES = ("distgrad.serialization", "distgrad.testing", "distgrad.multiprocessing",
-                   "distgrad.utils.data", "distgrad.launch", "distgrad.offload", "distgrad.worker",
-                   "distgrad.cli", "distgrad.rpc", "distgrad.distributed", "distgrad.onnx")
+#: The modules those entry points may be defined in: math, layers, optimizers, the tensor
+#: itself. Anything else a public namespace re-exports stays out (``save``/``load`` write
+#: files; process starters, test helpers and the environment are not reachable), and so
+#: does any other module of distgrad while a reference is resolved.
+_PUBLIC_ORIGINS = ("distgrad.autograd", "distgrad.ops", "distgrad.sparse", "distgrad.linalg",
+                   "distgrad._tensor", "distgrad._tensor_str", "distgrad.threads",
+                   "distgrad.compiler", "distgrad.nn", "distgrad.optim", "distgrad.distributions")
 
 #: ``operator``'s side-effect-free functions (its classes build callables; not included).
 _OPERATOR_FUNCTIONS = ("abs", "add", "and_", "concat", "contains", "eq", "floordiv", "ge",
@@ -85,9 +82,19 @@ def _canonical(module):
 
 
 def entry_point(fn):
-    """Mark a function of a module in :data:`ENTRY_POINT_MODULES` as callable by peers."""
+    """Mark a function of a registered entry-point module as callable by peers."""
     fn.__distgrad_entry_point__ = True
     return fn
+
+
+def register_entry_point_modules(*modules):
+    """Let peers call the :func:`entry_point` functions of ``modules`` (names; each is
+    imported when a reference first needs it)."""
+    _entry_point_modules.update(modules)
+
+
+def _within(module, prefixes):
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
 def ref_of(func):
@@ -111,11 +118,7 @@ def ref_of(func):
 
 
 def module_allowed(module, allowed):
-    module = _canonical(module)
-    for a in allowed:
-        if module == a or module.startswith(a + "."):
-            return True
-    return False
+    return _within(_canonical(module), allowed)
 
 
 def _program_root():
@@ -221,11 +224,7 @@ def _public_entry(obj):
     if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
         return False
     mod = getattr(obj, "__module__", None)
-    if not isinstance(mod, str) or not mod.startswith("distgrad."):
-        return False
-    if any(mod == d or mod.startswith(d + ".") for d in _DENIED_MODULES):
-        return False
-    return f"{mod}:{obj.__qualname__}" not in _DENIED_NAMES
+    return isinstance(mod, str) and _within(mod, _PUBLIC_ORIGINS)
 
 
 class Allowlist:
@@ -307,6 +306,13 @@ class Allowlist:
                 return getattr(cls, name)
         raise RefusedCallError(f"{ref!r} cannot be resolved on this worker")
 
+    def _base_of_allowed(self, cls, klass):
+        """Whether ``klass`` is one of the method sets distgrad assembles an allowed class of
+        ``cls``'s hierarchy from (``distgrad.Tensor``'s: ops, sparse, sharing): its methods
+        are that class's."""
+        return self._distgrad_class(klass) and any(
+            c is not klass and issubclass(c, klass) and self.class_allowed(c) for c in cls.__mro__)
+
     def _distgrad_class(self, klass):
         """A class of distgrad's own callable modules (``Function.apply`` of a program's
         ``autograd.Function``, say): its class methods run the program's allowed code."""
@@ -317,15 +323,14 @@ class Allowlist:
         """Whether ``module`` may hold default entry points (so importing it is safe)."""
         if module in ("operator", "_operator"):
             return True
-        return module == "distgrad" or module.startswith("distgrad.") and (
-            module in ENTRY_POINT_MODULES
-            or not any(module == d or module.startswith(d + ".") for d in _DENIED_MODULES))
+        return module == "distgrad" or module in _entry_point_modules or \
+            _within(module, _PUBLIC_ORIGINS)
 
     def _is_entry_point(self, obj):
         if id(obj) in default_entry_points():
             return True
         return getattr(obj, "__distgrad_entry_point__", False) is True and inspect.isfunction(obj) \
-            and obj.__module__ in ENTRY_POINT_MODULES
+            and obj.__module__ in _entry_point_modules
 
     def _refusal(self, ref, module):
         unimported = ""
@@ -354,7 +359,7 @@ class Allowlist:
         for klass in type(value).__mro__:
             if name in vars(klass):
                 attr = vars(klass)[name]
-                if not self.class_allowed(klass):
+                if not (self.class_allowed(klass) or self._base_of_allowed(type(value), klass)):
                     raise RefusedCallError(
                         f"method {name!r} refused: it is defined by {klass.__module__}."
                         f"{klass.__qualname__}, which is not allowed on this worker")

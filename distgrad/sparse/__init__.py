@@ -18,9 +18,7 @@ every tensor has that work on it (``add``, ``sub``, ``mul``, ``stack``, ``cat``,
 from . import gradients  # noqa: F401 - sparse gradients of embeddings and gather
 from .coo import COO  # noqa: F401
 from . import coo_arithmetic, coo_array_functions  # noqa: F401 - they fill COO's tables
-from .functions import install as _install, mm, sparse_coo_tensor, sum  # noqa: A004, F401
+from .functions import mm, sparse_coo_tensor, sum  # noqa: A004, F401
 from .layout import layout, sparse_coo, strided  # noqa: F401
 
 __all__ = ["sum", "mm"]
-
-_install()

@@ -21,12 +21,12 @@ import numpy as np
 
 from ..autograd import dtype as _dt
 from ..autograd.device import as_cpu_device
-from ..autograd._internal import Tensor, array_of, as_array, defop, record, wrap
+from ..autograd._internal import TensorBase, array_of, as_array, defop, record, wrap
 from .coo import COO, _linear, from_dense, unsupported
 from .coo_arithmetic import _gather
 from .layout import sparse_coo, strided
 
-__all__ = ["sparse_coo_tensor", "is_sparse", "sum", "mm", "install"]
+__all__ = ["sparse_coo_tensor", "is_sparse", "sum", "mm", "SparseMethods"]
 
 
 def is_sparse(t):
@@ -46,7 +46,7 @@ def _first_order(xp, what):
 
 
 def _array(x):
-    return array_of(x) if isinstance(x, Tensor) else x
+    return array_of(x) if isinstance(x, TensorBase) else x
 
 
 def _to_dense_array(g):
@@ -110,7 +110,7 @@ def sparse_coo_tensor(indices, values, size=None, *, dtype=None, device=None, pi
     """
     as_cpu_device(device)
     idx = _index_array(indices)
-    if isinstance(values, Tensor):
+    if isinstance(values, TensorBase):
         source = values
         vals = array_of(values) if dtype is None else \
             array_of(values).astype(_dt.to_numpy_dtype(dtype))
@@ -341,11 +341,14 @@ def _layout(self):
     return sparse_coo if is_sparse(self) else strided
 
 
-def install():
-    """Install the sparse methods and properties on Tensor."""
-    Tensor.is_sparse = property(is_sparse)
-    Tensor.layout = property(_layout)
-    for fn in (to_sparse, to_dense, coalesce, is_coalesced, _values, _indices, values, indices,
-               _nnz, sparse_dim, dense_dim):
-        setattr(Tensor, fn.__name__, fn)
-    Tensor.to_sparse_coo = to_sparse
+class SparseMethods:
+    """A Tensor's sparse layout: ``is_sparse``, ``layout`` and the methods of sparse COO
+    tensors (a base of ``distgrad.Tensor``)."""
+
+    __slots__ = ()
+    is_sparse = property(is_sparse)  # the module's function, as a property
+    layout = property(_layout)
+    to_sparse = to_sparse_coo = to_sparse
+    to_dense, coalesce, is_coalesced = to_dense, coalesce, is_coalesced
+    _values, _indices, values, indices = _values, _indices, values, indices
+    _nnz, sparse_dim, dense_dim = _nnz, sparse_dim, dense_dim

@@ -268,7 +268,7 @@ def _child(request, server_fds):
 
 def serve():
     """The server's main loop (run by ``ForkServer`` in a fresh interpreter)."""
-    from distgrad.worker import die_with_parent
+    from distgrad.utils.processes import die_with_parent
     die_with_parent()
     import importlib
     for name in PRELOAD:

@@ -321,11 +321,13 @@ class SimulatedHosts:
     ``attach_caller``: the calling process's namespace on the switch as well;
     ``prefix``: the namespaces' name prefix (default: made from this process's pid, so
     a crashed owner's hosts are swept); ``guard``: start the guardian that cleans up
-    if this process dies (off for hosts made to outlive their maker: the CLI's).
+    if this process dies (off for hosts made to outlive their maker: the CLI's);
+    ``owner``: the pid whose end makes them stale (default: this process when guarded,
+    else none: they stay until removed).
     """
 
     def __init__(self, n, *, bandwidth=None, private_shm=False, ipv6=False,
-                 attach_caller=False, prefix=None, guard=True):
+                 attach_caller=False, prefix=None, guard=True, owner=None):
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 250:
             raise ValueError(f"the number of simulated hosts must be 1-250, not {n!r}")
         self.rate = parse_rate(bandwidth) if bandwidth is not None else None
@@ -341,7 +343,7 @@ class SimulatedHosts:
         self.switch = f"{self.prefix}-sw"
         self._procs = []
         self._lock = threading.Lock()
-        self._record = {"owner": os.getpid() if guard else None, "namespaces": [],
+        self._record = {"owner": owner or (os.getpid() if guard else None), "namespaces": [],
                         "shm": [], "etc": [], "root_link": None, "hosts": [],
                         "caller_address": None, "bandwidth": bandwidth}
         self._closed = False

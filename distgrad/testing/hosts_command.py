@@ -5,7 +5,9 @@
     distgrad hosts list
     distgrad hosts down
 
-Hosts made here stay until ``down`` (``--name`` keeps several sets apart).
+Hosts made here stay until ``down`` (``--name``, or ``DISTGRAD_HOSTS_NAME``, keeps several
+sets apart); with ``DISTGRAD_HOSTS_OWNER=<pid>`` they also go when that process has ended
+(the next time simulated hosts are made or swept), as a test's would.
 """
 import os
 import sys
@@ -13,11 +15,18 @@ import sys
 HELP = "make simulated hosts (network namespaces) and run commands on them"
 
 
+def _default_name():
+    return os.environ.get("DISTGRAD_HOSTS_NAME") or "dg"
+
+
 def add_arguments(p):
+    name = _default_name()
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = sub.add_parser("up", help="make N hosts joined by a switch")
     up.add_argument("n", type=int, help="how many hosts")
-    up.add_argument("--name", default="dg", help="name of this set of hosts (default: dg)")
+    up.add_argument("--name", default=name,
+                    help="name of this set of hosts (default: %(default)s; env: "
+                         "DISTGRAD_HOSTS_NAME)")
     up.add_argument("--bandwidth", default=None,
                     help="what each host may send, e.g. 1Gbit/s (tc tbf); default: no limit")
     up.add_argument("--private-shm", action="store_true", help="a /dev/shm of each host's own")
@@ -26,11 +35,11 @@ def add_arguments(p):
                     help="join this machine's own network namespace to the switch too")
     ex = sub.add_parser("exec", help="run a command on a host: exec HOST -- COMMAND...")
     ex.add_argument("host", help="host0, host1, ...")
-    ex.add_argument("--name", default="dg", help="the set of hosts (default: dg)")
+    ex.add_argument("--name", default=name, help="the set of hosts (default: %(default)s)")
     ex.add_argument("argv", nargs="+", help="the command (after --)")
     sub.add_parser("list", help="the sets of hosts on this machine, and their hosts")
     down = sub.add_parser("down", help="remove a set of hosts and everything running on it")
-    down.add_argument("--name", default="dg", help="the set of hosts (default: dg)")
+    down.add_argument("--name", default=name, help="the set of hosts (default: %(default)s)")
 
 
 def run(args, parser):
@@ -40,11 +49,12 @@ def run(args, parser):
         if args.name in simulated.listed():
             parser.error(f"simulated hosts {args.name!r} exist already: `distgrad hosts down "
                          f"--name {args.name}` first, or choose another --name")
+        owner = os.environ.get("DISTGRAD_HOSTS_OWNER")
         try:
             made = simulated.SimulatedHosts(args.n, bandwidth=args.bandwidth,
                                             private_shm=args.private_shm, ipv6=args.ipv6,
                                             attach_caller=args.attach, prefix=args.name,
-                                            guard=False)
+                                            guard=False, owner=int(owner) if owner else None)
         except (OSError, ValueError) as e:
             parser.error(str(e))
         _describe(made)

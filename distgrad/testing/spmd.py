@@ -176,7 +176,7 @@ def _plain(value, depth=0):
     import numpy as np
     if isinstance(value, (np.ndarray, np.generic)):
         return value.dtype != object
-    from distgrad.autograd.tensor import Tensor
+    from distgrad._tensor import Tensor
     return isinstance(value, Tensor)
 
 

@@ -1,9 +1,5 @@
-def __getattr__(name):
-    # ``torch.utils.data`` is reachable as an attribute after ``import torch``; the
-    # data package loads on first use so that ``import distgrad`` stays cheap.
-    if name == "data":
-        import importlib
-        module = importlib.import_module(".data", __name__)
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'distgrad.utils' has no attribute {name!r}")
+"""``distgrad.utils``: helpers of processes, files and threads, ``hooks``; and ``data``
+(``torch.utils.data``), which loads on first use so that ``import distgrad`` stays cheap."""
+from .lazy import submodules_on_first_use
+
+__getattr__ = submodules_on_first_use(__name__)

@@ -14,6 +14,7 @@ import pytest
 import distgrad
 import distgrad.multiprocessing as mp
 from distgrad import nn
+from distgrad.utils.processes import reap
 
 sys.path.insert(0, os.path.dirname(__file__))  # the children import sharing_targets by name
 import sharing_targets  # noqa: E402
@@ -139,7 +140,7 @@ def test_children_update_the_parents_buffers(method):
             c.join(60)
             assert c.exitcode == 0
     finally:
-        mp.lifetime.reap(children, 5)
+        reap(children, 5)
     assert loose.is_shared() and loose.tolist() == [3.0, 3.0, 3.0]
     for p, b in zip(model.parameters(), before):
         assert np.allclose(p.detach().numpy(), b.numpy() + 2.0)
@@ -156,7 +157,7 @@ def test_views_sent_separately_stay_one_buffer_in_the_child():
         seen_by_child = replies.get(timeout=60)
         child.join(60)
     finally:
-        mp.lifetime.reap([child], 5)
+        reap([child], 5)
     assert seen_by_child == [[0.0, 0.0, 7.0, 7.0], True, True]
     assert whole.tolist() == [0.0, 0.0, 7.0, 7.0]
 
@@ -174,7 +175,7 @@ def test_a_tensor_made_in_a_child_arrives_shared_through_a_queue():
         assert queue.get(timeout=60) == [0.0, 10.0, 20.0, 30.0]
         child.join(60)
     finally:
-        mp.lifetime.reap([child], 5)
+        reap([child], 5)
 
 
 def test_memory_is_released_with_the_last_user_also_after_a_crash():
@@ -191,7 +192,7 @@ def test_memory_is_released_with_the_last_user_also_after_a_crash():
         assert done.wait(60)
         child.join(60)
     finally:
-        mp.lifetime.reap([child], 5)
+        reap([child], 5)
     assert child.exitcode == -9
     assert all(float(p.abs().sum()) == 0.0 for p in model.parameters())
     assert len(_mapped_segments() - mapped_before) >= 1

@@ -21,7 +21,7 @@ import traceback
 from distgrad import codec
 from distgrad.distributed import TCPStore
 from distgrad.distributed.comm import IPC_DIR_PREFIX
-from distgrad.multiprocessing.lifetime import die_with_parent, reap
+from distgrad.utils.processes import die_with_parent, reap
 from distgrad.rpc.credentials import SECRET_ENV, new_world_secret
 from distgrad.utils.tempdirs import sweep_stale
 

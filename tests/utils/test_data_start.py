@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import distgrad
-from distgrad.multiprocessing.start_method import default_context, fork_hazards
+from distgrad.utils.start_method import default_context, fork_hazards
 from distgrad.utils.data import DataLoader, TensorDataset
 
 pytestmark = pytest.mark.timeout(180)
@@ -91,7 +91,7 @@ def test_threads_or_a_zeromq_context_make_workers_spawn_with_a_hint():
 
 def test_a_chosen_start_method_is_used_and_fork_only_when_safe(monkeypatch):
     import multiprocessing
-    from distgrad.multiprocessing import start_method
+    from distgrad.utils import start_method
     for method in ("spawn", "forkserver", "fork"):
         monkeypatch.setattr(multiprocessing, "get_start_method",
                             lambda allow_none=False, m=method: m)

@@ -25,11 +25,12 @@ import weakref
 
 import numpy as np
 
-from distgrad.autograd._internal import (Node, Tensor, array_of, grad_edge, init_node,
+from distgrad.autograd._internal import (Node, current_graph_task, array_of, grad_edge, init_node,
                                          next_sequence_nr, set_history, sum_grads)
+from distgrad._tensor import Tensor
 from distgrad.rpc import current_agent, entry_point, interceptors
 
-__all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id",
+__all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id", "running_pass",
            "get_context", "install", "scope", "admit_context", "add_extension", "backward_starts",
            "backward_ends",
            "release_everywhere", "RELEASE"]
@@ -344,9 +345,7 @@ class RecvNode(Node):
         return "RecvRpcBackward"
 
     def apply(self, grads):
-        from distgrad.autograd.engine import current_graph_task
-        task = current_graph_task()
-        dist_pass = getattr(task, "dist_pass", None)
+        dist_pass = running_pass()
         if dist_pass is None:
             raise RuntimeError("a tensor received over RPC inside a distributed autograd context "
                                "can only be differentiated with "
@@ -354,6 +353,13 @@ class RecvNode(Node):
         if dist_pass.ctx.id == self.context_id:  # a recv of another context leads nowhere here
             dist_pass.ship(self, grads[0])
         return ()
+
+
+def running_pass():
+    """The distributed backward pass (``engine._Pass``) this thread runs, kept in the local
+    engine's extension slot; None outside one."""
+    task = current_graph_task()
+    return task.extension if task is not None else None
 
 
 def reachable_recvs(node, context_id):

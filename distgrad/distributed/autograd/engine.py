@@ -46,7 +46,8 @@ import logging
 import threading
 from collections import defaultdict
 
-from distgrad.autograd._internal import GraphTask, Tensor, execute, grad_edge, make_root_grads
+from distgrad.autograd._internal import GraphTask, as_tuple, execute, grad_edge, make_root_grads
+from distgrad._tensor import Tensor
 from distgrad.rpc import Future, RpcError, WorkerUnreachableError, entry_point
 from distgrad.rpc.functions import async_execution
 
@@ -116,7 +117,7 @@ class _Pass:
         self.sends = sends
         self.expected = set(send_ids)
         task = self.task = GraphTask(retain_graph, False, accumulate=ctx.accumulate)
-        task.dist_pass = self
+        task.extension = self
         task.compute_dependencies(sends + [edge[0] for edge, _ in roots])
 
     # -- feeding (any thread) --
@@ -314,12 +315,6 @@ def _abort_pass(context_id, pass_id):
 
 
 # ---------------------------------------------------------------------- the coordinator
-def _as_tuple(x):
-    if isinstance(x, Tensor):
-        return (x,)
-    return tuple(x)
-
-
 def plan(context_id, root_nodes):
     """({owner rank: [send msg ids that will receive a gradient]}, ranks the roots feed directly)."""
     info, stack, direct = {}, [], set()
@@ -381,7 +376,7 @@ def backward(context_id, roots, retain_graph=False):
     """
     _check_arguments(context_id, roots, retain_graph)
     ctx = _c.require_context(context_id)
-    roots = _as_tuple(roots)
+    roots = as_tuple(roots)
     _check_roots(roots)
     grads = make_root_grads(roots, (None,) * len(roots), False)
     root_edges = [(grad_edge(t), g) for t, g in zip(roots, grads)]

@@ -9,7 +9,7 @@ import warnings
 
 from ...autograd.function import Function
 from ...autograd.grad_mode import is_grad_enabled
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 
 __all__ = ["BackwardHookFunction", "BackwardHook"]
 

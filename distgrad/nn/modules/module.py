@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 from ...autograd import dtype as _dt
 from ...autograd.grad_mode import no_grad
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 from ...multiprocessing.sharing import share_memory as _share_memory
 from ...utils.hooks import RemovableHandle
 from ..parameter import Parameter, zero_grads

@@ -5,7 +5,7 @@
 import functools
 import warnings
 
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 from . import global_hooks
 from ._functions import BackwardHook
 from .global_hooks import (_global_backward_hooks, _global_backward_pre_hooks,

@@ -39,7 +39,7 @@ import inspect
 from collections import OrderedDict
 
 from ... import codec
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 from ...references import reference_of
 from ..parameter import Parameter
 from .module import Module, empty_module_state

@@ -4,7 +4,7 @@ import itertools
 from collections import OrderedDict, namedtuple
 
 from ...autograd.grad_mode import no_grad
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 from ..parameter import Parameter
 
 

@@ -16,7 +16,7 @@ import numbers
 import warnings
 
 from ...ops.creation import empty, zeros
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 from ...ops import shape as _shape
 from ...ops.fused import scalar_type_name
 from ...ops.rnn import rnn_layer

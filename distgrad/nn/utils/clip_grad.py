@@ -2,7 +2,7 @@
 import numpy as np
 
 from ...autograd.grad_mode import no_grad
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 from ...autograd._internal import array_of, wrap
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]

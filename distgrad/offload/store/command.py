@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 
-from ...worker import _die_with_parent, _env, _in_range
+from ...utils.cli import env, in_range
+from ...utils.processes import die_with_parent
 
 __all__ = ["HELP", "add_arguments", "run", "main", "spawn_store", "parse_bytes"]
 
@@ -49,31 +50,31 @@ def _byte_count(low=0):
 
 
 def add_arguments(p):
-    p.add_argument("--bind", default=_env("DISTGRAD_STORE_BIND", "tcp://127.0.0.1:0"),
+    p.add_argument("--bind", default=env("DISTGRAD_STORE_BIND", "tcp://127.0.0.1:0"),
                    help="endpoint to serve on: tcp://HOST:PORT (port 0 picks a free one) or "
                         "ipc:///path (default: %(default)s; env: DISTGRAD_STORE_BIND)")
     p.add_argument("--memory-bytes", type=_byte_count(0),
-                   default=_env("DISTGRAD_STORE_MEMORY_BYTES", "1G"),
+                   default=env("DISTGRAD_STORE_MEMORY_BYTES", "1G"),
                    help="bytes of blobs held in memory before spilling to disk; K/M/G "
                         "suffixes (default: %(default)s; env: DISTGRAD_STORE_MEMORY_BYTES)")
-    p.add_argument("--spill-dir", default=_env("DISTGRAD_STORE_SPILL_DIR"),
+    p.add_argument("--spill-dir", default=env("DISTGRAD_STORE_SPILL_DIR"),
                    help="directory for spilled blobs, in a per-run subdirectory swept after a "
                         "crash (default: the system temp dir; env: DISTGRAD_STORE_SPILL_DIR)")
-    p.add_argument("--spill-bytes", type=_byte_count(0), default=_env("DISTGRAD_STORE_SPILL_BYTES"),
+    p.add_argument("--spill-bytes", type=_byte_count(0), default=env("DISTGRAD_STORE_SPILL_BYTES"),
                    help="most bytes spilled to disk, then puts are refused; 0 never spills "
                         "(default: unlimited; env: DISTGRAD_STORE_SPILL_BYTES)")
-    p.add_argument("--heartbeat-interval", type=_in_range(float, 0.01, 60.0), metavar="SECONDS",
-                   default=float(_env("DISTGRAD_STORE_HEARTBEAT_INTERVAL", 0.5)),
+    p.add_argument("--heartbeat-interval", type=in_range(float, 0.01, 60.0), metavar="SECONDS",
+                   default=float(env("DISTGRAD_STORE_HEARTBEAT_INTERVAL", 0.5)),
                    help="seconds between ZMTP heartbeats to each client (default: %(default)s; "
                         "env: DISTGRAD_STORE_HEARTBEAT_INTERVAL)")
-    p.add_argument("--heartbeat-timeout", type=_in_range(float, 0.05, 600.0), metavar="SECONDS",
-                   default=float(_env("DISTGRAD_STORE_HEARTBEAT_TIMEOUT", 3.0)),
+    p.add_argument("--heartbeat-timeout", type=in_range(float, 0.05, 600.0), metavar="SECONDS",
+                   default=float(env("DISTGRAD_STORE_HEARTBEAT_TIMEOUT", 3.0)),
                    help="seconds without an answer before a client counts as dead and its "
                         "blobs are freed (default: %(default)s; env: "
                         "DISTGRAD_STORE_HEARTBEAT_TIMEOUT)")
-    p.add_argument("--endpoint-file", default=_env("DISTGRAD_STORE_ENDPOINT_FILE"),
+    p.add_argument("--endpoint-file", default=env("DISTGRAD_STORE_ENDPOINT_FILE"),
                    help="also write the endpoint to this file (env: DISTGRAD_STORE_ENDPOINT_FILE)")
-    p.add_argument("--log-level", default=_env("DISTGRAD_LOG_LEVEL", "WARNING"),
+    p.add_argument("--log-level", default=env("DISTGRAD_LOG_LEVEL", "WARNING"),
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper,
                    help="(default: %(default)s; env: DISTGRAD_LOG_LEVEL)")
     return p
@@ -88,7 +89,7 @@ def run(args, parser=None):
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s store %(levelname)s %(name)s: %(message)s")
     if os.environ.get("DISTGRAD_PDEATHSIG"):
-        _die_with_parent()
+        die_with_parent()
     from .server import StoreServer
     try:
         server = StoreServer(args.bind, memory_bytes=args.memory_bytes,

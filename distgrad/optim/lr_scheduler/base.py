@@ -4,7 +4,7 @@ import warnings
 from functools import wraps
 from weakref import ref
 
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 from ..optimizer import Optimizer
 
 

@@ -24,7 +24,7 @@ import traceback
 import numpy as np
 
 from ... import codec
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 from ...autograd._internal import array_of, set_array
 
 __all__ = ["send", "receive", "capture_exception", "raise_exception", "WorkerDied"]

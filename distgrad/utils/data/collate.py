@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from ...autograd.dtype import float64
-from ...autograd.tensor import Tensor
+from ..._tensor import Tensor
 from ...ops.creation import as_tensor, tensor
 from ...ops.shape import stack
 

@@ -21,7 +21,7 @@ parent process.
 Workers start as PyTorch's do, with the default start method (``fork`` on
 Linux), so a script without an ``if __name__ == "__main__":`` guard works; but
 never by forking a process that runs other threads or holds a ZeroMQ context:
-then they are spawned (see :mod:`distgrad.multiprocessing.start_method`), and a
+then they are spawned (see :mod:`distgrad.utils.start_method`), and a
 spawned worker imports the main script again, which then needs the guard (as
 PyTorch needs on macOS and Windows). ``multiprocessing_context`` chooses.
 Indices reach a worker on a pipe the parent writes without a helper thread

@@ -12,8 +12,8 @@ from multiprocessing.reduction import ForkingPickler
 
 from . import channel
 from ... import accelerator
-from ...multiprocessing.lifetime import join_all, reap
-from ...multiprocessing.start_method import default_context, fork_hazards
+from ..processes import join_all, reap
+from ..start_method import default_context, fork_hazards
 from ...ops.creation import randint
 from .fetch import ITERABLE, create_fetcher
 from .worker import RESUME, worker_loop

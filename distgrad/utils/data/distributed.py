@@ -5,21 +5,30 @@
 ...  for r in range(3)]
 [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
 """
-import importlib
 import math
 
 from .sampler import Sampler
 from .torch_order import torch_randperm
 
-__all__ = ["DistributedSampler"]
+__all__ = ["DistributedSampler", "use_default_group"]
+
+
+# The default process group's getters, {"rank": get_rank, "world_size": get_world_size}:
+# installed by distgrad.distributed when it is imported (this layer is below it).
+_default_group_getters = {}
+
+
+def use_default_group(get_rank, get_world_size):
+    """Where a sampler given no ``rank``/``num_replicas`` asks (``distgrad.distributed``)."""
+    _default_group_getters.update(rank=get_rank, world_size=get_world_size)
 
 
 def _default_group(what):
     """The world size or rank of the default process group, as PyTorch's sampler asks it."""
-    dist = importlib.import_module("distgrad.distributed")
-    getter = getattr(dist, f"get_{what}", None)
-    if getter is None:
-        raise RuntimeError("Requires distributed package to be available")
+    getter = _default_group_getters.get(what)
+    if getter is None:  # distgrad.distributed was never imported: no group can exist
+        raise ValueError("Default process group has not been initialized, please make sure to "
+                         "call init_process_group.")
     return getter()
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...multiprocessing.lifetime import die_with_parent
+from ..processes import die_with_parent
 from . import channel
 from .fetch import ITERABLE, create_fetcher
 

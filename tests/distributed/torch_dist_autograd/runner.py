@@ -10,7 +10,8 @@ PyTorch's ``MultiProcessTestCase`` runs it in a rank's process (an instance with
 the RPC world), and the answer is a line ``{"rank", "outcome", "detail", "spent"}``
 (outcome ``passed``, ``failed`` or ``skipped``). Before every test but the first, the
 test module is reloaded, so its globals (``rpc_done``, ``ctx_ids``, ...) start fresh as
-in a new process. A test that does not shut down cleanly spends the world: the rank
+in a new process (the module is PyTorch's own file, read from the installed torch:
+``torch_cases.py``). A test that does not shut down cleanly spends the world: the rank
 answers and exits, and the test process starts a new world. When the connection
 closes (the test process ended the world, or died) the rank exits at once, whatever it
 is doing. SIGUSR1 prints every thread's stack to stderr (the test process asks for it
@@ -26,6 +27,8 @@ import sys
 import threading
 import traceback
 import unittest
+
+import torch_cases
 
 
 def _watch(conn, commands, cond):
@@ -68,6 +71,7 @@ def main():
         conn.sendall(json.dumps(dict(fields, rank=rank)).encode() + b"\n")
 
     answer(hello=os.getpid())
+    torch_cases.install()  # dist_autograd_cases: the installed PyTorch's test file
     cases = None
     while True:
         with cond:
