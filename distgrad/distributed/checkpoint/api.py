@@ -1,0 +1,25 @@
+"""``CheckpointException``: what every rank raises when a save or load failed on any rank."""
+
+__all__ = ["CheckpointException"]
+
+
+class CheckpointException(Exception):
+    """A step of a checkpoint failed on some ranks: ``failures`` maps each of those ranks
+    to its exception (rebuilt from its type name, message and traceback where it
+    happened on another rank)."""
+
+    def __init__(self, msg, failures):
+        super().__init__(msg, failures)
+        self._failures = failures
+
+    @property
+    def failures(self):
+        return self._failures
+
+    def __str__(self):
+        parts = [f"CheckpointException ranks:{sorted(self._failures)}"]
+        for rank, exc in sorted(self._failures.items()):
+            tb = getattr(exc, "remote_traceback", "")
+            parts.append(f"Traceback (most recent call last): (RANK {rank})\n{tb}"
+                         f"{type(exc).__name__}: {exc}")
+        return "\n".join(parts)
