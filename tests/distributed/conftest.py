@@ -10,7 +10,8 @@ def pg_world():
     # small ring pieces and a low shared-memory threshold, so that modest tensors take the
     # pipelined ring, over both the socket and shared memory
     w = World(4, options={"piece_bytes": 16 << 10, "shm_threshold": 32 << 10,
-                          "cases": ["support.pg_cases", "support.ddp_cases"]})
+                          "cases": ["support.pg_cases", "support.ddp_cases",
+                                    "support.dcp_cases"]})
     try:
         yield w
     finally:

@@ -47,6 +47,7 @@ def _rebuild(value):
 
 class Coordination:
     def __init__(self, group, use_dist, coordinator_rank=0):
+        # coordinator_rank counts within ``group`` (rank 0 of a subgroup coordinates it)
         self.group, self.use_dist = group, use_dist
         self.coordinator_rank = coordinator_rank
         if use_dist:
@@ -60,22 +61,22 @@ class Coordination:
         if not self.use_dist:
             return [value]
         out = [None] * self.world_size if self.is_coordinator else None
-        gather_object(value, out, dst=self.coordinator_rank, group=self.group)
+        gather_object(value, out, group=self.group, group_dst=self.coordinator_rank)
         return out
 
     def scatter(self, values):
         if not self.use_dist:
             return values[0]
         out = [None]
-        scatter_object_list(out, values if self.is_coordinator else None,
-                            src=self.coordinator_rank, group=self.group)
+        scatter_object_list(out, values if self.is_coordinator else None, group=self.group,
+                            group_src=self.coordinator_rank)
         return out[0]
 
     def broadcast(self, value):
         if not self.use_dist:
             return value
         box = [value]
-        broadcast_object_list(box, src=self.coordinator_rank, group=self.group)
+        broadcast_object_list(box, group=self.group, group_src=self.coordinator_rank)
         return box[0]
 
     def barrier(self):
@@ -93,12 +94,12 @@ class Coordination:
             return _wrap(e)
 
     def _raise(self, step, values):
-        failures = {}
+        failures, tracebacks = {}, {}
         for rank, v in enumerate(values):
             if _failed(v):
                 own = rank == self.rank and getattr(self, "_own_failure", None)
-                failures[rank] = own or _rebuild(v)
-        raise CheckpointException(step, failures)
+                failures[rank], tracebacks[rank] = own or _rebuild(v), v[3]
+        raise CheckpointException(step, failures, tracebacks)
 
     def reduce_scatter(self, step, map_fn, reduce_fn, to_data, from_data):
         """Each rank's ``map_fn()``; the coordinator's ``reduce_fn(list)`` returns one value

@@ -8,9 +8,10 @@ class CheckpointException(Exception):
     to its exception (rebuilt from its type name, message and traceback where it
     happened on another rank)."""
 
-    def __init__(self, msg, failures):
+    def __init__(self, msg, failures, tracebacks=None):
         super().__init__(msg, failures)
         self._failures = failures
+        self._tracebacks = tracebacks or {}
 
     @property
     def failures(self):
@@ -19,7 +20,6 @@ class CheckpointException(Exception):
     def __str__(self):
         parts = [f"CheckpointException ranks:{sorted(self._failures)}"]
         for rank, exc in sorted(self._failures.items()):
-            tb = getattr(exc, "remote_traceback", "")
-            parts.append(f"Traceback (most recent call last): (RANK {rank})\n{tb}"
-                         f"{type(exc).__name__}: {exc}")
+            tb = self._tracebacks.get(rank) or f"{type(exc).__name__}: {exc}\n"
+            parts.append(f"(RANK {rank}) {tb.rstrip()}")
         return "\n".join(parts)
