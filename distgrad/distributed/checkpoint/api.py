@@ -3,7 +3,7 @@
 __all__ = ["CheckpointException"]
 
 
-class CheckpointException(Exception):
+class CheckpointException(BaseException):  # PyTorch derives it from BaseException
     """A step of a checkpoint failed on some ranks: ``failures`` maps each of those ranks
     to its exception (rebuilt from its type name, message and traceback where it
     happened on another rank)."""
