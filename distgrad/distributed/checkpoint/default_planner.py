@@ -18,7 +18,7 @@ from collections import ChainMap, defaultdict
 import distgrad
 from distgrad.autograd.tensor import Size, Tensor
 
-from ._traverse import flatten_state_dict, set_element
+from .nested_dict import flatten_state_dict, set_element
 from .metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata, MetadataIndex,
                        TensorProperties, TensorStorageMetadata)
 from .planner import (BytesIOWriteData, LoadItemType, LoadPlan, LoadPlanner, ReadItem, SavePlan,
@@ -26,7 +26,8 @@ from .planner import (BytesIOWriteData, LoadItemType, LoadPlan, LoadPlanner, Rea
 
 __all__ = ["DefaultSavePlanner", "DefaultLoadPlanner", "create_default_local_load_plan",
            "create_default_global_load_plan", "create_default_local_save_plan",
-           "create_default_global_save_plan", "dedup_save_plans"]
+           "create_default_global_save_plan", "dedup_save_plans", "find_state_dict_object",
+           "narrow_tensor_by_index"]
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from distgrad.autograd.grad_mode import no_grad
 from distgrad.autograd.tensor import Tensor
 from distgrad.futures import Future
 
-from ._traverse import flatten_state_dict, unflatten_state_dict
+from .nested_dict import flatten_state_dict, unflatten_state_dict
 from .metadata import metadata_from_data, metadata_to_data, StorageMeta
 from .planner import LoadItemType, WriteItemType
 from .storage import StorageReader, StorageWriter, WriteResult

@@ -15,7 +15,7 @@ from distgrad.ops.creation import empty_like
 
 from ..collectives import broadcast
 from ..process_group import get_rank, is_initialized
-from ._traverse import flatten_state_dict
+from .nested_dict import flatten_state_dict
 from .default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner, narrow_tensor_by_index
 from .filesystem import FileSystemReader, FileSystemWriter
 from .metadata import ChunkStorageMetadata, Metadata, TensorProperties, TensorStorageMetadata
