@@ -32,3 +32,11 @@ def test_bench_layers_prints_na_without_torch(tmp_path):
     assert row.split()[2:4] == ["n/a", "n/a"]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["rows"][0]["torch_ms"] is None and report["rows"][0]["distgrad_ms"] > 0
+
+
+def test_bench_dcp_prints_na_without_torch(tmp_path):
+    out = _run_without_torch(tmp_path, "bench_dcp.py", "--mb", "1", "--reps", "1")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert [r["op"] for r in report["rows"]] == ["save", "load"]
+    assert all(r["torch_s"] is None and r["distgrad_s"] > 0 and r["numpy_s"] > 0
+               for r in report["rows"])
