@@ -116,9 +116,7 @@ def hparams(hparam_dict, metric_dict, hparam_domain_discrete=None):
             continue
         if isinstance(v, Tensor):
             v = float(_one(v, f"hparam {k!r}"))
-        if isinstance(v, bool):
-            field, kind = "bool_value", "DATA_TYPE_BOOL"
-        elif isinstance(v, (int, float)):
+        if isinstance(v, (int, float)):  # bool too: PyTorch logs it as a number
             field, kind = "number_value", "DATA_TYPE_FLOAT64"
         elif isinstance(v, str):
             field, kind = "string_value", "DATA_TYPE_STRING"
