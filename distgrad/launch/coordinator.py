@@ -33,6 +33,7 @@ from collections import deque
 from distgrad.distributed import TCPStore, rpc
 from distgrad.futures import wait_all
 
+from . import board as _board
 from . import checkpoint as ckpt
 from . import progress
 from . import stage as _stage
@@ -91,6 +92,7 @@ class Coordinator:
         if self.resume_from:
             self.start = int(ckpt.read_manifest(self.resume_from)["step"])
         self.metrics = None
+        self.board = None  # TensorBoard event files of the metrics (with tensorboard)
         self.last_step = self.start
         self.store = None  # where the replicas meet (replicas > 1)
         x, y = train
@@ -295,6 +297,8 @@ class Coordinator:
     def _log(self, record):
         self.metrics.write(json.dumps(record) + "\n")
         self.metrics.flush()
+        if self.board is not None:
+            self.board.write(record)
 
     def _open_metrics(self):
         path = os.path.join(self.run_dir, METRICS)
@@ -314,6 +318,7 @@ class Coordinator:
         self.metrics.writelines(kept)
         self.metrics.flush()
         os.replace(tmp, path)
+        self.board = _board.open_board(self.run_dir, self.start)
         self._log({"event": "start", "step": self.start, "total_steps": self.total,
                    "batch_size": self.config["data"]["batch_size"],
                    "stages": self.grid.stages, "replicas": self.grid.replicas,
@@ -431,6 +436,8 @@ class Coordinator:
                 self._finish()
         finally:
             self.metrics.close()
+            if self.board is not None:
+                self.board.close()
         result = {"status": "stopped" if stopped else "finished", "step": step_count,
                   "total_steps": self.total}
         if final:
