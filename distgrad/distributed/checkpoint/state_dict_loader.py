@@ -29,7 +29,7 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
     pass the same keys."""
     no_dist = no_dist or not is_initialized()
     if no_dist:
-        warnings.warn(_NO_DIST.format("load"), stacklevel=2)
+        warnings.warn(_NO_DIST.format("load"), stacklevel=3)  # past positional_storage
     storage_reader = storage_setup(storage_reader, checkpoint_id, reader=True)
     keys = sorted(state_dict)  # every rank visits the values in one order
     own = {k: state_dict[k].state_dict() if isinstance(state_dict[k], Stateful)

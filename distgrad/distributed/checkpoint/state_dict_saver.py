@@ -59,8 +59,8 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
     (``__<rank>.metadata``), which only that rank can load.
     """
     no_dist = no_dist or not is_initialized()
-    if no_dist:
-        warnings.warn(_NO_DIST.format("save"), stacklevel=2)
+    if no_dist:  # stacklevel 3: the caller of positional_storage's wrapper
+        warnings.warn(_NO_DIST.format("save"), stacklevel=3)
     storage_writer = storage_setup(storage_writer, checkpoint_id, reader=False)
     return _save_state_dict(_stateful_to_state_dict(state_dict), storage_writer, process_group,
                             no_dist=no_dist, planner=planner, use_collectives=use_collectives)
