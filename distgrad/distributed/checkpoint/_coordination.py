@@ -87,9 +87,7 @@ class Coordination:
     def _local(self, fn, to_data):
         try:
             return to_data(fn())
-        except BaseException as e:  # noqa: BLE001 - every rank must hear of it
-            if not isinstance(e, Exception):
-                raise
+        except (Exception, CheckpointException) as e:  # every rank must hear of it
             self._own_failure = e
             return _wrap(e)
 
