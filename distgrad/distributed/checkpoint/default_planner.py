@@ -100,7 +100,15 @@ def dedup_save_plans(all_plans, save_to_lowest_rank=False):
     for k, plan in enumerate(all_plans):
         for item in plan.items:
             holders[item.index].append(k)
-            item_of[item.index] = item
+            first = item_of.setdefault(item.index, item)
+            if _layout(first) != _layout(item):
+                # one key, different tensors: not replicated state, and keeping either
+                # copy would lose the other without a word
+                raise ValueError(
+                    f"{item.index.fqn!r} differs between ranks {holders[item.index][0]} and "
+                    f"{k} ({_layout(first)} vs {_layout(item)}): a key saved by several ranks "
+                    "must hold the same (replicated) value on each; give per-rank state "
+                    "per-rank keys")
     planned = [0] * len(all_plans)
     keep = [set() for _ in all_plans]
     for index, ranks in holders.items():
@@ -109,6 +117,11 @@ def dedup_save_plans(all_plans, save_to_lowest_rank=False):
         keep[k].add(index)
     return [dataclasses.replace(p, items=[i for i in p.items if i.index in kept])
             for p, kept in zip(all_plans, keep)]
+
+
+def _layout(item):
+    t = item.tensor_data
+    return "bytes" if t is None else f"{t.properties.dtype} {list(t.size)}"
 
 
 def create_default_global_save_plan(all_plans, rewrite_index_hints=True):

@@ -252,3 +252,16 @@ def test_broadcast_from_rank0_needs_a_full_state_dict():
     net, opt = _model(Lib("distgrad"))
     with pytest.raises(ValueError, match="full_state_dict must be True"):
         get_state_dict(net, opt, options=StateDictOptions(broadcast_from_rank0=True))
+
+
+def test_a_key_with_different_tensors_on_two_ranks_is_refused():
+    """Deduplication keeps one copy of a key saved by several ranks: when the copies
+    differ in shape or dtype it is not replicated state, and keeping one would be wrong."""
+    from distgrad.distributed.checkpoint.default_planner import (create_default_local_save_plan,
+                                                                 dedup_save_plans)
+    plans = [create_default_local_save_plan({"x": distgrad.ones(3)}, True),
+             create_default_local_save_plan({"x": distgrad.ones(4)}, False)]
+    with pytest.raises(ValueError, match="'x' differs between ranks 0 and 1"):
+        dedup_save_plans(plans)
+    same = [create_default_local_save_plan({"x": distgrad.ones(3)}, k == 0) for k in range(2)]
+    assert [len(p.items) for p in dedup_save_plans(same)] == [1, 0]
