@@ -182,7 +182,7 @@ def save_values(ctx, path, value):
 
 
 @case
-def against_torch(ctx, ours_path, theirs_path, port_key):
+def dcp_against_torch(ctx, ours_path, theirs_path, port_key):
     """The same DDP training in distgrad and in torch (gloo), each saved with its own DCP
     and loaded back into a fresh model of its own library: same keys, same per-rank file
     layout, and the values each library loads equal what the other trained."""

@@ -109,7 +109,7 @@ def _load_here_model_only(path):
 
 def test_same_training_saved_by_torch_dcp_has_our_keys_layout_and_values(pg_world, tmp_path):
     pytest.importorskip("torch")
-    r0, r1 = pg_world.run("against_torch", str(tmp_path / "ours"), str(tmp_path / "theirs"),
+    r0, r1 = pg_world.run("dcp_against_torch", str(tmp_path / "ours"), str(tmp_path / "theirs"),
                           f"torch-port-{uuid.uuid4().hex}", ranks=[0, 1], timeout=90)
     for got in (r0, r1):
         assert got["our_keys"] == got["their_keys"]
