@@ -353,5 +353,8 @@ def main():
 
 if __name__ == "__main__":
     import perf_page
-    with perf_page.recorded("bench_rpc"):  # with --record: its section of docs/performance.md
+    # with --record: its section of docs/performance.md (one per kind of run)
+    part = next((f"_{a[2:-5]}" for a in sys.argv if a in ("--auth-only", "--encryption-only")),
+                "")
+    with perf_page.recorded(f"bench_rpc{part.replace('-', '_')}"):
         main()

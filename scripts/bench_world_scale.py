@@ -256,4 +256,6 @@ def _print_row(row):
 
 
 if __name__ == "__main__":
-    main()
+    import perf_page
+    with perf_page.recorded("bench_world_scale"):  # with --record: docs/performance.md
+        main()

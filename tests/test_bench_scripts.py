@@ -56,3 +56,11 @@ def test_a_benchmark_records_its_own_section_of_the_performance_page(tmp_path, m
     text = bench(["name  ratio", "a     2.20x", json.dumps({"benchmark": "x"})])
     assert "2.20x" in text and "1.10x" not in text and text.count("## bench_x") == 1
     assert bench(["usage: bench_x.py [-h]"]) == text   # --help, say: the page stays
+
+
+def test_bench_dcp_prints_na_without_torch(tmp_path):
+    out = _run_without_torch(tmp_path, "bench_dcp.py", "--mb", "1", "--reps", "1")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert [r["op"] for r in report["rows"]] == ["save", "load"]
+    assert all(r["torch_s"] is None and r["distgrad_s"] > 0 and r["numpy_s"] > 0
+               for r in report["rows"])

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "distgrad"
-OPTIONAL = {"matplotlib", "tqdm", "torch"}  # extras a module may need
+OPTIONAL = {"matplotlib", "tqdm", "torch", "tensorboard"}  # extras a module may need
 
 
 def _modules():

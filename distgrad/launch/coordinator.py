@@ -33,6 +33,7 @@ from collections import deque
 from distgrad.distributed import TCPStore, rpc
 from distgrad.futures import wait_all
 
+from . import board as _board
 from . import checkpoint as ckpt
 from . import progress
 from . import stage as _stage
@@ -92,6 +93,7 @@ class Coordinator:
         if self.resume_from:
             self.start = int(ckpt.read_manifest(self.resume_from)["step"])
         self.metrics = None
+        self.board = None  # TensorBoard event files of the metrics (with tensorboard)
         self.last_step = self.start
         self.store = None  # where the replicas meet (replicas > 1)
         x, y = train
@@ -297,6 +299,8 @@ class Coordinator:
     def _log(self, record):
         self.metrics.write(json.dumps(record) + "\n")
         self.metrics.flush()
+        if self.board is not None:
+            self.board.write(record)
 
     def _open_metrics(self):
         path = os.path.join(self.run_dir, METRICS)
@@ -316,6 +320,7 @@ class Coordinator:
         self.metrics.writelines(kept)
         self.metrics.flush()
         os.replace(tmp, path)
+        self.board = _board.open_board(self.run_dir, self.start)
         self._log({"event": "start", "step": self.start, "total_steps": self.total,
                    "batch_size": self.config["data"]["batch_size"],
                    "stages": self.grid.stages, "replicas": self.grid.replicas,
@@ -433,6 +438,8 @@ class Coordinator:
                 self._finish()
         finally:
             self.metrics.close()
+            if self.board is not None:
+                self.board.close()
         result = {"status": "stopped" if stopped else "finished", "step": step_count,
                   "total_steps": self.total}
         if final:

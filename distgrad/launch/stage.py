@@ -53,9 +53,12 @@ def build_module(spec):
 
 
 def stage_state(index, layers, step, module, optimizer):
-    """What a stage's checkpoint file holds (the same for every strategy)."""
+    """What a stage's checkpoint file holds (the same for every strategy). ``param_names``
+    names the optimizer's parameters by position (it is built on ``module.parameters()``),
+    so the state can be read by name (``distgrad.launch.dcp_reader``)."""
     return {"stage": index, "layers": list(layers), "step": step,
             "model": module.state_dict(), "optimizer": optimizer.state_dict(),
+            "param_names": [name for name, _ in module.named_parameters()],
             "rng": distgrad.get_rng_state()}
 
 

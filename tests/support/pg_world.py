@@ -140,7 +140,12 @@ def serve(rank, n, port, options):
     import importlib
     import distgrad.distributed as dist
     modules = [importlib.import_module(m) for m in options.get("cases", ["support.pg_cases"])]
-    table = {name: fn for m in modules for name, fn in m.CASES.items()}
+    table = {}
+    for m in modules:
+        clash = set(table) & set(m.CASES)
+        if clash:  # one name, two cases: the later one would silently replace the other
+            raise RuntimeError(f"cases {sorted(clash)} of {m.__name__} are already defined")
+        table.update(m.CASES)
     for m in modules:
         if hasattr(m, "configure"):
             m.configure(options)  # before the group forms: knobs its communicator reads

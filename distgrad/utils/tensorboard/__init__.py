@@ -1,0 +1,28 @@
+"""TensorBoard logging with ``torch.utils.tensorboard``'s API: ``SummaryWriter``.
+
+It writes TensorBoard's event files through the ``tensorboard`` package, an optional
+dependency as it is PyTorch's (``pip install 'distgrad[tensorboard]'``): importing this
+module without it raises ModuleNotFoundError saying so; ``import distgrad`` never
+imports it.
+"""
+try:
+    import tensorboard
+except ImportError as e:
+    raise ModuleNotFoundError(
+        "distgrad.utils.tensorboard needs the tensorboard package, which is not installed: "
+        "pip install 'distgrad[tensorboard]' (or pip install tensorboard)",
+        name="tensorboard") from e
+
+
+def _version(text):
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+
+if not hasattr(tensorboard, "__version__") or _version(tensorboard.__version__) < (1, 15):
+    raise ImportError("TensorBoard logging requires TensorBoard version 1.15 or above")
+
+del tensorboard
+
+from .writer import FileWriter, SummaryWriter  # noqa: E402 - after the check above
+
+__all__ = ["FileWriter", "SummaryWriter"]
