@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,10 @@ _ENV_NAMES = ["RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZ
               "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
               "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
               "MASTER_ADDR"]
+_SECRET_PROBE = textwrap.dedent("""
+    import os, sys
+    sys.stdout.write("SECRET " + os.environ.get("DISTGRAD_WORLD_SECRET", "-") + "\\n")
+""")
 
 # what a worker reports of its environment (imports nothing: runs under any launcher)
 ENV_PROBE = textwrap.dedent(f"""
@@ -248,6 +253,23 @@ def test_the_workers_ranks_are_those_of_pytorchs_torchrun(simulated_hosts, tmp_p
     assert ranks(RUN, 29500) == ranks(["torchrun"], 29501)
 
 
+def test_a_signal_to_one_agent_stops_every_nodes_workers_and_leaves_no_process(
+        simulated_hosts, tmp_path):
+    hosts = simulated_hosts(2)
+    script = _program(tmp_path, "elastic.py", ELASTIC_PROGRAM)
+    procs = [_start(h, ["--nnodes", "2", "--node-rank", str(i), "--master-addr", "host0",
+                        "--master-port", "29500", script, "first"], tmp_path,
+                    _env(TEST_HOST=h.name)) for i, h in enumerate(hosts)]
+    _wait_until(lambda: all(_worlds(tmp_path, h) for h in hosts), "a world of 2 formed")
+    procs[1].send_signal(signal.SIGTERM)
+    (code0, _, err0), (code1, _, err1) = _finish(procs)
+    assert code1 == 1 and "SignalException" in err1
+    assert code0 == 1 and "ChildFailedError" in err0
+    assert "the agent of node rank 1 (host1" in err0 and "got signal SIGTERM" in err0
+    for h in hosts:
+        _wait_until(lambda: not h.pids(), f"every process on {h.name} ended", timeout=30)
+
+
 # ---------------------------------------------------------------------- elastic
 def test_an_elastic_world_goes_on_without_a_lost_host(simulated_hosts, tmp_path):
     hosts = simulated_hosts(3)
@@ -261,6 +283,8 @@ def test_an_elastic_world_goes_on_without_a_lost_host(simulated_hosts, tmp_path)
         assert code == 0, err
         assert _worlds(tmp_path, host) == [(3, 3.0, 0), (2, 2.0, 1)]
         assert "the node on host1" in err and "was lost" in err and "2/2 attempts left" in err
+    for h in hosts:   # nothing is left running anywhere
+        _wait_until(lambda: not h.pids(), f"every process on {h.name} ended", timeout=30)
 
 
 def test_an_elastic_world_below_its_minimum_fails_naming_the_lost_host(simulated_hosts,
@@ -291,3 +315,70 @@ def test_a_node_that_comes_later_makes_the_elastic_world_start_again_with_it(sim
         # failure: the restart count stays 0
         assert _worlds(tmp_path, host)[-1] == (3, 3.0, 0)
         assert {a for _, _, a in _worlds(tmp_path, host)} == {0}
+
+
+# ---------------------------------------------------------------------- the world secret
+def test_a_secret_file_on_every_host_reaches_every_worker(simulated_hosts, tmp_path):
+    hosts = simulated_hosts(2)
+    path = tmp_path / "secret"
+    path.write_text("the-secret-of-the-file\n")
+    path.chmod(0o600)
+    env = _env(secret=None, DISTGRAD_WORLD_SECRET_FILE=str(path))
+    results = _static(hosts, tmp_path, _program(tmp_path, "secret.py", _SECRET_PROBE),
+                      envs=[env, env])
+    for code, out, err in results:
+        assert code == 0, err
+        assert "without a secret" not in err
+        assert out.split() == ["SECRET", "the-secret-of-the-file"] * 2
+
+
+def test_without_a_secret_the_launch_works_and_warns(simulated_hosts, tmp_path):
+    hosts = simulated_hosts(2)
+    env = _env(secret=None)
+    results = _static(hosts, tmp_path, _program(tmp_path, "secret.py", _SECRET_PROBE),
+                      nproc=(1, 1), envs=[env, env])
+    for i, (code, out, err) in enumerate(results):
+        assert code == 0, err
+        assert f"the torchrun agent of node rank {i} joins a world without a secret" in err
+        assert out.split() == ["SECRET", "-"]   # and no agent made one of its own
+
+
+@pytest.mark.parametrize("host1_secret,words", [
+    ("another-secret", "refused this agent's world secret"),
+    (None, "refused this agent: this host has no world secret and the store's host a secret")])
+def test_an_agent_without_the_worlds_secret_is_refused_naming_the_store(
+        simulated_hosts, tmp_path, host1_secret, words):
+    hosts = simulated_hosts(2)
+    envs = [_env(), _env(secret=host1_secret)]
+    (code0, _, err0), (code1, _, err1) = _static(
+        hosts, tmp_path, _program(tmp_path, "probe.py", ENV_PROBE), nproc=(1, 1), envs=envs,
+        extra=["--rdzv-conf", "timeout=3"])
+    assert code1 == 1 and "RendezvousConnectionError" in err1
+    assert f"the rendezvous store at host0:29500 ({hosts[0].address}) {words}" in err1
+    assert code0 == 1 and "missing: node ranks [1]" in err0
+
+
+# ---------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("host1_args,words", [
+    (["--nnodes", "3"], "node rank 1 (host1 ({addr1})) was started with --rdzv-backend static "
+                        "--nnodes 3 --max-restarts 0, but the rendezvous' first node with "
+                        "--rdzv-backend static --nnodes 2"),
+    (["--master-addr", "nosuchhost"], "cannot meet the other nodes' agents at nosuchhost:29500: "
+                                      "the rendezvous host 'nosuchhost' does not resolve"),
+    (["--master-port", "29501"], "nothing answers at the rendezvous store host0:29501 "
+                                 "({addr0}) after 3 s (Connection refused)"),
+])
+def test_bad_input_on_one_host_fails_naming_the_host_and_the_address(
+        simulated_hosts, tmp_path, host1_args, words):
+    hosts = simulated_hosts(2)
+    script = _program(tmp_path, "probe.py", ENV_PROBE)
+    procs = [_start(h, ["--nnodes", "2", "--node-rank", str(i), "--master-addr", "host0",
+                        "--master-port", "29500", "--rdzv-conf", "timeout=3"]
+                    + (host1_args if i else []) + [script], tmp_path)
+             for i, h in enumerate(hosts)]
+    started = time.monotonic()
+    (code0, _, err0), (code1, _, err1) = _finish(procs)
+    assert code1 == 1 and words.format(addr0=hosts[0].address, addr1=hosts[1].address) in err1
+    assert code0 == 1 and ("missing: node ranks [1]" in err0 or "every node needs the same"
+                           in err0)
+    assert time.monotonic() - started < 60

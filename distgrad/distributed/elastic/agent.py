@@ -13,7 +13,8 @@ import signal
 import sys
 import time
 
-from .rendezvous.api import RendezvousClosedError
+from ..errors import DistNetworkError
+from .rendezvous.api import RendezvousClosedError, RendezvousConnectionError
 from .rendezvous.handler import Ended
 from .workers import ChildFailedError, SignalException, WorkerGroup
 
@@ -23,7 +24,7 @@ __all__ = ["run_agent"]
 def run_agent(args, rendezvous, nproc, error_dir, secret, grace):
     """Run this node's part of the launch of ``args`` to its end; ``rendezvous`` is left
     (shut down) at the end, whatever happens."""
-    group = None
+    group, reachable = None, True
     try:
         while True:
             rnd = rendezvous.next_rendezvous()
@@ -47,12 +48,20 @@ def run_agent(args, rendezvous, nproc, error_dir, secret, grace):
             group.stop(e.sigval, grace)
         rendezvous.interrupted(e.sigval)
         raise
+    except DistNetworkError as e:
+        reachable = False
+        if group is not None:
+            group.stop(signal.SIGTERM, grace)
+            group = None
+        raise RendezvousConnectionError(
+            f"the agents' store at {rendezvous.where()} stopped answering: the host or the "
+            f"agent that serves it is gone ({e})") from None
     except BaseException:
         if group is not None:
             group.stop(signal.SIGTERM, grace)
         raise
     finally:
-        rendezvous.shutdown()
+        rendezvous.shutdown(reachable)
 
 
 def _watch(group, rnd, interval):

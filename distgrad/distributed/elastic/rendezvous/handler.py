@@ -148,6 +148,10 @@ class Rendezvous:
         self._heartbeat = Heartbeat(self.store, self.me.id, s.keep_alive)
         self.current = None
 
+    def where(self):
+        """The store's address, as messages name it."""
+        return self.settings.where()
+
     # ------------------------------------------------------------------ joining
     def next_rendezvous(self):
         """Join the next round and return it once complete (:class:`Round`)."""
@@ -167,8 +171,8 @@ class Rendezvous:
                 if self.me not in state.waiting:
                     self.shared.update(self._wait)
                     continue
-                if len(state.nodes) >= s.max_nodes:   # no room: wait for one, however long
-                    deadline = time.monotonic() + s.join_timeout
+                if s.backend != "static" and len(state.nodes) >= s.max_nodes:
+                    deadline = time.monotonic() + s.join_timeout  # no room: wait for one
             elif self.me not in state.nodes:
                 self.shared.update(self._join)
                 continue
@@ -203,11 +207,10 @@ class Rendezvous:
             return self._wait(state)
         twin = [n for n in state.nodes if 0 <= n.node_rank == self.me.node_rank]
         if twin:
-            text = (f"node rank {self.me.node_rank} is claimed by two agents: {twin[0].host} "
-                    f"(pid {twin[0].pid}) and {self.me.host} (pid {self.me.pid}); give every "
-                    "node its own --node-rank")
-            state.closed = ["config", [], text]
-            return True
+            raise RendezvousError(
+                f"node rank {self.me.node_rank} is claimed by two agents: {twin[0].host} "
+                f"(pid {twin[0].pid}) and {self.me.host} (pid {self.me.pid}); give every node "
+                "its own --node-rank")
         state.waiting = [n for n in state.waiting if n != self.me]
         state.nodes.append(self.me)
         return True
@@ -235,12 +238,16 @@ class Rendezvous:
         if s.backend == "static":
             have = {n.node_rank for n in state.nodes}
             missing = [r for r in range(s.max_nodes) if r not in have]
+            held = [n for n in state.nodes if state.complete and n.node_rank == s.node_rank]
             text = (f"the static rendezvous '{s.run_id}' at {s.where()} did not complete "
                     f"within {s.join_timeout:g} s (the 'timeout' of --rdzv-conf): "
                     f"{len(state.nodes)} of {s.max_nodes} nodes joined round {state.round} "
                     f"({joined}); missing: node ranks {missing} (an agent that cannot "
                     "join says why on its host: it cannot reach this store, or holds "
                     "another world secret)")
+            if held:
+                text += (f"; this node's rank {s.node_rank} is held in the running round by "
+                         f"{held[0].host} (pid {held[0].pid})")
         else:
             text = (f"the rendezvous '{s.run_id}' at {s.where()} did not reach --nnodes "
                     f"{s.min_nodes}:{s.max_nodes} within join_timeout={s.join_timeout:g} s: "
@@ -277,13 +284,15 @@ class Rendezvous:
         except Exception as e:  # noqa: BLE001 - the store may be gone as well
             log.warning("could not tell the other agents that this one stops: %s", e)
 
-    def shutdown(self):
+    def shutdown(self, reachable=True):
         """Leave: stop heartbeating; the agent that serves the store keeps it up until the
-        others left (or ``close_timeout``), so that each can read how the job ended."""
-        try:
-            self.store.set(f"left/{self.me.id}", b"1")
-        except Exception:  # noqa: BLE001 - nobody to tell
-            pass
+        others left (or ``close_timeout``), so that each can read how the job ended.
+        ``reachable`` False: the store is lost, nobody to tell."""
+        if reachable:
+            try:
+                self.store.set(f"left/{self.me.id}", b"1")
+            except Exception:  # noqa: BLE001 - nobody to tell after all
+                pass
         if not self._heartbeat.stop(2.0):
             log.warning("the rendezvous heartbeat thread is left running: its call to the "
                         "store at %s hangs (the store's host is lost)", self.settings.where())

@@ -19,13 +19,16 @@ class LocalRendezvous:
         self.me = Node("local", self.host, master[0], os.getpid(), 0, role, nproc)
         self.restarts = 0
 
+    def where(self):
+        return "this node (no store)"
+
     def next_rendezvous(self):
         return _LocalRound(self)
 
     def interrupted(self, sig):
         pass  # nobody else to tell
 
-    def shutdown(self):
+    def shutdown(self, reachable=True):
         pass
 
 

@@ -33,7 +33,9 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_
                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _PROBE_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_FAILED
 _MECHANISM_MISMATCH = 0x11000002  # ZMTP: the two sides use different security mechanisms
-_REFUSALS = 3                     # failed handshakes that settle it (ZeroMQ retries each 0.1 s)
+# A refused handshake settles it after this many refusals over this long (ZeroMQ retries
+# every 0.1-0.2 s; only some refusals carry their cause, which may take a few)
+_REFUSALS, _REFUSAL_WINDOW = 3, 2.0
 
 
 def curve_keys(secret):
@@ -111,7 +113,7 @@ def _handshake(host, ip, port, keys, timeout):
     try:
         sock.connect(addresses.endpoint(ip, port))
         deadline = time.monotonic() + timeout
-        connected, refusals = False, []
+        connected, refusals, first_refusal = False, [], None
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -127,7 +129,9 @@ def _handshake(host, ip, port, keys, timeout):
             elif kind & _HANDSHAKE_FAILED:
                 # the first refusal often comes without its detail: the next ones have it
                 refusals.append(int(event["value"]))
-                if len(refusals) >= _REFUSALS or _MECHANISM_MISMATCH in refusals:
+                first_refusal = first_refusal or time.monotonic()
+                if _MECHANISM_MISMATCH in refusals or len(refusals) >= _REFUSALS \
+                        and time.monotonic() - first_refusal >= _REFUSAL_WINDOW:
                     raise RendezvousConnectionError(_refused(where, keys, refusals))
         if refusals:
             raise RendezvousConnectionError(_refused(where, keys, refusals))
