@@ -143,7 +143,8 @@ class Rendezvous:
                                         fallback=fallback)
         self._server = store
         self.store = PrefixStore(f"distgrad/rendezvous/{s.run_id}", store)
-        self.shared = SharedState(self.store, s.config())
+        # the first agent to read the state writes it, with its options and its name
+        self.shared = SharedState(self.store, dict(s.config(), by=self.me.name()))
         self.liveness = Liveness(self.store, s.lost_after)
         self._heartbeat = Heartbeat(self.store, self.me.id, s.keep_alive)
         self.current = None
@@ -193,11 +194,13 @@ class Rendezvous:
 
     def _check_config(self, state):
         mine = self.settings.config()
-        if state.config == mine:
+        if {k: v for k, v in state.config.items() if k != "by"} == mine:
             return
-        text = (f"{self.me.name()} was started with {_options(mine)}, but the rendezvous' "
-                f"first node with {_options(state.config)}: every node needs the same")
-        self.close("config", [], text)
+        text = (f"{self.me.name()} was started with {_options(mine)}, but "
+                f"{state.config.get('by', 'another node')} with {_options(state.config)}: "
+                "every node needs the same")
+        if not state.complete:  # the world cannot form: all fail; a running one goes on
+            self.close("config", [], text)
         raise RendezvousError(text)
 
     def _join(self, state):
