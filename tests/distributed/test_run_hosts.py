@@ -236,6 +236,7 @@ def test_nodes_may_run_different_numbers_of_workers(simulated_hosts, tmp_path):
 
 @pytest.mark.skipif(not HAVE_TORCH or shutil.which("torchrun") is None,
                     reason="needs PyTorch's torchrun")
+@pytest.mark.timeout(420)   # torchrun's agents import torch: seconds, a minute under load
 def test_the_workers_ranks_are_those_of_pytorchs_torchrun(simulated_hosts, tmp_path):
     hosts = simulated_hosts(2)
     script = _program(tmp_path, "probe.py", ENV_PROBE)
@@ -247,7 +248,7 @@ def test_the_workers_ranks_are_those_of_pytorchs_torchrun(simulated_hosts, tmp_p
                          env=_env(), cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
                  for i, h in enumerate(hosts)]
-        results = _finish(procs)
+        results = _finish(procs, timeout=200)
         for code, _, err in results:
             assert code == 0, err
         return sorted((r for _, out, _ in results for r in _reports(out, "ENV")),

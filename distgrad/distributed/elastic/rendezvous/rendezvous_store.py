@@ -33,9 +33,9 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_
                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _PROBE_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_FAILED
 _MECHANISM_MISMATCH = 0x11000002  # ZMTP: the two sides use different security mechanisms
-# A refused handshake settles it after this many refusals over this long (ZeroMQ retries
-# every 0.1-0.2 s; only some refusals carry their cause, which may take a few)
-_REFUSALS, _REFUSAL_WINDOW = 3, 2.0
+# Handshakes refused this many times over this long (ZeroMQ retries every 0.1-0.2 s) are
+# refused for good, unless one says why sooner (the two sides' mechanisms differ)
+_REFUSALS, _REFUSAL_WINDOW = 3, 1.0
 
 
 def curve_keys(secret):
@@ -103,6 +103,31 @@ def _handshake(host, ip, port, keys, timeout):
     """Return once a ZeroMQ handshake with the store at ``ip:port`` succeeded; raise
     :class:`RendezvousConnectionError` when it fails or nothing answers in ``timeout`` s."""
     where = _where(host, ip, port)
+    outcome = _attempt(ip, port, keys, timeout)
+    if outcome == "ok":
+        return
+    if outcome == "refused":
+        # Which side lacks the secret: the refusals' detail says so only sometimes (the
+        # side that notices first closes), so ask again without a secret: a store that
+        # answers that has none
+        if keys is None:
+            raise RendezvousConnectionError(_refused(where, "no", "a"))
+        if _attempt(ip, port, None, _REFUSAL_WINDOW * 2) == "ok":
+            raise RendezvousConnectionError(_refused(where, "a", "no"))
+        raise RendezvousConnectionError(
+            f"the rendezvous store at {where} refused this agent's world secret: the "
+            "DISTGRAD_WORLD_SECRET (or DISTGRAD_WORLD_SECRET_FILE) of this host differs from "
+            "the one of the store's host; every node needs the same secret")
+    raise RendezvousConnectionError(
+        f"nothing answers at the rendezvous store {where} after {timeout:g} s ({outcome}): is "
+        "the agent that serves it running (node 0 with the static rendezvous, the agent on "
+        "the endpoint's host with c10d), and do --master-addr/--master-port (or "
+        "--rdzv-endpoint) name it on every node?")
+
+
+def _attempt(ip, port, keys, timeout):
+    """"ok" (a handshake succeeded), "refused" (handshakes fail) or why nothing answered
+    within ``timeout`` s."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.ipv6 = ":" in ip
@@ -113,51 +138,37 @@ def _handshake(host, ip, port, keys, timeout):
     try:
         sock.connect(addresses.endpoint(ip, port))
         deadline = time.monotonic() + timeout
-        connected, refusals, first_refusal = False, [], None
-        while True:
+        connected, refusals, first_refusal = False, 0, None
+        while time.monotonic() < deadline:
             left = deadline - time.monotonic()
-            if left <= 0:
-                break
             if not monitor.poll(int(min(left, 0.5) * 1000) + 1):
                 continue
             event = recv_monitor_message(monitor)
             kind = event["event"]
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                return
+                return "ok"
             if kind == zmq.EVENT_CONNECTED:
                 connected = True
             elif kind & _HANDSHAKE_FAILED:
-                # the first refusal often comes without its detail: the next ones have it
-                refusals.append(int(event["value"]))
+                refusals += 1
                 first_refusal = first_refusal or time.monotonic()
-                if _MECHANISM_MISMATCH in refusals or len(refusals) >= _REFUSALS \
+                if int(event["value"]) == _MECHANISM_MISMATCH or refusals >= _REFUSALS \
                         and time.monotonic() - first_refusal >= _REFUSAL_WINDOW:
-                    raise RendezvousConnectionError(_refused(where, keys, refusals))
+                    return "refused"
         if refusals:
-            raise RendezvousConnectionError(_refused(where, keys, refusals))
-        why = ("it accepted the connection but never completed the handshake"
-               if connected else _connect_error(ip, port))
-        raise RendezvousConnectionError(
-            f"nothing answers at the rendezvous store {where} after {timeout:g} s ({why}): is "
-            "the agent that serves it running (node 0 with the static rendezvous, the agent on "
-            "the endpoint's host with c10d), and do --master-addr/--master-port (or "
-            "--rdzv-endpoint) name it on every node?")
+            return "refused"
+        return ("it accepted the connection but never completed the handshake"
+                if connected else _connect_error(ip, port))
     finally:
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
 
 
-def _refused(where, keys, details):
-    if _MECHANISM_MISMATCH in details:
-        mine, theirs = ("a", "no") if keys is not None else ("no", "a")
-        return (f"the rendezvous store at {where} refused this agent: this host has {mine} "
-                f"world secret and the store's host {theirs} secret; set the same "
-                "DISTGRAD_WORLD_SECRET (or DISTGRAD_WORLD_SECRET_FILE) on every node, or on "
-                "none")
-    return (f"the rendezvous store at {where} refused this agent's world secret: the "
-            "DISTGRAD_WORLD_SECRET (or DISTGRAD_WORLD_SECRET_FILE) of this host differs from "
-            "the one of the store's host; every node needs the same secret")
+def _refused(where, mine, theirs):
+    return (f"the rendezvous store at {where} refused this agent: this host has {mine} world "
+            f"secret and the store's host {theirs} secret; set the same DISTGRAD_WORLD_SECRET "
+            "(or DISTGRAD_WORLD_SECRET_FILE) on every node, or on none")
 
 
 def _connect_error(ip, port):
