@@ -274,6 +274,47 @@ def test_a_signal_to_one_agent_stops_every_nodes_workers_and_leaves_no_process(
         _wait_until(lambda: not h.pids(), f"every process on {h.name} ended", timeout=30)
 
 
+_TORCH_GLOO = textwrap.dedent("""
+    import sys
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    sys.stdout.write(f"RANK {dist.get_rank()} OF {dist.get_world_size()} SUM {t.item()}\\n")
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_TORCH or shutil.which("torchrun") is None,
+                    reason="needs PyTorch's torchrun")
+@pytest.mark.timeout(600)
+def test_a_pytorch_gloo_program_runs_alike_under_both_launchers(simulated_hosts, tmp_path,
+                                                                request):
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("slow (a minute: torch's import in 12 processes): select with -m slow")
+    hosts = simulated_hosts(2)
+    script = _program(tmp_path, "gloo.py", _TORCH_GLOO)
+    env = _env(GLOO_SOCKET_IFNAME="eth0")   # torch's gloo would trust the shared host name
+
+    def lines(launcher, port):
+        procs = [h.popen(launcher + ["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node",
+                                     "2", "--master-addr", "host0", "--master-port", str(port),
+                                     script], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+                 for i, h in enumerate(hosts)]
+        results = _finish(procs, timeout=400)
+        for code, _, err in results:
+            assert code == 0, err
+        return sorted(line for _, out, _ in results for line in out.splitlines()
+                      if line.startswith("RANK "))
+
+    ours = lines(RUN, 29500)
+    assert ours == [f"RANK {r} OF 4 SUM 10.0" for r in range(4)]
+    assert ours == lines(["torchrun"], 29501)
+
+
 # ---------------------------------------------------------------------- elastic
 def test_an_elastic_world_goes_on_without_a_lost_host(simulated_hosts, tmp_path):
     hosts = simulated_hosts(3)
