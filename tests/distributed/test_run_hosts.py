@@ -126,18 +126,35 @@ def _start(host, args, tmp_path, env=None):
 
 
 def _finish(procs, timeout=150):
-    """[(exit status, stdout, stderr)] of agents started with :func:`_start`."""
+    """[(exit status, stdout, stderr)] of agents started with :func:`_start`; one still
+    running after ``timeout`` s is killed, its stderr saying what ran then."""
     results = []
     deadline = time.monotonic() + timeout
     for p in procs:
         try:
             out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            running = _running()
             p.kill()
             out, err = p.communicate()
-            err += "\n[test: killed after the timeout]"
+            err += f"\n[test: killed after the timeout; running then: {running}]"
         results.append((p.returncode, out, err))
     return results
+
+
+def _running():
+    """The distgrad agents and workers running on this machine (for a hung test's report)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any("distgrad.distributed.run" in a or a.endswith(".py") and "pytest-of" in a
+               for a in argv):
+            found.append(f"{pid}: {' '.join(argv)[:160]}")
+    return found
 
 
 def _static(hosts, tmp_path, script, *script_args, nproc=(2, 2), extra=(), envs=None,

@@ -146,7 +146,11 @@ class Rendezvous:
         # the first agent to read the state writes it, with its options and its name
         self.shared = SharedState(self.store, dict(s.config(), by=self.me.name()))
         self.liveness = Liveness(self.store, s.lost_after)
-        self._heartbeat = Heartbeat(self.store, self.me.id, s.keep_alive)
+        try:
+            self._heartbeat = Heartbeat(self.store, self.me.id, s.keep_alive)
+        except BaseException:
+            store.close()
+            raise
         self.current = None
 
     def where(self):
@@ -165,32 +169,38 @@ class Rendezvous:
                 raise RendezvousClosedError(f"the rendezvous '{s.run_id}' at {s.where()} is "
                                             f"closed: {state.closed[2]}")
             self._check_config(state)
+            # each step changes the state at most once, then looks again (after a pause
+            # when nothing changed: the other agents' turn)
             if state.complete:
                 if self.me in state.nodes:
                     self.current = Round(self, state)
                     return self.current
-                if self.me not in state.waiting:
-                    self.shared.update(self._wait)
-                    continue
                 if s.backend != "static" and len(state.nodes) >= s.max_nodes:
                     deadline = time.monotonic() + s.join_timeout  # no room: wait for one
+                if self._changed(self._wait):
+                    continue
             elif self.me not in state.nodes:
-                self.shared.update(self._join)
-                continue
+                if self._changed(self._join):
+                    continue
             else:
                 n = len(state.nodes)
                 since_min = (since_min or time.monotonic()) if n >= s.min_nodes else None
-                if n >= s.max_nodes or (since_min is not None
-                                        and time.monotonic() - since_min >= s.last_call):
-                    self.shared.update(self._complete)
+                if (n >= s.max_nodes or since_min is not None
+                        and time.monotonic() - since_min >= s.last_call) \
+                        and self._changed(self._complete):
                     continue
             lost = self.liveness.stale(state.nodes + state.waiting, exclude=self.me.id)
-            if lost:
-                self.shared.update(lambda st: _drop(st, lost, s.max_restarts))
+            if lost and self._changed(lambda st: _drop(st, lost, s.max_restarts)):
                 continue
             if time.monotonic() > deadline:
                 raise RendezvousTimeoutError(self._timeout_text(state))
             time.sleep(_POLL)
+
+    def _changed(self, change):
+        """Apply ``change`` to the shared state; whether it changed anything."""
+        changed = []
+        self.shared.update(lambda st: changed.append(change(st)) or changed[-1])
+        return bool(changed and changed[-1])
 
     def _check_config(self, state):
         mine = self.settings.config()
