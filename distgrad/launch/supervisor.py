@@ -41,9 +41,11 @@ _SHUTDOWN_WAIT = 15.0  # seconds the workers get to leave after the coordinator 
 class Outcome:
     """How a launch ended: ``code`` (the launcher's exit status) and what to tell."""
 
-    def __init__(self, code, message, root_cause="", status="failed", step=None):
+    def __init__(self, code, message, root_cause="", status="failed", step=None,
+                 lost_host=None):
         self.code, self.message, self.root_cause = code, message, root_cause
         self.status, self.step = status, step
+        self.lost_host = lost_host  # {"label", "ranks", ...} when a whole host was lost
 
     @property
     def failed(self):
@@ -135,7 +137,8 @@ class Supervisor:
         if 0 in self.layout.ranks:
             launch = dict(self.launch, resume_from=resume_from, attempt=attempt,
                           world={"init_method": rendezvous, "workers": workers,
-                                 "bind_addr": bind, "transport": self.transport})
+                                 "bind_addr": bind, "transport": self.transport,
+                                 "hosts": not self.layout.local})
             write_json(os.path.join(self.run_dir, LAUNCH), launch)
         try:
             for rank in self.layout.ranks:
@@ -168,6 +171,8 @@ class Supervisor:
             cmd += ["--cpus", format_cpus(self.cores[rank])]
         for module in self.worker_modules:
             cmd += ["--allow", module]
+        if not self.layout.local:  # the coordinator asks where each worker runs
+            cmd += ["--allow", "distgrad.launch.placement"]
         return cmd
 
     def _environment(self):
@@ -393,17 +398,29 @@ class Supervisor:
         if report:  # the coordinator found a stage at fault (and then left the world, which
             # may have ended the other workers before the coordinator itself was seen to exit)
             step = report["step"]
+            host = report.get("host")
+            if host:  # every rank there stopped answering at once
+                ranks = ", ".join(f"{w} (rank {r})" for w, r in zip(host["workers"],
+                                                                    host["ranks"]))
+                message = f"host {host['label']} is lost: {ranks} stopped answering at " \
+                          f"step {step}"
+                return Outcome(1, message, report.get("message", ""), step=step,
+                               lost_host=host)
             if report["reason"] == "unreachable":
                 how = "stopped answering" + (" (its process was stopped, state T)"
                                              if self.states.get(report["worker"]) == "T" else "")
             else:
                 how = f"failed: {report['message'].splitlines()[0] if report['message'] else ''}"
-            message = f"{report['worker']} (rank {report['rank']}, {report['place']}) {how} at " \
-                      f"step {step}"
+            on = f", on {report['on']}" if report.get("on") else ""
+            message = f"{report['worker']} (rank {report['rank']}, {report['place']}{on}) " \
+                      f"{how} at step {step}"
             cause = report.get("traceback") or report.get("message", "")
             return Outcome(1, message, cause, step=step)
         step = self._last_step() + 1
-        message = f"{first.describe()} {describe_status(first.status)} at step {step}"
+        # only the coordinator's launcher follows the steps (the others may be elsewhere)
+        at = "" if 0 not in self.layout.ranks else \
+            f" at step {step}" if self.live else " before training started"
+        message = f"{first.describe()} {describe_status(first.status)}{at}"
         return Outcome(exit_code(first.status), message, _log_tail(first.log.name), step=step)
 
 
