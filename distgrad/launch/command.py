@@ -108,7 +108,8 @@ def _prepare(args):
     config = load_config(args.config, args.overrides)
     resolved = plan(config, lambda key, message: error_for(args.config, key, message,
                                                            args.overrides))
-    layout = environment.detect(config["world"]["workers"], force_local=args.local)
+    layout = environment.detect(config["world"]["workers"], force_local=args.local,
+                                port=config["world"]["rendezvous_port"])
     _check_restarts(config, layout)
     return config, resolved, layout
 

@@ -72,7 +72,7 @@ class Layout:
 
     def __init__(self, kind, world_size, ranks, rendezvous=None, run_id=None,
                  bind_addr=None, *, host=None, named_by=None, restart=0,
-                 engine_restarts=None, agent_store=False, group_size=None):
+                 engine_restarts=None, agent_store=False, group_size=None, port=0):
         self.kind, self.world_size, self.ranks = kind, world_size, list(ranks)
         self.rendezvous = rendezvous   # None: local, made by the supervisor (or agent store)
         self.run_id = run_id           # names the run directory all launchers share
@@ -81,6 +81,7 @@ class Layout:
         self.restart, self.engine_restarts = restart, engine_restarts
         self.agent_store = agent_store  # rank 0 publishes the rendezvous in torchrun's store
         self.group_size = group_size or world_size  # processes the engine started
+        self.port = port  # rank 0's port next to torchrun's store (0: a free one)
         # processes started by different launchers may be on different hosts: unix
         # sockets would not reach them
         self.transport = None if kind == "local" else "tcp"
@@ -150,39 +151,41 @@ def _port_env(env, name="MASTER_PORT"):
     return port
 
 
-def detect(workers, env=None, force_local=False):
-    """The :class:`Layout` for this process's environment and ``workers`` stages."""
+def detect(workers, env=None, force_local=False, port=0):
+    """The :class:`Layout` for this process's environment and ``workers`` stages;
+    ``port``: where rank 0 serves the rendezvous unless ``MASTER_PORT`` says
+    (``world.rendezvous_port``; 0: derived from the job's id, or a free one)."""
     env = os.environ if env is None else env
     world = workers + 1
     if force_local:
         return Layout("local", world, range(world))
     if env.get("RANK") and env.get("TORCHELASTIC_RUN_ID") is not None:
-        return _torchrun(env, world)
+        return _torchrun(env, world, port)
     mpi = _mpi_variables(env)
     if mpi is not None and not _srun_started(env, mpi):
-        return _mpi(env, world, mpi)
+        return _mpi(env, world, mpi, port)
     if env.get("SLURM_PROCID"):
-        return _slurm(env, world)
+        return _slurm(env, world, port)
     if env.get("RANK"):
         return _env(env, world)
     return Layout("local", world, range(world))
 
 
-def _torchrun(env, world):
+def _torchrun(env, world, port):
     size, rank = _int_env(env, "WORLD_SIZE"), _int_env(env, "RANK")
     if size > world:
         _check_size(size, world, "WORLD_SIZE")
-    addr, port = _master(env, "a torchrun launch")
+    addr, master = _master(env, "a torchrun launch")
     run_id = env.get("TORCHELASTIC_RUN_ID") or "none"
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     if run_id == "none":  # torchrun's default --rdzv-id: the same for every job
-        run_id = None if agent else f"{addr}-{port}"  # None: agreed in the agent's store
+        run_id = None if agent else f"{addr}-{master}"  # None: agreed in the agent's store
     return Layout("torchrun", world, range(rank, world, size),
-                  None if agent else addresses.endpoint(addr, port), run_id=run_id,
+                  None if agent else addresses.endpoint(addr, master), run_id=run_id,
                   host=addr, named_by="MASTER_ADDR", agent_store=agent,
                   restart=int(env.get("TORCHELASTIC_RESTART_COUNT") or 0),
                   engine_restarts=int(env.get("TORCHELASTIC_MAX_RESTARTS") or 0),
-                  group_size=size)
+                  group_size=size, port=port)
 
 
 def _master(env, what):
@@ -216,7 +219,7 @@ def _srun_started(env, mpi):
             and env.get("SLURM_NTASKS") == env.get(size))
 
 
-def _mpi(env, world, mpi):
+def _mpi(env, world, mpi, port=0):
     name, rank_var, size_var, local_var = mpi
     size, rank = _int_env(env, size_var), _int_env(env, rank_var)
     _check_size(size, world, size_var)
@@ -234,18 +237,19 @@ def _mpi(env, world, mpi):
     job = next((env[v] for v in _MPI_JOB if env.get(v)), None)
     if env.get("MASTER_PORT"):
         port = _port_env(env)
-    elif job is not None:
-        port = job_port(job)
+    elif port or job is not None:
+        port = port or job_port(job)
     else:
         raise ValueError(f"{name} names no job id here to derive the rendezvous port from: "
-                         "set MASTER_PORT for every rank (mpiexec -genv MASTER_PORT 29500)")
+                         "set MASTER_PORT for every rank (mpiexec -genv MASTER_PORT 29500), or "
+                         "world.rendezvous_port")
     run_id = "mpi" + re.sub(r"[^A-Za-z0-9_.-]+", "-", job) if job else f"{addr}-{port}"
     return Layout("mpi", size, [rank], addresses.endpoint(addr, port), run_id=run_id,
                   host=addr, named_by="MASTER_ADDR" if env.get("MASTER_ADDR") else
                   f"{local_var} (one host)")
 
 
-def _slurm(env, world):
+def _slurm(env, world, port=0):
     if not (env.get("SLURM_NTASKS") and env.get("SLURM_JOB_ID")):
         raise ValueError("SLURM_PROCID is set but SLURM_NTASKS or SLURM_JOB_ID is not: run "
                          "one launcher per task with srun, or pass --local")
@@ -270,7 +274,7 @@ def _slurm(env, world):
         host = env["MASTER_ADDR"].strip().strip("[]")
     else:
         host = first_host(env[named_by])
-    port = _port_env(env) if env.get("MASTER_PORT") else slurm_port(env["SLURM_JOB_ID"])
+    port = _port_env(env) if env.get("MASTER_PORT") else port or slurm_port(env["SLURM_JOB_ID"])
     return Layout("slurm", size, [rank], addresses.endpoint(host, port),
                   run_id=f"slurm{env['SLURM_JOB_ID']}", host=host, named_by=named_by)
 
@@ -339,7 +343,8 @@ def torchrun_rendezvous(layout, env=None, timeout=60.0):
     if 0 in layout.ranks:
         # rank 0 need not run on MASTER_ADDR's host (the agents' store may be elsewhere)
         host = own_address(addresses.endpoint(env["MASTER_ADDR"], env["MASTER_PORT"]))
-        address = addresses.endpoint(host, free_port(host))  # closed just before rank 0 binds it
+        # a free port is closed again just before rank 0 binds it
+        address = addresses.endpoint(host, layout.port or free_port(host))
         store.set(key, address)
         layout.rendezvous = address
     else:

@@ -91,7 +91,8 @@ def test_a_launch_runs_as_the_tasks_of_a_two_node_torchrun(simulated_hosts, tmp_
                            str(node), "--nproc-per-node", "2", "--master-addr", "host0",
                            "--master-port", str(PORT), "--local-addr", host.name,
                            "-m", "distgrad", "launch", config, "world.workers=3",
-                           "--no-progress", "--no-plot"], env, host_dir(tmp_path, host),
+                           f"world.rendezvous_port={PORT + 1}", "--no-progress",
+                           "--no-plot"], env, host_dir(tmp_path, host),
                     tmp_path / f"node{node}.out")
             for node, host in enumerate(hosts)]
     codes = [run.wait(120) for run in runs]
@@ -103,6 +104,9 @@ def test_a_launch_runs_as_the_tasks_of_a_two_node_torchrun(simulated_hosts, tmp_
     home = _check_run(tmp_path, hosts, config, ["world.workers=3"],
                       {0: 0, 1: 0, 2: 1, 3: 1})
     assert home.name != "tiny-none"
+    # rank 0 serves the rendezvous at the port given (one to open in a firewall)
+    world = json.loads((home / "launch.json").read_text())["world"]
+    assert world["init_method"] == f"tcp://{hosts[0].address}:{PORT + 1}"
     assert run_dir(host_dir(tmp_path, hosts[1])).name == home.name
     assert_nothing_left(hosts)
 
