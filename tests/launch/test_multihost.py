@@ -150,3 +150,25 @@ def test_a_launch_runs_as_the_ranks_of_mpirun_across_two_hosts(simulated_hosts, 
     _check_run(tmp_path, hosts, config, ranks_on={0: 0, 1: 1, 2: 0})
     assert "mpi launch, rank 1 of 3" in run.output
     assert_nothing_left(hosts)
+
+
+def test_each_host_keeps_its_stages_checkpoints_and_a_resume_finds_them(simulated_hosts,
+                                                                          tmp_path):
+    """On disks of their own, the coordinator's host has each checkpoint's manifest and
+    every other host its own stages' files; the same ranks on the same hosts resume the
+    run, bit for bit."""
+    hosts = simulated_hosts(2)
+    config, env = tiny(tmp_path), base_env()
+    for overrides in (["run.steps=4"], ["run.steps=8", "--resume"]):
+        runs = [launch_on(hosts[node], tmp_path, dict(env, **{k: str(v) for k, v in
+                                                              _env_vars(rank, 0).items()}),
+                          config, "checkpoint.every=2", *overrides)
+                for rank, node in PLACES.items()]
+        for run in runs:
+            assert run.wait() == 0, run.output
+    assert "steps 5..8, resumed from" in runs[0].output
+    home, other = (run_dir(host_dir(tmp_path, h)) for h in hosts)
+    assert read_losses(home) == reference(config, ["run.steps=8"])
+    assert (other / "checkpoints" / "step-00000004" / "stage1.ckpt").exists()
+    assert not (other / "checkpoints" / "step-00000004" / "manifest.ckpt").exists()
+    assert_nothing_left(hosts)
