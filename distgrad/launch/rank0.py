@@ -73,6 +73,15 @@ def _name_the_host(record, placement, world):
     return record
 
 
+def _what_failed(record):
+    lost = record.get("host")
+    if lost is None:
+        return f"{record['worker']} ({record['place']}) failed"
+    ranks = lost["ranks"]
+    return f"{lost['label']} is lost (rank{'s' if len(ranks) > 1 else ''} " \
+           f"{', '.join(map(str, ranks))})"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -103,11 +112,8 @@ def main(argv=None):
         if placement is not None and record["reason"] == "unreachable":
             record = _name_the_host(record, placement, world)
         write_json(os.path.join(run_dir, FAILURE), record)
-        lost = record.get("host")
-        what = (f"{lost['label']} is lost (ranks {', '.join(map(str, lost['ranks']))})"
-                if lost else f"{record['worker']} ({record['place']}) failed")
-        print(f"stopping: {what} at step {record['step']}: {record['message']}",
-              file=sys.stderr, flush=True)
+        print(f"stopping: {_what_failed(record)} at step {record['step']}: "
+              f"{record['message']}", file=sys.stderr, flush=True)
         rpc.shutdown(graceful=False)
         return 1
     rpc.shutdown(graceful=True)
