@@ -14,6 +14,7 @@ the step, its exit status, and the root cause (the traceback the coordinator
 collected, or the end of that process's log).
 """
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -416,6 +417,11 @@ class Supervisor:
                       f"{how} at step {step}"
             cause = report.get("traceback") or report.get("message", "")
             return Outcome(1, message, cause, step=step)
+        lost = None if 0 in self.layout.ranks else _lost_coordinator(first.log.name)
+        if lost:  # rank 0's host is gone, or unreachable from here
+            where = f" on {self.layout.host}" if self.layout.host else ""
+            return Outcome(exit_code(first.status), f"{first.describe()} lost the coordinator "
+                           f"(rank 0){where}: {lost.partition('unreachable: ')[2]}", lost)
         step = self._last_step() + 1
         # only the coordinator's launcher follows the steps (the others may be elsewhere)
         at = "" if 0 not in self.layout.ranks else \
@@ -437,6 +443,19 @@ def _set_aside_result(run_dir):
             os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+_LOST_COORDINATOR = re.compile(r"worker 'coordinator' \(rank 0\) is unreachable: [^\n]*")
+
+
+def _lost_coordinator(path):
+    """The line of a worker's log that says it lost the coordinator (None: it did not)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            found = _LOST_COORDINATOR.search(fh.read())
+    except OSError:
+        return None
+    return found and found.group(0)
 
 
 def _log_tail(path, lines=25):

@@ -23,31 +23,39 @@ def _env(rank, size, **extra):
     return {k: str(v) for k, v in dict(env, **extra).items()}
 
 
-def test_a_lost_host_is_named_with_its_ranks_and_nothing_is_left(simulated_hosts, tmp_path):
+@pytest.mark.parametrize("lost", [1, 0], ids=["workers-host", "coordinators-host"])
+def test_a_lost_host_is_named_with_its_ranks_and_nothing_is_left(simulated_hosts, tmp_path,
+                                                                 lost):
     hosts = simulated_hosts(2)
     config, env = tiny(tmp_path), base_env()
     places = {0: 0, 1: 0, 2: 1, 3: 1}
-    runs = [launch_on(hosts[node], tmp_path,
-                      dict(env, **_env(rank, 4)), config,
+    runs = [launch_on(hosts[node], tmp_path, dict(env, **_env(rank, 4)), config,
                       "world.workers=3", "run.steps=100000", "run.log_every=1000",
                       "run.max_restarts=1", label=f"rank{rank}")
             for rank, node in places.items()]
     wait_for_steps(host_dir(tmp_path, hosts[0]), 5, runs)
-    lost = hosts[1]
-    lost.link_down()  # unreachable at once, as a machine that lost power or its switch
-    lost.kill_all()
+    hosts[lost].link_down()  # unreachable at once, as a machine that lost power or its switch
+    hosts[lost].kill_all()
     t0 = time.monotonic()
-    code = runs[0].wait()
+    survivor = runs[2] if lost == 0 else runs[0]
+    code = survivor.wait()
+    # the heartbeat bound (2 s), the probe of the host's other ranks and the teardown
     took = time.monotonic() - t0
-    out = runs[0].output
+    assert took < 15, took
+    out = survivor.output
+    if lost == 0:  # the workers elsewhere say whom they lost, and where
+        assert code == 1, out
+        assert "FAILED: worker2 (rank 2, stage 1) lost the coordinator (rank 0) on host0: " \
+               "no heartbeat for 2.0 s" in out
+        assert runs[3].wait() == 1 and "lost the coordinator (rank 0)" in runs[3].output
+        assert_nothing_left(hosts)
+        return
     assert code == 1, out
-    label = f"host1 ({lost.address})"
+    label = f"host1 ({hosts[1].address})"
     assert f"FAILED: host {label} is lost: worker2 (rank 2), worker3 (rank 3) stopped " \
            f"answering at step" in out
     # a launcher starts only its own ranks: it says so instead of restarting
     assert "not restarted (run.max_restarts=1)" in out and "--resume" in out
-    # the heartbeat bound (2 s), the probe of the host's other ranks and the teardown
-    assert took < 15, took
     failure = json.loads((run_dir(host_dir(tmp_path, hosts[0])) / "failure.json").read_text())
     assert failure["host"]["label"] == label and failure["host"]["ranks"] == [2, 3]
     assert runs[1].wait() != 0  # rank 1's world ended with rank 0's
