@@ -67,18 +67,26 @@ def test_a_launch_spans_two_hosts(simulated_hosts, tmp_path, engine):
     config, env, job = tiny(tmp_path), base_env(), random.randrange(1000, 99999)
     runs = [launch_on(hosts[node], tmp_path, dict(env, **{k: str(v) for k, v in
                                                           engine(rank, job).items()}),
-                      config, label=f"rank{rank}")
+                      config, "checkpoint.every=3", label=f"rank{rank}")
             for rank, node in PLACES.items()]
     for run in runs:
         assert run.wait() == 0, run.output
     home = _check_run(tmp_path, hosts, config)
+    # each stage's checkpoint on its own host, the manifest on the coordinator's
+    for step in ("step-00000003", "step-00000006"):
+        assert (home / "checkpoints" / step / "manifest.ckpt").exists()
+        assert (home / "checkpoints" / step / "stage0.ckpt").exists()
+        other = run_dir(host_dir(tmp_path, hosts[1])) / "checkpoints" / step
+        assert sorted(p.name for p in other.iterdir()) == ["stage1.ckpt"]
     if engine is _slurm_vars:
         assert home.name == f"tiny-slurm{job}"
     assert f"rank 2 on " in runs[2].output and f"at {hosts[1].address}" in runs[2].output
     assert_nothing_left(hosts)
 
 
-ENGINES = ["torch.distributed.run", "distgrad.distributed.run"]
+# PyTorch's costs ~20 s of CPU (the agents and every rank import torch): -m slow only
+ENGINES = [pytest.param("torch.distributed.run", marks=pytest.mark.slow),
+           "distgrad.distributed.run"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -152,6 +160,7 @@ def test_a_launch_runs_as_the_ranks_of_mpirun_across_two_hosts(simulated_hosts, 
     assert_nothing_left(hosts)
 
 
+@pytest.mark.slow
 def test_each_host_keeps_its_stages_checkpoints_and_a_resume_finds_them(simulated_hosts,
                                                                           tmp_path):
     """On disks of their own, the coordinator's host has each checkpoint's manifest and

@@ -23,7 +23,8 @@ def _env(rank, size, **extra):
     return {k: str(v) for k, v in dict(env, **extra).items()}
 
 
-@pytest.mark.parametrize("lost", [1, 0], ids=["workers-host", "coordinators-host"])
+@pytest.mark.parametrize("lost", [1, pytest.param(0, marks=pytest.mark.slow)],
+                         ids=["workers-host", "coordinators-host"])
 def test_a_lost_host_is_named_with_its_ranks_and_nothing_is_left(simulated_hosts, tmp_path,
                                                                  lost):
     hosts = simulated_hosts(2)
