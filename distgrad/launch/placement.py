@@ -8,8 +8,9 @@ either (and it is not the coordinator's own host), the host is reported as lost,
 with every rank it ran, instead of one worker that stopped.
 
 A host is named by its workers' host name where that tells hosts apart, else by the
-name its address resolves to (containers, and simulated hosts, often share one host
-name), and always with the address:
+name ``/etc/hosts`` gives its address (containers, and simulated hosts, often share
+one host name; DNS is not asked: a reverse lookup can take seconds where it does not
+answer), and always with the address:
 
 >>> p = Placement({0: {"name": "coordinator", "hostname": "a", "address": "10.0.0.1"},
 ...                1: {"name": "worker1", "hostname": "b", "address": "10.0.0.2"}})
@@ -30,6 +31,19 @@ def where(toward):
     """This process's host name and the address it is reached at from ``toward`` (the
     coordinator's address): run on each worker."""
     return {"hostname": socket.gethostname(), "address": addresses.choose(toward).advertise}
+
+
+def _hosts_file_name(address, path="/etc/hosts"):
+    """The first name ``/etc/hosts`` gives ``address`` (None: none)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.partition("#")[0].split()
+                if len(fields) > 1 and fields[0] == address:
+                    return fields[1]
+    except OSError:
+        pass
+    return None
 
 
 class Placement:
@@ -80,10 +94,7 @@ class Placement:
             if hostname not in shared:
                 names[address] = hostname
                 continue
-            try:
-                names[address] = socket.gethostbyaddr(address)[0]
-            except OSError:
-                names[address] = None
+            names[address] = _hosts_file_name(address)
         return names
 
     def label(self, address):

@@ -42,11 +42,9 @@ _SHUTDOWN_WAIT = 15.0  # seconds the workers get to leave after the coordinator 
 class Outcome:
     """How a launch ended: ``code`` (the launcher's exit status) and what to tell."""
 
-    def __init__(self, code, message, root_cause="", status="failed", step=None,
-                 lost_host=None):
+    def __init__(self, code, message, root_cause="", status="failed", step=None):
         self.code, self.message, self.root_cause = code, message, root_cause
         self.status, self.step = status, step
-        self.lost_host = lost_host  # {"label", "ranks", ...} when a whole host was lost
 
     @property
     def failed(self):
@@ -405,8 +403,7 @@ class Supervisor:
                                                                     host["ranks"]))
                 message = f"host {host['label']} is lost: {ranks} stopped answering at " \
                           f"step {step}"
-                return Outcome(1, message, report.get("message", ""), step=step,
-                               lost_host=host)
+                return Outcome(1, message, report.get("message", ""), step=step)
             if report["reason"] == "unreachable":
                 how = "stopped answering" + (" (its process was stopped, state T)"
                                              if self.states.get(report["worker"]) == "T" else "")
