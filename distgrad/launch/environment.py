@@ -246,7 +246,7 @@ def _mpi(env, world, mpi, port=0):
     run_id = "mpi" + re.sub(r"[^A-Za-z0-9_.-]+", "-", job) if job else f"{addr}-{port}"
     return Layout("mpi", size, [rank], addresses.endpoint(addr, port), run_id=run_id,
                   host=addr, named_by="MASTER_ADDR" if env.get("MASTER_ADDR") else
-                  f"{local_var} (one host)")
+                  f"{local_var}={size}: one host")
 
 
 def _slurm(env, world, port=0):

@@ -181,3 +181,22 @@ def test_each_host_keeps_its_stages_checkpoints_and_a_resume_finds_them(simulate
     assert (other / "checkpoints" / "step-00000004" / "stage1.ckpt").exists()
     assert not (other / "checkpoints" / "step-00000004" / "manifest.ckpt").exists()
     assert_nothing_left(hosts)
+
+
+def test_mpirun_on_one_host_meets_on_loopback_without_master_addr(simulated_hosts, tmp_path):
+    """All ranks on one host: no MASTER_ADDR needed; the port comes from the MPI job's id
+    (a host of its own: that port cannot collide with another test's)."""
+    mpirun, why = _openmpi()
+    if mpirun is None:
+        pytest.skip(why)
+    (host,) = simulated_hosts(1)
+    config = tiny(tmp_path)
+    run = HostRun(host, [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3",
+                         "-x", "PYTHONPATH", "-x", "DISTGRAD_WORLD_SECRET", sys.executable, "-m",
+                         "distgrad", "launch", config, "--no-progress", "--no-plot"],
+                  base_env(), host_dir(tmp_path, host), tmp_path / "mpirun.out")
+    assert run.wait(120) == 0, run.output
+    assert "rendezvous via 127.0.0.1:" in run.output
+    assert "(OMPI_COMM_WORLD_LOCAL_SIZE=3: one host)" in run.output
+    assert read_losses(run_dir(host_dir(tmp_path, host))) == reference(config)
+    assert_nothing_left([host])

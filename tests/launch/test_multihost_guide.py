@@ -12,7 +12,7 @@ from distgrad.testing import hosts as simulated
 
 from launch_support import ROOT
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 GUIDE = Path(ROOT) / "docs" / "multi-host-launch.md"
 
@@ -36,7 +36,7 @@ def test_the_guides_commands_run_on_simulated_hosts(index, tmp_path):
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     done = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=110)
+                          capture_output=True, text=True, timeout=230)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     if "link set eth0 down" in block:
