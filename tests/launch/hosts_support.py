@@ -59,7 +59,7 @@ class HostRun:
     def output(self):
         return self.output_path.read_text(errors="replace")
 
-    def wait(self, timeout=90):
+    def wait(self, timeout=180):
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
