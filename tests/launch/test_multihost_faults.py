@@ -77,14 +77,17 @@ def test_torchrun_elastic_restarts_the_world_on_the_host_that_remains(simulated_
     runs = [HostRun(host, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2",
                            "--nproc-per-node", "2", "--rdzv-backend", "c10d",
                            "--rdzv-endpoint", f"host0:{PORT}", "--rdzv-id", "job1",
+                           # last call: how long a round waits for more nodes once it has
+                           # one; long enough for both agents to join the first round on a
+                           # loaded machine (a late one makes the first restart in torch)
                            "--rdzv-conf", f"is_host={str(node == 0).lower()},"
-                           "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2",
+                           "last_call_timeout=20,keep_alive_interval=1,keep_alive_max_attempt=2",
                            "--max-restarts", "1", "--monitor-interval", "0.2",
                            "--local-addr", host.name, "-m", "distgrad", "launch", config,
                            *overrides, "--no-progress", "--no-plot"], env, tmp_path,
                     tmp_path / f"node{node}.out")
             for node, host in enumerate(hosts)]
-    wait_for_steps(tmp_path, 25, runs)
+    wait_for_steps(tmp_path, 25, runs, timeout=240)
     hosts[1].link_down()
     hosts[1].kill_all()
     assert runs[0].wait() == 0, runs[0].output
