@@ -39,9 +39,11 @@ def test_a_lost_host_is_named_with_its_ranks_and_nothing_is_left(simulated_hosts
     t0 = time.monotonic()
     survivor = runs[2] if lost == 0 else runs[0]
     code = survivor.wait()
-    # the heartbeat bound (2 s), the probe of the host's other ranks and the teardown
+    # the heartbeat bound (2 s) finds it; the probe of the host's other ranks and the
+    # teardown of the rest take the remainder (3 s on an idle machine, up to 20 s seen at
+    # load 24 on 2 cores; a missed detection would wait for the 30 s RPC timeout and more)
     took = time.monotonic() - t0
-    assert took < 20, took
+    assert took < 30, took
     out = survivor.output
     if lost == 0:  # the workers elsewhere say whom they lost, and where
         assert code == 1, out
