@@ -31,7 +31,7 @@ def test_a_lost_host_is_named_with_its_ranks_and_nothing_is_left(simulated_hosts
     places = {0: 0, 1: 0, 2: 1, 3: 1}
     runs = [launch_on(hosts[node], tmp_path, dict(env, **_env(rank, 4)), config,
                       "world.workers=3", "run.steps=100000", "run.log_every=1000",
-                      "run.max_restarts=1", label=f"rank{rank}")
+                      "run.max_restarts=1", "world.rpc_timeout=120", label=f"rank{rank}")
             for rank, node in places.items()]
     wait_for_steps(host_dir(tmp_path, hosts[0]), 5, runs, timeout=150)
     hosts[lost].link_down()  # unreachable at once, as a machine that lost power or its switch
@@ -41,7 +41,7 @@ def test_a_lost_host_is_named_with_its_ranks_and_nothing_is_left(simulated_hosts
     code = survivor.wait()
     # the heartbeat bound (2 s) finds it; the probe of the host's other ranks and the
     # teardown of the rest take the remainder (3 s on an idle machine, up to 20 s seen at
-    # load 24 on 2 cores; a missed detection would wait for the 30 s RPC timeout and more)
+    # load 24 on 2 cores; a missed detection would wait for the 120 s RPC timeout)
     took = time.monotonic() - t0
     assert took < 30, took
     out = survivor.output
