@@ -22,6 +22,7 @@ from .engine import (GraphTask, current_graph_task, execute, make_root_grads, ta
                      set_task_extension)
 from .grad_mode import _state as grad_mode_state
 from .inplace import apply_inplace, check_inplace, write_inplace
+from .op_observers import OpObserver, cached_output
 from .node import AccumulateGrad, Node, accumulate_into_grad, init_node, next_sequence_nr, sum_grads
 from .recording import OpNode, defop, install_backends, new_node, record, record_multi, record_view
 from .saved import SavedTensor, hooks_state as saved_tensors_hooks_state
@@ -40,6 +41,8 @@ __all__ = [
     # recording ops
     "defop", "record", "record_view", "record_multi", "new_node", "OpNode", "install_backends",
     "keep_weight_grad",
+    # what ops a thread records, as they are recorded (selective checkpointing, its log)
+    "OpObserver", "cached_output",
     "Node", "AccumulateGrad", "init_node", "next_sequence_nr", "SavedTensor", "sum_grads",
     "accumulate_into_grad", "saved_tensors_hooks_state", "grad_mode_state",
     # the engine, for the distributed engine
