@@ -32,3 +32,19 @@ def test_bench_layers_prints_na_without_torch(tmp_path):
     assert row.split()[2:4] == ["n/a", "n/a"]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["rows"][0]["torch_ms"] is None and report["rows"][0]["distgrad_ms"] > 0
+
+
+def test_bench_checkpoint_runs_without_torch(tmp_path):
+    config = tmp_path / "compare.toml"
+    config.write_text('[model]\nbatch = 8\nwidth = 16\nlayers = 2\n'
+                      '[[run]]\nname = "none"\nkind = "none"\n'
+                      '[[run]]\nname = "checkpoint + disk"\nkind = "disk"\ncheckpoint = "full"\n'
+                      '[run.policy]\nmin_bytes = 0\n'
+                      '[[run]]\nname = "torch checkpoint"\nkind = "none"\nframework = "torch"\n'
+                      'checkpoint = "full"\n')
+    out = _run_without_torch(tmp_path, "bench_checkpoint.py", "--config", str(config),
+                             "--steps", "1")
+    assert "PyTorch is not installed: its runs are left out" in out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert [r["run"] for r in report["rows"]] == ["none", "checkpoint + disk"]
+    assert report["torch"] is False and report["verdict"]

@@ -9,6 +9,7 @@ the child's final JSON (its counters) and exit. The child's first line, once it
 is set up and warmed up, is ``{"ready": true}``.
 """
 import contextlib
+import inspect
 import json
 import os
 import select
@@ -17,18 +18,23 @@ import sys
 import tempfile
 import time
 
-from .memory import MEASURE_ENV, PeakMemory, MemoryTimeline
+from .memory import MEASURE_ENV, PeakMemory, MemoryTimeline, rss_bytes
 
 __all__ = ["serve_steps", "serve_training", "Lockstep", "slowdown"]
 
 
-def serve_training(model, inputs, hooks, timeline_interval=None):
+def serve_training(model, inputs, hooks, timeline_interval=None, forward=None):
     """Serve steps of ``model(inputs).pow(2).mean().backward()``, forward under ``hooks``
     (an offloading hook object or None), gradients zeroed in place between steps; the
-    final JSON is the hook object's counters per step (the warm-up included)."""
-    def step():
+    final JSON is the hook object's counters per step (the warm-up included).
+    ``forward(inputs)`` runs instead of ``model(inputs)`` when given (a checkpointed
+    forward of the same model); ``model`` may be a PyTorch module too."""
+    forward = forward or model
+
+    def step(forward_done):
         with hooks if hooks is not None else contextlib.nullcontext():
-            loss = model(inputs).pow(2).mean()
+            loss = forward(inputs).pow(2).mean()
+        forward_done()
         loss.backward()
 
     def zero_grads():
@@ -47,24 +53,36 @@ def serve_training(model, inputs, hooks, timeline_interval=None):
 
 def serve_steps(step, after_step, final=None, timeline_interval=None):
     """The child's side: warm up (``step()``; ``after_step()``), then serve the parent.
-    ``final(steps_run)`` gives the JSON answered to ``done``."""
-    step()
+    ``final(steps_run)`` gives the JSON answered to ``done``. A ``step`` that takes an
+    argument is given ``forward_done()`` to call between its forward and backward: the
+    measurement then has the RSS held at that moment (``forward_bytes``, the activations
+    kept for backward) and the forward's time (``forward_s``)."""
+    marks = {}
+    takes_mark = bool(inspect.signature(step).parameters)
+    run = (lambda: step(lambda: marks.update(s=time.perf_counter(), rss=rss_bytes()))) \
+        if takes_mark else step
+    run()
     after_step()
     steps = 1
     _say({"ready": True})
     for line in sys.stdin:
         command = line.strip()
         if command == "step":
+            marks.clear()
             pm = PeakMemory().start()
             sampler = MemoryTimeline(timeline_interval).start() if timeline_interval else None
-            t0 = time.perf_counter()
-            step()
-            seconds = time.perf_counter() - t0
+            t0, c0 = time.perf_counter(), time.process_time()
+            run()
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
             timeline = None
             if sampler is not None:
                 timeline = [(t, rss - pm.baseline) for t, rss in sampler.stop()]
-            _say({"step_s": seconds, "peak_bytes": pm.stop(), "memory_method": pm.method,
-                  "timeline": timeline})
+            measured = {"step_s": seconds, "cpu_s": cpu, "peak_bytes": pm.stop(),
+                        "memory_method": pm.method, "timeline": timeline}
+            if marks:
+                measured.update(forward_s=marks["s"] - t0,
+                                forward_bytes=max(0, marks["rss"] - pm.baseline))
+            _say(measured)
             after_step()
             steps += 1
         elif command == "done":
@@ -82,7 +100,8 @@ class Lockstep:
 
     Children start together and warm up; then each ``round()`` has every live child
     run one measured step in turn; ``summary()`` gives ``{name: {"step_s",
-    "peak_bytes" (medians), "steps_s", "peaks", "timeline" (of the last step)}}``
+    "peak_bytes", "cpu_s" (the process's CPU time, all its threads; medians), "steps_s", "peaks", "timeline" (of the last step), and
+    "forward_bytes", "forward_s" (medians) when the steps mark their forward's end}}``
     or ``{"error": ...}`` for a child that died; ``finish()`` collects each
     child's final JSON. A child silent for ``timeout`` seconds is killed and
     reported. Leaving a ``with`` block kills and reaps what is left.
@@ -159,9 +178,14 @@ class Lockstep:
             times = [m["step_s"] for m in ms]
             peaks = [m["peak_bytes"] for m in ms]
             results[name] = {"step_s": _median(times), "peak_bytes": _median(peaks),
+                             "cpu_s": _median([m.get("cpu_s", 0.0) for m in ms]),
                              "steps_s": times, "peaks": peaks,
                              "memory_method": ms[-1]["memory_method"] if ms else None,
                              "timeline": ms[-1]["timeline"] if ms else None}
+            if ms and "forward_bytes" in ms[0]:
+                results[name].update(
+                    forward_bytes=_median([m["forward_bytes"] for m in ms]),
+                    forward_s=_median([m["forward_s"] for m in ms]))
         return results
 
     def finish(self):

@@ -5,35 +5,27 @@ Two op observers (see ``distgrad/autograd/op_observers.py``) log every op the fo
 and the recomputation record; a :class:`~.frames.CheckpointError` raised while
 unpacking is replaced by one that shows both logs.
 """
-import contextlib
 import os
 import traceback
 
 from ...autograd._internal import OpObserver, array_of
 from ...ops.overloads import op_of
-from .frames import CheckpointError
+from .frames import CheckpointError, Override
 
 __all__ = ["set_checkpoint_debug_enabled", "debug_enabled", "debug_contexts"]
 
-_debug_override = None
+_debug = Override()
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@contextlib.contextmanager
 def set_checkpoint_debug_enabled(enabled):
     """Whether checkpoints made in this block run as with ``debug=True`` (True), as without
     (False), or as each call says (None, the default); it overrides ``debug=``."""
-    global _debug_override
-    previous = _debug_override
-    _debug_override = enabled
-    try:
-        yield
-    finally:
-        _debug_override = previous
+    return _debug.block(enabled)
 
 
 def debug_enabled(requested):
-    return requested if _debug_override is None else _debug_override
+    return _debug.resolve(requested)
 
 
 def _describe(t):

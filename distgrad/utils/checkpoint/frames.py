@@ -35,7 +35,7 @@ from ...autograd._internal import (Node, SavedTensor, Tensor, current_graph_task
 from ...autograd.grad_mode import enable_grad, no_grad
 from ...autograd.graph import saved_tensors_hooks
 
-__all__ = ["CheckpointError", "Frame", "CheckpointHooks", "GraphExecGroup",
+__all__ = ["CheckpointError", "Frame", "CheckpointHooks", "GraphExecGroup", "Override",
            "set_checkpoint_early_stop", "early_stop_setting", "DETERMINISM_CHECKS",
            "DEBUG_TIP"]
 
@@ -55,25 +55,37 @@ def _shape_dtype_device(t):
 #: determinism_check value -> what of a saved tensor must match in the recomputation
 DETERMINISM_CHECKS = {"default": _shape_dtype_device, "none": lambda t: None}
 
-_early_stop_override = None
+class Override:
+    """A process-wide setting that a block may impose on every call made inside it (as
+    PyTorch's are: global, not per thread); outside any block each call decides."""
+
+    def __init__(self):
+        self.value = None
+
+    @contextlib.contextmanager
+    def block(self, value):
+        previous, self.value = self.value, value
+        try:
+            yield
+        finally:
+            self.value = previous
+
+    def resolve(self, requested):
+        return requested if self.value is None else self.value
 
 
-@contextlib.contextmanager
+_early_stop = Override()
+
+
 def set_checkpoint_early_stop(enable):
     """Whether non-reentrant checkpoints made in this block stop their recomputation as
     soon as every tensor they need is recomputed (default: ``early_stop=`` of each call,
     True). Only the forward needs to be inside; its backward may run anywhere."""
-    global _early_stop_override
-    previous = _early_stop_override
-    _early_stop_override = enable
-    try:
-        yield
-    finally:
-        _early_stop_override = previous
+    return _early_stop.block(enable)
 
 
 def early_stop_setting(requested):
-    return requested if _early_stop_override is None else _early_stop_override
+    return _early_stop.resolve(requested)
 
 
 class _StopRecomputation(Exception):
