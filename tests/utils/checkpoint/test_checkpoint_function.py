@@ -253,7 +253,7 @@ def test_debug_lists_the_ops_of_both_runs():
     forward, recompute = text.split("== ops of the recomputation ==")
     assert "aten.tanh.default(float32[4, 3]) -> float32[4, 3]" in forward
     assert "aten.slice.Tensor(float32[4, 3]) -> float32[2, 3]" in recompute
-    assert "test_checkpoint.py" in text  # where the op was called
+    assert "test_checkpoint_function.py" in text  # where the op was called
     calls[0] = 0
     with dck.set_checkpoint_debug_enabled(True):     # the global switch, over debug=False
         y = dck.checkpoint(fn, x, use_reentrant=False)
