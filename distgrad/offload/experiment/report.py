@@ -1,26 +1,31 @@
 """What an experiment reports: a table and a verdict on stdout, ``results.json``, plots.
 
-Per run: step time; slowdown against ``experiment.baseline`` (the median of the
-per-round ratios); CPU time of the step (the process's, all threads: what the step
-costs a machine with no core to spare); activation memory (the RSS held when the forward is done, above the
-step's start: what the step keeps for backward) and its ratio to the baseline's; peak
-memory and its ratio; bytes moved out of the process and back (offloading); I/O waits
-in forward and backward. A run on the Pareto front of activation memory against
-slowdown (no other run is both smaller and faster) is marked ``a``, of peak memory
-against slowdown ``p``. The verdict names, with numbers, the runs that meet the
-experiment's target and what wins at each amount of memory. ``memory.png`` is each
-run's RSS over its last step, ``tradeoff.png`` memory against step time with both
-Pareto fronts (with matplotlib: ``pip install 'distgrad[offload]'``).
+Per run: step time (wall time less what the step's thread waited for a core, where the
+kernel keeps scheduler statistics: on a shared machine other processes' load would
+otherwise be most of it; the wall time too); slowdown against ``experiment.baseline``
+(the median of the per-round ratios); CPU time of the step (the process's, all threads:
+what the step costs a machine with no core to spare); activation memory (the RSS held
+when the forward is done, above the step's start: what the step keeps for backward) and
+its ratio to the baseline's; peak memory and its ratio; bytes moved out of the process
+and back (offloading); I/O waits in forward and backward. A run on the Pareto front of
+activation memory against slowdown (no other run is both smaller and faster) is marked
+``a``, of peak memory against slowdown ``p``. The verdict names, with numbers, the runs
+that meet the experiment's target and what wins at each amount of memory. ``memory.png``
+is each run's RSS over its last step, ``tradeoff.png`` memory against step time with
+both Pareto fronts (with matplotlib: ``pip install 'distgrad[offload]'``).
 """
 import json
 import os
 
 from ..harness import slowdown
 
-__all__ = ["rows", "print_table", "verdict", "print_report", "plot", "write_json", "pareto"]
+__all__ = ["rows", "print_table", "verdict", "print_report", "plot", "write_json", "pareto",
+           "STEP_TIME"]
 
 _MIB = 1 << 20
 PEAK_MEMORY = "process peak RSS during a step above its RSS before it"
+STEP_TIME = ("wall time less what the step's thread waited for a core (other processes' "
+             "load)")
 ACTIVATION_MEMORY = "RSS held when the forward is done above the RSS before the step"
 
 
@@ -55,9 +60,13 @@ def rows(config, results):
             continue
         s = r["stats"] or {}
         act, base_act = r.get("forward_bytes"), base.get("forward_bytes")
+        own = "own_steps_s" in r and "own_steps_s" in base  # waits for a core left out
         out.append({
             "run": run["name"], "method": _method(run), "sweep": run.get("sweep"),
-            "step_s": r["step_s"], "slowdown": slowdown(r, base), "cpu_s": r.get("cpu_s"),
+            "step_s": r["own_step_s"] if own else r["step_s"], "wall_s": r["step_s"],
+            "step_time": STEP_TIME if own else "wall time",
+            "slowdown": slowdown(r, base, "own_steps_s" if own else "steps_s"),
+            "cpu_s": r.get("cpu_s"),
             "forward_bytes": act,
             "act_ratio": act / base_act if act is not None and base_act else None,
             "peak_bytes": r["peak_bytes"],
@@ -82,14 +91,18 @@ def _ratio(value, spec, missing="n/a"):
 
 def print_table(config, table):
     m = config["model"]
+    timed = next((r["step_time"] for r in table if "error" not in r), STEP_TIME)
     print(f"\n{config['experiment']['name']}: B{m['batch']}-D{m['width']}-L{m['layers']} "
-          f"{m['activation']} MLP, float32, median of {config['experiment']['steps']} steps "
-          f"(activation memory = {ACTIVATION_MEMORY}; peak = the {PEAK_MEMORY}; front: on "
-          "the Pareto front of activation (a) or peak (p) memory against slowdown)")
+          f"{m['activation']} MLP, float32, median of {config['experiment']['steps']} steps. "
+          f"step s: {timed}; slowdown: the median of its per-round ratios to "
+          f"{config['experiment']['baseline']!r}'s; wall s: as measured; cpu s: all the "
+          f"process's threads; act: {ACTIVATION_MEMORY}; peak: the {PEAK_MEMORY}; moved: "
+          "offloaded and read back; front: on the Pareto front of activation (a) or peak "
+          "(p) memory against slowdown")
     width = max([24] + [len(r["run"]) + 1 for r in table])
-    head = (f"{'run':<{width}}{'step s':>7}{'slowdown':>9}{'cpu s':>6}{'act MiB':>9}{'act %':>7}"
-            f"{'peak MiB':>9}{'peak %':>7}{'moved MiB':>10}{'fwd wait':>9}{'bwd wait':>9}"
-            f"{'front':>6}")
+    head = (f"{'run':<{width}}{'step s':>7}{'slowdown':>9}{'wall s':>7}{'cpu s':>6}"
+            f"{'act MiB':>8}{'act %':>6}{'peak MiB':>9}{'peak %':>7}{'moved MiB':>10}"
+            f"{'bwd wait':>9}{'front':>6}")
     print(head)
     print("-" * len(head))
     for r in table:
@@ -98,11 +111,11 @@ def print_table(config, table):
             continue
         act = r["forward_bytes"]
         print(f"{r['run']:<{width}}{r['step_s']:>7.2f}{_ratio(r['slowdown'], '>8.2f')}x"
-              f"{_ratio(r['cpu_s'], '>6.2f')}"
-              f"{_ratio(act / _MIB if act is not None else None, '>9.1f')}"
-              f"{_ratio(r['act_ratio'], '>7.0%')}{r['peak_bytes'] / _MIB:>9.1f}"
+              f"{r['wall_s']:>7.2f}{_ratio(r['cpu_s'], '>6.2f')}"
+              f"{_ratio(act / _MIB if act is not None else None, '>8.1f')}"
+              f"{_ratio(r['act_ratio'], '>6.0%')}{r['peak_bytes'] / _MIB:>9.1f}"
               f"{_ratio(r['peak_ratio'], '>7.0%')}{r['bytes_moved'] / _MIB:>10.1f}"
-              f"{r['forward_wait_s']:>9.3f}{r['backward_wait_s']:>9.3f}{r['front']:>6}")
+              f"{r['backward_wait_s']:>9.3f}{r['front']:>6}")
 
 
 def _describe(r):
@@ -137,11 +150,13 @@ def verdict(config, table):
         twin = next((o for o in ok if o["run"] != r["run"] and o["method"] ==
                      r["method"].replace("distgrad", "torch", 1)
                      and r["method"].startswith("distgrad") and not r["sweep"]), None)
-        if twin is not None:
-            lines.append(f"{r['run']} against PyTorch's {twin['run']}: step time "
-                         f"{r['step_s'] / twin['step_s']:.2f}x, activation memory "
-                         f"{_ratio(_safe_div(r['forward_bytes'], twin['forward_bytes']), '.2f')}"
-                         f"x, peak {_ratio(_safe_div(r['peak_bytes'], twin['peak_bytes']), '.2f')}x")
+        if twin is not None:  # times as ratios of per-round ratios: load cancels out
+            act = _safe_div(r["forward_bytes"], twin["forward_bytes"])
+            peak = _safe_div(r["peak_bytes"], twin["peak_bytes"])
+            lines.append(f"distgrad's {r['run']!r} against PyTorch's {twin['run']!r}: step "
+                         f"time {r['slowdown'] / twin['slowdown']:.2f}x, CPU time "
+                         f"{_ratio(_safe_div(r['cpu_s'], twin['cpu_s']), '.2f')}x, activation "
+                         f"memory {_ratio(act, '.2f')}x, peak {_ratio(peak, '.2f')}x")
     return lines
 
 
@@ -163,7 +178,8 @@ def write_json(path, config, results, table, seconds, lines=()):
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"config": config, "rows": table, "verdict": list(lines), "results": results,
                    "seconds": seconds, "peak_memory": PEAK_MEMORY,
-                   "activation_memory": ACTIVATION_MEMORY}, f, indent=1)
+                   "activation_memory": ACTIVATION_MEMORY, "step_time": STEP_TIME}, f,
+                  indent=1)
 
 
 def plot(config, results, table, out_dir):
