@@ -7,12 +7,13 @@ otherwise be most of it; the wall time too); slowdown against ``experiment.basel
 what the step costs a machine with no core to spare); activation memory (the RSS held
 when the forward is done, above the step's start: what the step keeps for backward) and
 its ratio to the baseline's; peak memory and its ratio; bytes moved out of the process
-and back (offloading); I/O waits in forward and backward. A run on the Pareto front of
-activation memory against slowdown (no other run is both smaller and faster) is marked
-``a``, of peak memory against slowdown ``p``. The verdict names, with numbers, the runs
-that meet the experiment's target and what wins at each amount of memory. ``memory.png``
-is each run's RSS over its last step, ``tradeoff.png`` memory against step time with
-both Pareto fronts (with matplotlib: ``pip install 'distgrad[offload]'``).
+and back (offloading); I/O waits in forward and backward. A distgrad run on the Pareto
+front of activation memory against slowdown (no other is both smaller and faster;
+PyTorch's runs are the reference, not candidates) is marked ``a``, of peak memory
+against slowdown ``p``. The verdict names, with numbers, the runs that meet the
+experiment's target and what wins at each amount of memory. ``memory.png`` is each run's
+RSS over its last step, ``tradeoff.png`` memory against step time with both Pareto
+fronts (with matplotlib: ``pip install 'distgrad[offload]'``).
 """
 import json
 import os
@@ -39,9 +40,15 @@ def _method(run):
     return ", ".join(parts)
 
 
+def _ours(r):
+    """A distgrad run (PyTorch's runs are the reference, not candidates)."""
+    return "error" not in r and r["method"].startswith("distgrad")
+
+
 def pareto(table, memory):
-    """Names of the runs no other run beats on both ``memory`` (a row key) and slowdown."""
-    ok = [r for r in table if "error" not in r and r.get(memory) is not None
+    """Names of the distgrad runs no other beats on both ``memory`` (a row key) and
+    slowdown."""
+    ok = [r for r in table if _ours(r) and r.get(memory) is not None
           and r.get("slowdown") is not None]
     return {r["run"] for r in ok
             if not any(o[memory] <= r[memory] and o["slowdown"] <= r["slowdown"]
@@ -97,7 +104,7 @@ def print_table(config, table):
           f"step s: {timed}; slowdown: the median of its per-round ratios to "
           f"{config['experiment']['baseline']!r}'s; wall s: as measured; cpu s: all the "
           f"process's threads; act: {ACTIVATION_MEMORY}; peak: the {PEAK_MEMORY}; moved: "
-          "offloaded and read back; front: on the Pareto front of activation (a) or peak "
+          "offloaded and read back; front: on distgrad's Pareto front of activation (a) or peak "
           "(p) memory against slowdown")
     width = max([24] + [len(r["run"]) + 1 for r in table])
     head = (f"{'run':<{width}}{'step s':>7}{'slowdown':>9}{'wall s':>7}{'cpu s':>6}"
@@ -127,7 +134,7 @@ def _describe(r):
 def verdict(config, table):
     """Lines saying which run wins where: the target, then the fronts, fastest first."""
     e = config["experiment"]
-    ok = [r for r in table if "error" not in r and r["slowdown"] is not None
+    ok = [r for r in table if _ours(r) and r["slowdown"] is not None
           and r["act_ratio"] is not None]
     lines = []
     target = f"at most {e['target_memory']:.0%} of {e['baseline']!r}'s activation memory " \
@@ -146,10 +153,10 @@ def verdict(config, table):
         front = sorted((r for r in ok if r["run"] in pareto(ok, key)), key=lambda r: r[key])
         lines.append(f"wins on {what} against time (the Pareto front, least memory first): "
                      + "; ".join(_describe(r) for r in front))
+    theirs = [r for r in table if "error" not in r and r["method"].startswith("torch")]
     for r in ok:
-        twin = next((o for o in ok if o["run"] != r["run"] and o["method"] ==
-                     r["method"].replace("distgrad", "torch", 1)
-                     and r["method"].startswith("distgrad") and not r["sweep"]), None)
+        twin = next((o for o in theirs if not r["sweep"] and o["method"] ==
+                     r["method"].replace("distgrad", "torch", 1)), None)
         if twin is not None:  # times as ratios of per-round ratios: load cancels out
             act = _safe_div(r["forward_bytes"], twin["forward_bytes"])
             peak = _safe_div(r["peak_bytes"], twin["peak_bytes"])
@@ -213,17 +220,21 @@ def plot(config, results, table, out_dir):
         points = [r for r in ok if r.get(key) is not None]
         front_names = pareto(points, key)
         front = sorted((r for r in points if r["run"] in front_names), key=lambda r: r[key])
+        labelled = set()
         for r in points:
             on = r["run"] in front_names
-            ax.scatter([r[key] / _MIB], [r["slowdown"]], marker="o" if on else "x",
-                       color="C3" if on else "C0")
+            kind = "front" if on else "distgrad" if _ours(r) else "PyTorch"
+            ax.scatter([r[key] / _MIB], [r["slowdown"]],
+                       marker={"front": "o", "distgrad": "x", "PyTorch": "^"}[kind],
+                       color={"front": "C3", "distgrad": "C0", "PyTorch": "C7"}[kind],
+                       label=None if kind in labelled or kind == "front" else kind)
+            labelled.add(kind)
             ax.annotate(r["run"], (r[key] / _MIB, r["slowdown"]), textcoords="offset points",
                         xytext=(4, 4), fontsize="x-small")
         if front:
             ax.step([r[key] / _MIB for r in front], [r["slowdown"] for r in front],
-                    where="post", color="C3",
-                    label="Pareto front (no run both smaller and faster)")
-            ax.legend(fontsize="small")
+                    where="post", color="C3", label="distgrad's Pareto front")
+        ax.legend(fontsize="x-small", loc="upper right")
         ax.set_xlabel(label)
         ax.set_ylabel(f"step time / {config['experiment']['baseline']!r}'s (median per round)")
     fig.suptitle(f"{name}: memory against step time")
