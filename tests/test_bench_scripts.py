@@ -64,3 +64,19 @@ def test_bench_dcp_prints_na_without_torch(tmp_path):
     assert [r["op"] for r in report["rows"]] == ["save", "load"]
     assert all(r["torch_s"] is None and r["distgrad_s"] > 0 and r["numpy_s"] > 0
                for r in report["rows"])
+
+
+def test_bench_checkpoint_runs_without_torch(tmp_path):
+    config = tmp_path / "compare.toml"
+    config.write_text('[model]\nbatch = 8\nwidth = 16\nlayers = 2\n'
+                      '[[run]]\nname = "none"\nkind = "none"\n'
+                      '[[run]]\nname = "checkpoint + disk"\nkind = "disk"\ncheckpoint = "full"\n'
+                      '[run.policy]\nmin_bytes = 0\n'
+                      '[[run]]\nname = "torch checkpoint"\nkind = "none"\nframework = "torch"\n'
+                      'checkpoint = "full"\n')
+    out = _run_without_torch(tmp_path, "bench_checkpoint.py", "--config", str(config),
+                             "--steps", "1")
+    assert "PyTorch is not installed: its runs are left out" in out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert [r["run"] for r in report["rows"]] == ["none", "checkpoint + disk"]
+    assert report["torch"] is False and report["verdict"]

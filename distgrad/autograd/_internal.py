@@ -18,9 +18,11 @@ slot, ``execute``) are part of the door too.
 """
 from .broadcast import reduction_axes, sum_to_shape
 from .deferred_weight_grads import keep_weight_grad
-from .engine import GraphTask, as_tuple, current_graph_task, execute, make_root_grads
+from .engine import (GraphTask, as_tuple, current_graph_task, execute, make_root_grads,
+                     set_task_extension, task_extension)
 from .grad_mode import _state as grad_mode_state
 from .inplace import apply_inplace, check_inplace, write_inplace
+from .op_observers import OpObserver, cached_output
 from .node import (AccumulateGrad, Node, accumulate_into_grad, grad_edge, init_node,
                    next_sequence_nr, retain_grad, sum_grads)
 from .recording import OpNode, defop, install_backends, new_node, record, record_multi, record_view
@@ -41,10 +43,13 @@ __all__ = [
     # recording ops
     "defop", "record", "record_view", "record_multi", "new_node", "OpNode", "install_backends",
     "keep_weight_grad",
+    # what ops a thread records, as they are recorded (selective checkpointing, its log)
+    "OpObserver", "cached_output",
     "Node", "AccumulateGrad", "init_node", "next_sequence_nr", "SavedTensor", "sum_grads",
     "accumulate_into_grad", "saved_tensors_hooks_state", "grad_mode_state",
     # the engine, for the distributed engine
     "GraphTask", "execute", "make_root_grads", "current_graph_task", "as_tuple",
+    "task_extension", "set_task_extension",
     "Size", "TensorBase", "install_tensor_type", "retain_grad",
 ]
 

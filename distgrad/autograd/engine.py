@@ -21,7 +21,7 @@ from .tensor import TensorBase, _make
 _getrefcount = sys.getrefcount
 
 __all__ = ["backward", "grad", "run_backward", "GraphTask", "make_root_grads", "execute",
-           "current_graph_task", "as_tuple"]
+           "current_graph_task", "as_tuple", "task_extension", "set_task_extension"]
 
 
 class _CurrentTasks(threading.local):
@@ -65,6 +65,18 @@ def will_engine_execute_node(node):
     if task.exec_needed is None:
         return True
     return node in task.exec_needed or bool(task.captures and node in task.captures)
+
+
+def task_extension(task, name):
+    """The state kept on backward pass ``task`` under ``name`` by what is built on this
+    engine (None without one, or without a pass): code that runs inside backward finds
+    the distributed engine's pass with ``task_extension(current_graph_task(),
+    "distributed")``."""
+    return task.extensions.get(name) if task is not None else None
+
+
+def set_task_extension(task, name, state):
+    task.extensions[name] = state
 
 
 def as_tuple(x):
@@ -159,10 +171,10 @@ class GraphTask:
         # gradient that is a contiguous view of one (a reshape's, a view's) becomes .grad
         # without a copy, sharing the caller's memory, as in PyTorch.
         self.caller_buffers = ()
-        # The one slot for an engine built on this one: the distributed engine keeps its
-        # pass here, and code that runs inside backward (a recv node, DDP's hooks) finds it
-        # through current_graph_task().extension.
-        self.extension = None
+        # State of what is built on this engine, by name: the distributed engine keeps its
+        # pass under "distributed" (a recv node, DDP's hooks find it there), checkpointing
+        # its recomputation under "checkpoint"; see task_extension.
+        self.extensions = {}
         self._heap = []
         self._tiebreak = count()
 

@@ -18,6 +18,7 @@ for inputs that need a gradient.
 """
 from .grad_mode import _state
 from .node import Node, init_node, next_sequence_nr
+from .op_observers import observe_record, observing
 from .saved import KeptInput, SavedTensor, RELEASED_MESSAGE
 from .tensor import TensorBase, _make
 
@@ -101,7 +102,7 @@ class OpNode(Node):
         self._released = True
         for s in self._saved:  # SavedTensor.release, inlined: it runs for every node
             s._released = True
-            s._tensor = s._data = s._packed = None
+            s._tensor = s._data = s._packed = s._unpack_hook = None
 
     def __getattr__(self, name):
         # grad_fn._saved_<name> / _raw_saved_<name>, PyTorch's introspection of saved values.
@@ -194,6 +195,10 @@ def record(cls, out, inputs, saved=(), meta=None, kept=()):
     ``kept`` lists non-differentiable tensor arguments (a mask, an index) whose arrays
     ``meta`` holds: backward raises if one of them was modified in place meanwhile.
     """
+    if observing[0]:  # an op observer somewhere (selective checkpointing, a debug log)
+        result = observe_record(record, cls, out, (inputs, saved, meta, kept), inputs, meta)
+        if result is not None:
+            return result
     if not _state.grad_enabled:
         return _make(out)
     edges, any_grad = _edges(inputs)
@@ -224,6 +229,10 @@ def record_view(cls, out, base, meta, view_fn):
     is seen by both) and remembers how to recompute itself from the base, which
     in-place ops on views need to rebase the graph (see ``ops/inplace.py``).
     """
+    if observing[0]:
+        result = observe_record(record_view, cls, out, (base, meta, view_fn), (base,), meta)
+        if result is not None:
+            return result
     t = record(cls, out, (base,), (), meta)
     t._vc = base._vc
     root = base._base
@@ -239,6 +248,11 @@ def record_view(cls, out, base, meta, view_fn):
 
 def record_multi(cls, outs, inputs, saved=(), meta=None, views_of=None):
     """Several outputs from one node (split, chunk, unbind, custom functions)."""
+    if observing[0]:
+        result = observe_record(record_multi, cls, outs, (inputs, saved, meta, views_of),
+                                inputs, meta)
+        if result is not None:
+            return result
     tensors = [_make(o) for o in outs]
     if views_of is not None:
         for t in tensors:

@@ -144,6 +144,7 @@ class SavedTensor:
         self._tensor = None
         self._data = None
         self._packed = None
+        self._unpack_hook = None  # and what the hook holds (a checkpoint's inputs), as PyTorch
 
 
 class KeptInput:

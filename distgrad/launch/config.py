@@ -173,6 +173,10 @@ SCHEMA = {
         "kwargs": Field(dict, {}, doc="keyword arguments of the factory"),
         "loss": Field(str, "cross_entropy", choices=("cross_entropy", "mse"),
                       doc="loss on the last stage's output"),
+        "checkpoint_activations": Field(str, "none", choices=("none", "stage", "layer"),
+                                        doc="activation checkpointing: each stage keeps "
+                                            "its input (\"stage\") or each layer's "
+                                            "(\"layer\") and reruns its layers in backward"),
         "aux_weight": Field(float, 0.0, low=0.0, doc="weight of an auxiliary loss, the mean "
                                                     "square of the last stage's output, "
                                                     "backpropagated by a second backward over "

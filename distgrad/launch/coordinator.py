@@ -172,6 +172,7 @@ class Coordinator:
                      "next": self.workers[w + 1] if k + 1 < stages else None,
                      "seed": config["run"]["seed"], "factory": p.factory,
                      "factory_kwargs": config["model"]["kwargs"], "optimizer": p.optimizer,
+                     "checkpoint_activations": config["model"]["checkpoint_activations"],
                      "optimizer_kwargs": p.optimizer_kwargs, "loss": config["model"]["loss"],
                      "hooks": p.hooks, "schedule": config["pipeline"]["schedule"],
                      "deferred_weights": p.deferred_weight_names,

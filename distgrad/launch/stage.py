@@ -31,6 +31,7 @@ from distgrad.distributed import rpc
 from distgrad.rpc import current_agent
 
 from . import progress
+from .activations import checkpointed
 from .checkpoint import atomic_save, stage_path
 from .resolve import deferred_weights
 from .losses import LOSSES, add_micro_batch_loss
@@ -49,7 +50,7 @@ def build_module(spec):
     distgrad.manual_seed(spec["seed"])
     full = spec["factory"](**spec["factory_kwargs"])
     begin, end = spec["layers"]
-    return (begin, end), full[begin:end]
+    return (begin, end), checkpointed(full[begin:end], spec.get("checkpoint_activations", "none"))
 
 
 def stage_state(index, layers, step, module, optimizer):

@@ -9,6 +9,7 @@ the child's final JSON (its counters) and exit. The child's first line, once it
 is set up and warmed up, is ``{"ready": true}``.
 """
 import contextlib
+import inspect
 import json
 import os
 import select
@@ -17,18 +18,23 @@ import sys
 import tempfile
 import time
 
-from .memory import MEASURE_ENV, PeakMemory, MemoryTimeline
+from .memory import MEASURE_ENV, PeakMemory, MemoryTimeline, rss_bytes
 
 __all__ = ["serve_steps", "serve_training", "Lockstep", "slowdown"]
 
 
-def serve_training(model, inputs, hooks, timeline_interval=None):
+def serve_training(model, inputs, hooks, timeline_interval=None, forward=None):
     """Serve steps of ``model(inputs).pow(2).mean().backward()``, forward under ``hooks``
     (an offloading hook object or None), gradients zeroed in place between steps; the
-    final JSON is the hook object's counters per step (the warm-up included)."""
-    def step():
+    final JSON is the hook object's counters per step (the warm-up included).
+    ``forward(inputs)`` runs instead of ``model(inputs)`` when given (a checkpointed
+    forward of the same model); ``model`` may be a PyTorch module too."""
+    forward = forward or model
+
+    def step(forward_done):
         with hooks if hooks is not None else contextlib.nullcontext():
-            loss = model(inputs).pow(2).mean()
+            loss = forward(inputs).pow(2).mean()
+        forward_done()
         loss.backward()
 
     def zero_grads():
@@ -47,29 +53,59 @@ def serve_training(model, inputs, hooks, timeline_interval=None):
 
 def serve_steps(step, after_step, final=None, timeline_interval=None):
     """The child's side: warm up (``step()``; ``after_step()``), then serve the parent.
-    ``final(steps_run)`` gives the JSON answered to ``done``."""
-    step()
+    ``final(steps_run)`` gives the JSON answered to ``done``. A ``step`` that takes an
+    argument is given ``forward_done()`` to call between its forward and backward: the
+    measurement then has the RSS held at that moment (``forward_bytes``, the activations
+    kept for backward) and the forward's time (``forward_s``)."""
+    marks = {}
+    takes_mark = bool(inspect.signature(step).parameters)
+    run = (lambda: step(lambda: marks.update(s=time.perf_counter(), rss=rss_bytes()))) \
+        if takes_mark else step
+    run()
     after_step()
     steps = 1
     _say({"ready": True})
     for line in sys.stdin:
         command = line.strip()
         if command == "step":
+            marks.clear()
             pm = PeakMemory().start()
             sampler = MemoryTimeline(timeline_interval).start() if timeline_interval else None
+            # wall time read outside the waits' reads: a preemption between the two is then
+            # in the wall time, never in the waits alone (the step time is never understated)
             t0 = time.perf_counter()
-            step()
+            c0, r0 = time.process_time(), _ready_ns()
+            run()
+            r1, cpu = _ready_ns(), time.process_time() - c0
             seconds = time.perf_counter() - t0
             timeline = None
             if sampler is not None:
                 timeline = [(t, rss - pm.baseline) for t, rss in sampler.stop()]
-            _say({"step_s": seconds, "peak_bytes": pm.stop(), "memory_method": pm.method,
-                  "timeline": timeline})
+            measured = {"step_s": seconds, "cpu_s": cpu, "peak_bytes": pm.stop(),
+                        "memory_method": pm.method, "timeline": timeline}
+            if r0 is not None and r1 is not None:
+                measured["ready_s"] = (r1 - r0) / 1e9
+            if marks:
+                measured.update(forward_s=marks["s"] - t0,
+                                forward_bytes=max(0, marks["rss"] - pm.baseline))
+            _say(measured)
             after_step()
             steps += 1
         elif command == "done":
             _say(final(steps) if final is not None else {})
             return
+
+
+def _ready_ns():
+    """Nanoseconds this thread has spent ready to run but waiting for a core (the kernel's
+    scheduler statistics), or None where they are not kept. A step's wall time minus its
+    thread's increase of this is its time on a machine with a core to spare for it: what
+    other processes' load added is left out, what the step waited for (I/O) is not."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _say(obj):
@@ -82,7 +118,11 @@ class Lockstep:
 
     Children start together and warm up; then each ``round()`` has every live child
     run one measured step in turn; ``summary()`` gives ``{name: {"step_s",
-    "peak_bytes" (medians), "steps_s", "peaks", "timeline" (of the last step)}}``
+    "peak_bytes", "cpu_s" (the process's CPU time, all its threads; medians),
+    "steps_s", "peaks", "timeline" (of the last step); "own_step_s" (median),
+    "own_steps_s" and "ready_s" where the kernel keeps scheduler statistics (the step's
+    time less what its thread waited for a core: other processes' load left out); and
+    "forward_bytes", "forward_s" (medians) when the steps mark their forward's end}}``
     or ``{"error": ...}`` for a child that died; ``finish()`` collects each
     child's final JSON. A child silent for ``timeout`` seconds is killed and
     reported. Leaving a ``with`` block kills and reaps what is left.
@@ -159,9 +199,18 @@ class Lockstep:
             times = [m["step_s"] for m in ms]
             peaks = [m["peak_bytes"] for m in ms]
             results[name] = {"step_s": _median(times), "peak_bytes": _median(peaks),
+                             "cpu_s": _median([m.get("cpu_s", 0.0) for m in ms]),
                              "steps_s": times, "peaks": peaks,
                              "memory_method": ms[-1]["memory_method"] if ms else None,
                              "timeline": ms[-1]["timeline"] if ms else None}
+            if ms and all("ready_s" in m for m in ms):
+                own = [max(0.0, m["step_s"] - m["ready_s"]) for m in ms]
+                results[name].update(own_step_s=_median(own), own_steps_s=own,
+                                     ready_s=_median([m["ready_s"] for m in ms]))
+            if ms and "forward_bytes" in ms[0]:
+                results[name].update(
+                    forward_bytes=_median([m["forward_bytes"] for m in ms]),
+                    forward_s=_median([m["forward_s"] for m in ms]))
         return results
 
     def finish(self):
@@ -188,10 +237,11 @@ class Lockstep:
             self._reap(name)
 
 
-def slowdown(result, base):
+def slowdown(result, base, key="steps_s"):
     """Median over rounds of ``result``'s step time over ``base``'s in the same round:
-    steps of one round ran moments apart, so load that comes and goes cancels out."""
-    pairs = list(zip(result.get("steps_s", ()), base.get("steps_s", ())))
+    steps of one round ran moments apart, so load that comes and goes cancels out.
+    ``key``: which step times (``"own_steps_s"``: without the waits for a core)."""
+    pairs = list(zip(result.get(key, ()), base.get(key, ())))
     return _median([r / b for r, b in pairs if b]) if pairs else None
 
 

@@ -471,6 +471,7 @@ class _Prefetcher:
                 hit = self.tier.holds(record.key)
                 payload = self.tier.get(record.key, record.align)
                 record.cache = weakref.ref(payload)
+                self.stats.add(bytes_read=record.nbytes)
         self.stats.add(prefetch_hits=int(hit), prefetch_misses=int(not hit),
                        backward_wait_s=time.perf_counter() - t0)
         return payload
@@ -515,6 +516,7 @@ class _Prefetcher:
                 if payload is None:
                     payload = self.tier.get(rec.key, rec.align)
                     rec.cache = weakref.ref(payload)
+                    self.stats.add(bytes_read=rec.nbytes)
             except Exception as e:  # noqa: BLE001 - handed to the unpack that needs it
                 payload = e
             with cond:

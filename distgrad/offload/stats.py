@@ -13,14 +13,15 @@ class OffloadStats:
     ``tensors_deduplicated``/``bytes_deduplicated``: saved tensors whose memory was
     already stored, and the bytes that were therefore not stored again;
     ``prefetch_hits``/``prefetch_misses``: unpacks served from memory (read ahead,
-    still pending, or still alive) versus read on demand; ``forward_wait_s``: time
+    still pending, or still alive) versus read on demand; ``bytes_read``: what was
+    read back from the tier (ahead or on demand); ``forward_wait_s``: time
     the forward pass waited for bytes in flight to drain; ``backward_wait_s``: time
     unpacking waited for reads.
     """
 
     FIELDS = ("tensors_offloaded", "bytes_offloaded", "tensors_kept", "tensors_deduplicated",
-              "bytes_deduplicated", "prefetch_hits", "prefetch_misses", "forward_wait_s",
-              "backward_wait_s")
+              "bytes_deduplicated", "prefetch_hits", "prefetch_misses", "bytes_read",
+              "forward_wait_s", "backward_wait_s")
 
     def __init__(self):
         self._lock = threading.Lock()

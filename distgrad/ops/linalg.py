@@ -2,7 +2,7 @@
 import numpy as np
 
 from .promotion import operands
-from ..autograd._internal import array_of, defop, keep_weight_grad, record
+from ..autograd._internal import array_of, cached_output, defop, keep_weight_grad, record
 
 __all__ = ["matmul", "mm", "bmm", "dot", "mv", "outer", "linear"]
 
@@ -57,13 +57,16 @@ def matmul(input, other):
     if a is None or b is None or ad.ndim == 0 or bd.ndim == 0:
         raise RuntimeError("both arguments to matmul need to be at least 1D, but they are "
                            f"{np.ndim(ad)}D and {np.ndim(bd)}D")
-    try:
-        res = np.matmul(ad, bd)
-    except ValueError:
-        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
-                           f"({_fmt(ad.shape)} and {_fmt(bd.shape)})") from None
-    return record(_node_for(ad.ndim, bd.ndim), np.asarray(res), (a, b), (a, b),
-                  {"ndims": (ad.ndim, bd.ndim)})
+    node = _node_for(ad.ndim, bd.ndim)
+    # a product kept by selective checkpointing is not computed again in its recomputation
+    res = cached_output(node)
+    if res is None:
+        try:
+            res = np.matmul(ad, bd)
+        except ValueError:
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
+                               f"({_fmt(ad.shape)} and {_fmt(bd.shape)})") from None
+    return record(node, np.asarray(res), (a, b), (a, b), {"ndims": (ad.ndim, bd.ndim)})
 
 
 def _fmt(shape):
@@ -176,8 +179,10 @@ def linear(input, weight, bias=None):
     if x.dtype != w.dtype:
         raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {input.dtype!r} "
                            f"and {weight.dtype!r}")
-    out = _times_weight_transposed(x, w) if x.ndim == 2 else np.matmul(x, w.T)
-    if bias is not None:
-        out += array_of(bias)
+    out = cached_output(LinearBackward0)  # kept by selective checkpointing: not computed
+    if out is None:
+        out = _times_weight_transposed(x, w) if x.ndim == 2 else np.matmul(x, w.T)
+        if bias is not None:
+            out += array_of(bias)
     return record(LinearBackward0, out, (input, weight, bias), (input, weight),
                   {"weight_shape": w.shape})

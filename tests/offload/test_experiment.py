@@ -40,7 +40,18 @@ def test_config_errors_name_the_file_and_the_key(tmp_path):
             ('[[run]]\nname = "none"\nkind = "disk"\n', "name is used twice"),
             ('[modle]\n', "modle: unknown table or key"),
             ('[world]\nworkers = 2\n', r"not an offloading experiment's config: run it with "
-                                       r"`distgrad launch .*exp.toml`")):
+                                       r"`distgrad launch .*exp.toml`"),
+            ('[[run]]\nname = "c"\nkind = "none"\ncheckpoint = "some"\n',
+             r"\[\[run\]\] 'c': key 'checkpoint' must be one of 'none', 'full', 'selective'"),
+            ('[[run]]\nname = "c"\nkind = "none"\nsegments = 2\n',
+             "key 'segments' needs checkpoint"),
+            ('[[run]]\nname = "t"\nkind = "disk"\nframework = "torch"\n',
+             "framework \"torch\" runs PyTorch without offloading"),
+            ('[sweep]\nrun = "none"\nmin_bytes = ["1M"]\n',
+             "sweep.run: 'none' is not the name of a \\[\\[run\\]\\] that offloads"),
+            ('[[run]]\nname = "d"\nkind = "disk"\n[sweep]\nrun = "d"\nmin_bytes = ["lots"]\n',
+             "sweep.min_bytes: expected byte counts"),
+            ('[experiment]\ntarget_memory = 1.5\n', "experiment.target_memory must be in")):
         cfg.write_text(BASE + extra)
         with pytest.raises(ExperimentConfigError, match=message) as info:
             load_config(cfg)
@@ -57,13 +68,13 @@ def test_every_shipped_experiment_config_loads():
 
 def test_help_config_lists_every_key(tmp_path):
     from distgrad.offload.config import KEY_DOCS, POLICY_DOCS
-    from distgrad.offload.experiment.config import SCHEMA
+    from distgrad.offload.experiment.config import RUN_KEYS, SCHEMA, SWEEP_KEYS
     done = _distgrad("offload", "--help-config", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == describe()
     keys = {line.split()[0] for line in describe() if line.startswith("  ")}
     assert keys >= {k for fields in SCHEMA.values() for k in fields} | set(KEY_DOCS) \
-        | set(POLICY_DOCS) | {"name"}
+        | set(POLICY_DOCS) | set(RUN_KEYS) | set(SWEEP_KEYS)
     helped = _distgrad("offload", "--help", cwd=tmp_path)
     assert helped.returncode == 0 and "--help-config" in helped.stdout
     assert "distgrad offload configs/offload_mlp.toml" in helped.stdout   # examples
@@ -80,7 +91,7 @@ def test_the_commands_name_each_other_for_the_wrong_config(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-TINY = BASE.replace("width = 8", "width = 16") + """\
+TINY = BASE.replace("width = 8", "width = 16").replace("layers = 1", "layers = 4") + """\
 [experiment]
 name = "tiny"
 steps = 2
@@ -96,6 +107,16 @@ name = "store"
 kind = "remote"
 [run.policy]
 min_bytes = 0
+[[run]]
+name = "checkpoint+disk"
+kind = "disk"
+checkpoint = "full"
+segments = 2
+[run.policy]
+min_bytes = 0
+[sweep]
+run = "disk"
+prefetch_bytes = [0]
 """
 
 
@@ -104,9 +125,32 @@ def test_a_tiny_experiment_measures_every_run(tmp_path):
     done = _distgrad("offload", "tiny.toml", "--no-progress", "--no-plot", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     table = done.stdout[done.stdout.index("run "):].splitlines()
-    assert [line.split()[0] for line in table[2:5]] == ["none", "disk", "store"]
+    names = ["none", "disk", "store", "checkpoint+disk", "disk"]
+    assert [line.split()[0] for line in table[2:7]] == names
+    assert "- target (at most 15% of 'none''s activation memory" in done.stdout
     results = json.loads((tmp_path / "runs" / "tiny" / "results.json").read_text())
     rows = {r["run"]: r for r in results["rows"]}
-    assert rows["none"]["bytes_offloaded"] == 0
+    assert rows["none"]["bytes_offloaded"] == 0 and rows["none"]["bytes_moved"] == 0
     assert rows["disk"]["bytes_offloaded"] > 0 and rows["store"]["bytes_offloaded"] > 0
-    assert all(len(results["results"][name]["steps_s"]) == 2 for name in rows)
+    # with checkpointing only the segments' inputs are saved: the second one leaves
+    assert 0 < rows["checkpoint+disk"]["bytes_offloaded"] < rows["disk"]["bytes_offloaded"]
+    assert rows["disk"]["bytes_moved"] > rows["disk"]["bytes_offloaded"]  # out and back
+    assert rows["disk prefetch_bytes=0"]["sweep"] == {"run": "disk", "key": "prefetch_bytes",
+                                                      "bytes": 0}
+    assert all(r["forward_bytes"] is not None and r["front"] is not None for r in rows.values())
+    assert results["verdict"] and all(len(results["results"][name]["steps_s"]) == 2
+                                      for name in rows)
+
+
+@pytest.mark.parametrize("run", [{"checkpoint": "full", "segments": 2},
+                                 {"checkpoint": "selective"}, {"checkpoint": "full"}])
+def test_a_runs_checkpointed_forward_gives_the_plain_gradients(run):
+    from distgrad.offload.experiment.methods import build
+    model_config = {"batch": 4, "width": 8, "layers": 5, "activation": "gelu", "seed": 0}
+    grads = []
+    for r in ({}, run):
+        model, x, forward = build(model_config, r)
+        assert (forward is None) == (r == {})
+        (forward or model)(x).pow(2).mean().backward()
+        grads.append([p.grad.numpy() for p in model.parameters()])
+    assert all((a == b).all() for a, b in zip(*grads))

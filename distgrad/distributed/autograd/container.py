@@ -25,8 +25,9 @@ import weakref
 
 import numpy as np
 
-from distgrad.autograd._internal import (Node, current_graph_task, array_of, grad_edge, init_node,
-                                         next_sequence_nr, set_history, sum_grads)
+from distgrad.autograd._internal import (Node, array_of, current_graph_task, grad_edge, init_node,
+                                         next_sequence_nr, set_history, sum_grads,
+                                         task_extension)
 from distgrad._tensor import Tensor
 from distgrad.rpc import current_agent, entry_point, interceptors
 
@@ -357,9 +358,8 @@ class RecvNode(Node):
 
 def running_pass():
     """The distributed backward pass (``engine._Pass``) this thread runs, kept in the local
-    engine's extension slot; None outside one."""
-    task = current_graph_task()
-    return task.extension if task is not None else None
+    engine's extensions; None outside one."""
+    return task_extension(current_graph_task(), "distributed")
 
 
 def reachable_recvs(node, context_id):

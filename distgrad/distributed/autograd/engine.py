@@ -46,7 +46,8 @@ import logging
 import threading
 from collections import defaultdict
 
-from distgrad.autograd._internal import GraphTask, as_tuple, execute, grad_edge, make_root_grads
+from distgrad.autograd._internal import (GraphTask, as_tuple, execute, grad_edge,
+                                         make_root_grads, set_task_extension)
 from distgrad._tensor import Tensor
 from distgrad.rpc import Future, RpcError, WorkerUnreachableError, entry_point
 from distgrad.rpc.functions import async_execution
@@ -117,7 +118,7 @@ class _Pass:
         self.sends = sends
         self.expected = set(send_ids)
         task = self.task = GraphTask(retain_graph, False, accumulate=ctx.accumulate)
-        task.extension = self
+        set_task_extension(task, "distributed", self)
         task.compute_dependencies(sends + [edge[0] for edge, _ in roots])
 
     # -- feeding (any thread) --

@@ -21,17 +21,22 @@ from .config import ExperimentConfigError, describe, load_config
 
 __all__ = ["HELP", "add_arguments", "run", "main"]
 
-HELP = ("compare activation-offloading setups (no offloading, disk, store, tiered...) on "
-        "one model: step time and peak memory, from a TOML config")
+HELP = ("compare ways to save activation memory (no offloading, disk, store, tiered, "
+        "activation checkpointing whole or selective, both combined, PyTorch's checkpoint) "
+        "on one model: step time, activation and peak memory, bytes moved, from a TOML config")
 
 EPILOG = """\
 Each [[run]] of the config runs in a fresh process: one warm-up step, then
-experiment.steps measured ones, the processes taking turns step by step. Written to
+experiment.steps measured ones, the processes taking turns step by step. Printed: a
+table (Pareto fronts marked) and a verdict (which run meets experiment.target_memory
+at experiment.target_slowdown, and what wins at each amount of memory). Written to
 the output directory: results.json (every measurement and memory timeline) and, with
-matplotlib (pip install 'distgrad[offload]'), memory.png and tradeoff.png. Peak
+matplotlib (pip install 'distgrad[offload]'), memory.png and tradeoff.png. Activation
+memory is the RSS held when the forward is done above the RSS before the step; peak
 memory is the process's peak RSS during a step above its RSS just before it.
 
 examples:
+  distgrad offload configs/offload_compare.toml        # every method, PyTorch, a sweep
   distgrad offload configs/offload_mlp.toml
   distgrad offload configs/offload_mlp.toml --out /tmp/mlp --check
   distgrad offload --help-config
@@ -76,7 +81,7 @@ def _progress(enabled):
 
 
 def run(args, parser=None):
-    from .report import plot, print_table, rows, write_json
+    from .report import plot, print_report, rows, write_json
     from .runner import run_experiment
     try:
         config = load_config(args.config)
@@ -92,12 +97,12 @@ def run(args, parser=None):
     print(f"offload | {len(config['run'])} runs, each in a process of its own (they warm up "
           f"together), then {config['experiment']['steps']} measured steps each", flush=True)
     t0 = time.perf_counter()
-    results = run_experiment(args.config, config, _progress(not args.no_progress)(name))
+    results = run_experiment(config, _progress(not args.no_progress)(name))
     table = rows(config, results)
-    print_table(config, table)
+    lines = print_report(config, table)
     pngs, note = ([], None) if args.no_plot else plot(config, results, table, out_dir)
     json_path = os.path.join(out_dir, "results.json")
-    write_json(json_path, config, results, table, time.perf_counter() - t0)
+    write_json(json_path, config, results, table, time.perf_counter() - t0, lines)
     print(f"\nwrote {json_path}" + "".join(f", {p}" for p in pngs) + (f"; {note}" if note
                                                                          else ""))
     return 0 if all("error" not in r for r in table) else 1
