@@ -75,7 +75,8 @@ def __getattr__(name):
     # `import distgrad` stays cheap and the RPC layer's dependencies are optional here.
     import importlib
     if name in ("optim", "distributed", "testing", "distributions", "multiprocessing", "futures",
-                "cuda", "backends", "accelerator", "onnx", "compiler", "jit", "linalg"):
+                "cuda", "backends", "accelerator", "onnx", "compiler", "jit", "linalg",
+                "profiler"):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module

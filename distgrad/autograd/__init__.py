@@ -6,11 +6,13 @@ from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inferen
                         no_grad, set_grad_enabled)
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
 from .tensor import Tensor
-from . import graph
+from . import graph, profiler, profiler_util
+from .profiler_util import DeviceType
 
 Variable = Tensor  # the legacy name, kept for programs that still use it
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "once_differentiable", "enable_grad",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "no_grad",
            "set_grad_enabled", "gradcheck", "gradgradcheck", "GradcheckError", "graph", "Variable",
+           "profiler", "DeviceType",
            "defer_weight_grads"]  # distgrad's own: pipelines' split backward

@@ -23,6 +23,7 @@ from .engine import (GraphTask, current_graph_task, execute, make_root_grads, ta
 from .grad_mode import _state as grad_mode_state
 from .inplace import apply_inplace, check_inplace, write_inplace
 from .node import AccumulateGrad, Node, accumulate_into_grad, init_node, next_sequence_nr, sum_grads
+from .profiling import observed
 from .recording import OpNode, defop, install_backends, new_node, record, record_multi, record_view
 from .saved import SavedTensor, hooks_state as saved_tensors_hooks_state
 from .tensor import (Size, Tensor, _as_array as as_array, _describe as describe,
@@ -39,7 +40,7 @@ __all__ = [
     "apply_inplace", "check_inplace", "write_inplace",
     # recording ops
     "defop", "record", "record_view", "record_multi", "new_node", "OpNode", "install_backends",
-    "keep_weight_grad",
+    "keep_weight_grad", "observed",
     "Node", "AccumulateGrad", "init_node", "next_sequence_nr", "SavedTensor", "sum_grads",
     "accumulate_into_grad", "saved_tensors_hooks_state", "grad_mode_state",
     # the engine, for the distributed engine
