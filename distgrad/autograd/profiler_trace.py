@@ -11,6 +11,7 @@ Perfetto and TensorBoard's profiler plugin read it.
 """
 import gzip
 import json
+import socket
 
 __all__ = ["write"]
 
@@ -93,7 +94,8 @@ def write(results, path, trace_id, metadata):
                "args": {"Op count": 0}},
               {"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "",
                "ts": round(last, 3)}]
-    doc = {"schemaVersion": 1, "deviceProperties": [], "trace_id": trace_id}
+    doc = {"schemaVersion": 1, "deviceProperties": [], "trace_id": trace_id,
+           "host_name": socket.gethostname()}
     for key, text in metadata.items():
         doc[key] = json.loads(text)
     doc.update(traceEvents=trace, traceName=path, displayTimeUnit="ms", baseTimeNanoseconds=base)

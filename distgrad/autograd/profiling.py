@@ -28,7 +28,7 @@ from .tensor import Tensor
 
 __all__ = ["Recorder", "observed", "attach", "detach", "current", "thread_id", "now",
            "add_collector", "collect", "register", "unregister",
-           "session", "open_session", "close_session", "OP", "EVAL", "NODE", "USER", "PY",
+           "session", "open_session", "close_session", "peer_sessions", "OP", "EVAL", "NODE", "USER", "PY",
            "RPC", "HANDLER", "FLOW_OUT", "FLOW_IN", "NO_SEQ_FROM"]
 
 # kinds of raw events
@@ -100,6 +100,7 @@ class Recorder:
         self.warnings = []       # what could not be collected, said when results are built
         self.pending = {}        # flow id -> (name, start, tid): RPCs waiting for a reply
         self.closed = False
+        self.identity = None     # this process's worker {"name", "rank"}, when it is one
         self.start_ns = now()
         self.clock_offset = time.time_ns() - self.start_ns  # to epoch ns, for other processes
         self.start_seq = _node.peek_sequence_nr()
@@ -179,6 +180,11 @@ class Recorder:
         if thread_id() != tid:  # ended on another thread: PyTorch calls that async
             extra = dict(extra or (), end_tid=thread_id())
         self.events.append((kind, name, begin[0], end, tid, seq, extra))
+
+    def add(self, kind, name, start, end, tid, seq=-1, extra=None):
+        """An event timed elsewhere (an RPC's, from its send to its reply)."""
+        if not self.closed:
+            self.events.append((kind, name, start, end, tid, seq, extra))
 
     def flow(self, kind, flow_id, ts=None):
         """One end of an arrow between processes (``FLOW_OUT`` where a message leaves,
@@ -335,6 +341,12 @@ def close_session(sid):
         while len(_closed) > 4 * MAX_PEER_SESSIONS:
             del _closed[next(iter(_closed))]
     return rec
+
+
+def peer_sessions():
+    """Ids of the sessions this process records for peers' profiles (not collected yet)."""
+    with _lock:
+        return [sid for sid, rec in _sessions.items() if rec.origin is not None]
 
 
 def add_collector(fn):

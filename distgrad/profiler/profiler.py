@@ -271,14 +271,13 @@ class profile(_KinetoProfile):
                 wanted.update(item.keys() if isinstance(item, dict) else [item])
         else:
             wanted = supported_activities()
-        if use_cuda is not None:
+        if use_cuda is not None:  # (as in PyTorch, it only takes part in this check)
             warnings.warn("`use_cuda` is deprecated, use `activities` argument instead",
                           FutureWarning, stacklevel=2)
             if use_cuda:
                 wanted.add(ProfilerActivity.CUDA)
             else:
                 wanted.discard(ProfilerActivity.CUDA)
-            activities = list(wanted)
         if not wanted:
             raise AssertionError("No valid profiler activities found")
         super().__init__(activities=activities, record_shapes=record_shapes,
