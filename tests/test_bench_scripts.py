@@ -32,3 +32,13 @@ def test_bench_layers_prints_na_without_torch(tmp_path):
     assert row.split()[2:4] == ["n/a", "n/a"]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["rows"][0]["torch_ms"] is None and report["rows"][0]["distgrad_ms"] > 0
+
+
+def test_bench_profiler_prints_na_without_torch(tmp_path):
+    out = _run_without_torch(tmp_path, "bench_profiler.py", "--reps", "1", "--shape",
+                             "B32-D64-L8")
+    row = next(line for line in out.splitlines() if line.startswith("B32-D64-L8"))
+    assert row.split()[-3:] == ["n/a", "n/a", "n/a"]
+    report = json.loads(out.strip().splitlines()[-1])
+    (r,) = report["rows"]
+    assert r["torch_ratio"] is None and r["profiled_us"] > 0 and r["ratio"] > 0

@@ -138,7 +138,11 @@ class profile:
             return False
         profiling.detach(self._token)
         self._token = None
+        busy = profiling.settle(rec)  # its RPC handlers here that are finishing
         rec.enabled = False
+        if busy:
+            rec.warnings.append(f"{busy} thread(s) of this process still served requests of "
+                                "the profile when it stopped: what they did next is not in it")
         try:
             profiling.collect(rec)  # what its RPC peers recorded for it
         finally:

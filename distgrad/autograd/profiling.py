@@ -27,7 +27,7 @@ from . import node as _node, profiler_inputs as _inputs, profiler_python as _pyt
 from .tensor import Tensor
 
 __all__ = ["Recorder", "observed", "attach", "detach", "current", "thread_id", "now",
-           "add_collector", "collect", "register", "unregister",
+           "add_collector", "collect", "register", "unregister", "settle",
            "session", "open_session", "close_session", "peer_sessions", "OP", "EVAL", "NODE", "USER", "PY",
            "RPC", "HANDLER", "FLOW_OUT", "FLOW_IN", "NO_SEQ_FROM"]
 
@@ -49,6 +49,7 @@ _traced = tracemalloc.get_traced_memory
 #: Threads recording in this process; read unlocked by every wrapped op (the one check).
 _active = 0
 _lock = threading.Lock()
+_detached = threading.Condition(_lock)  # a recorder's last thread detached
 _memory_users = [0, False]  # recorders that profile memory; whether we started tracemalloc
 
 
@@ -100,6 +101,7 @@ class Recorder:
         self.warnings = []       # what could not be collected, said when results are built
         self.pending = {}        # flow id -> (name, start, tid): RPCs waiting for a reply
         self.closed = False
+        self.attached = 0        # threads recording into it now
         self.identity = None     # this process's worker {"name", "rank"}, when it is one
         self.start_ns = now()
         self.clock_offset = time.time_ns() - self.start_ns  # to epoch ns, for other processes
@@ -264,19 +266,36 @@ def attach(rec):
     with _lock:
         if prev is None:
             _active += 1
-    return prev, tracer
+        rec.attached += 1
+    return prev, tracer, rec
 
 
 def detach(token):
     """Undo the :func:`attach` that returned ``token``."""
     global _active
-    prev, tracer = token
+    prev, tracer, rec = token
     if tracer is not None:
         _python.stop(tracer)
     _tls.recorder = prev
     with _lock:
         if prev is None:
             _active -= 1
+        rec.attached -= 1
+        if not rec.attached:
+            _detached.notify_all()
+
+
+#: How long a stopping profile waits for the requests of its session still being served
+#: (a handler that sent its reply and is finishing): their last events belong to it.
+SETTLE_TIMEOUT = 2.0
+
+
+def settle(rec, timeout=SETTLE_TIMEOUT):
+    """Wait (at most ``timeout`` s) until no thread records into ``rec`` (requests of its
+    session still being served); the number of threads still at it."""
+    with _lock:
+        _detached.wait_for(lambda: not rec.attached, timeout)
+        return rec.attached
 
 
 # ---------------------------------------------------------------------- memory

@@ -10,8 +10,9 @@ these methods (absent ones are skipped):
     header; with several interceptors each one's extra travels under its
     ``name`` in a map.
 ``on_send_call(dst, what, how) -> extra``
-    on the caller's thread, right after ``on_send_request``, for an interceptor that needs
-    to know what is called: ``what`` is the target's ``module:qualname`` (or ``@op``),
+    on the caller's thread, once every ``on_send_request`` ran (what they did, such as
+    a call of their own, comes before), for an interceptor that needs to know what
+    is called: ``what`` is the target's ``module:qualname`` (or ``@op``),
     ``how`` is ``"rpc_async"`` (a call with a reply, also behind ``rpc_sync``),
     ``"remote"`` or ``"notify"`` (one-way). Its extra (None: nothing) travels like
     ``on_send_request``'s, under the interceptor's name (implement one of the two).
@@ -81,20 +82,21 @@ def send_request(dst, args, kwargs, what=None, how="rpc_async"):
     chain = _chain
     if not chain:
         return args, kwargs, None
-    extras = None
+    extras = {}
     for name, ic in chain:
         f = getattr(ic, "on_send_request", None)
-        extra = None
         if f is not None:
             args, kwargs, extra = f(dst, args, kwargs)
-        f = getattr(ic, "on_send_call", None)
-        if f is not None and what is not None:
-            extra = f(dst, what, how)
-        if extra is not None:
-            if extras is None:
-                extras = {}
-            extras[name] = extra
-    return args, kwargs, extras
+            if extra is not None:
+                extras[name] = extra
+    if what is not None:
+        for name, ic in chain:
+            f = getattr(ic, "on_send_call", None)
+            if f is not None:
+                extra = f(dst, what, how)
+                if extra is not None:
+                    extras[name] = extra
+    return args, kwargs, extras or None
 
 
 def receive_request(request, args, kwargs):

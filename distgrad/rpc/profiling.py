@@ -134,19 +134,23 @@ def _process(rec, agent):
 
 def _serve_collect(request, session):
     """``@profiler.collect``: a peer's session here, for its owner: [process, events, ranks
-    it called]; the session is closed (later requests of it are not recorded)."""
+    it called, notes]; the session is closed (later requests of it are not recorded)."""
     rec = profiling.session(session)
     if rec is None or rec.origin is None or rec.origin != request.src:
         return None
+    busy = profiling.settle(rec)  # handlers that replied and are finishing: wait for them
     profiling.close_session(session)
-    return [_process(rec, current_agent()), rec.finish(), sorted(rec.peers)]
+    notes = [f"{busy} thread(s) still served requests of the profile when it stopped: what "
+             "they did next is not in it"] if busy else []
+    return [_process(rec, current_agent()), rec.finish(), sorted(rec.peers), notes]
 
 
 def _well_formed(reply):
-    if type(reply) is not list or len(reply) != 3:
+    if type(reply) is not list or len(reply) != 4:
         return False
-    proc, events, peers = reply
-    return type(proc) is dict and type(events) is list and type(peers) is list and all(
+    proc, events, peers, notes = reply
+    return type(proc) is dict and type(events) is list and type(peers) is list and \
+        type(notes) is list and all(type(n) is str for n in notes) and all(
         type(e) is list and len(e) == 7 and type(e[0]) is int and type(e[2]) is int
         and type(e[3]) is int and type(e[4]) is int for e in events)
 
@@ -183,7 +187,8 @@ def _collect(rec):
             rec.warnings.append(f"{agent.describe(rank)} sent malformed profile events: "
                                 "left out")
             continue
-        proc, events, peers = reply
+        proc, events, peers, notes = reply
+        rec.warnings += [f"{agent.describe(rank)}: {note}" for note in notes]
         proc["threads"] = {tid: name for tid, name in proc.get("threads", ())}
         rec.remote.append((proc, events))
         todo += [p for p in peers if type(p) is int and p not in seen]
