@@ -9,6 +9,7 @@ tracemalloc, which sees NumPy's buffers.
     python scripts/bench_engine.py --quick    # fewer repetitions
 """
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -114,22 +115,27 @@ def torch_step(x, y, ws, bs):
     return loss
 
 
-def time_steps(candidates, reps, inner):
+def time_steps(candidates, reps, inner, around=None):
     """Median over `reps` rounds of the mean time of `inner` consecutive steps, in microseconds.
 
     Candidates run round-robin within each round, so a burst of load on a shared
-    machine hits all of them alike and the ratios stay meaningful.
+    machine hits all of them alike and the ratios stay meaningful. `around` maps a
+    candidate to a context manager factory entered around each of its rounds (and
+    its warm-up), outside the timing: a profiler, say (bench_profiler.py).
     """
-    for step, args in candidates.values():
-        for _ in range(max(2, inner // 4)):
-            step(*args)
+    around = around or {}
+    for name, (step, args) in candidates.items():
+        with around.get(name, contextlib.nullcontext)():
+            for _ in range(max(2, inner // 4)):
+                step(*args)
     samples = {name: [] for name in candidates}
     for _ in range(reps):
         for name, (step, args) in candidates.items():
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                step(*args)
-            samples[name].append((time.perf_counter() - t0) / inner * 1e6)
+            with around.get(name, contextlib.nullcontext)():
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    step(*args)
+                samples[name].append((time.perf_counter() - t0) / inner * 1e6)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 

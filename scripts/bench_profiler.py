@@ -14,9 +14,7 @@ timed, for either library). Prints a table of medians and ratios and one JSON li
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -48,45 +46,6 @@ def unwrapped_step(x, y, ws, bs):
     return loss
 
 
-class _Profiled:
-    """A step run inside an open profile of its library."""
-
-    def __init__(self, step, make_profile):
-        self.step, self.make_profile, self.prof = step, make_profile, None
-
-    def round_begins(self):
-        self.prof = self.make_profile()
-        self.prof.__enter__()
-
-    def round_ends(self):
-        self.prof.__exit__(None, None, None)
-        self.prof = None
-
-    def __call__(self, *args):
-        return self.step(*args)
-
-
-def time_rounds(candidates, reps, inner):
-    """Median over ``reps`` rounds of the mean time of ``inner`` steps, in microseconds,
-    candidates interleaved within each round."""
-    for step, args in candidates.values():
-        for _ in range(max(2, inner // 4)):
-            step(*args)
-    samples = {name: [] for name in candidates}
-    for _ in range(reps):
-        for name, (step, args) in candidates.items():
-            begin = getattr(step, "round_begins", None)
-            if begin:
-                begin()
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                step(*args)
-            samples[name].append((time.perf_counter() - t0) / inner * 1e6)
-            if begin:
-                step.round_ends()
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -113,14 +72,16 @@ def main(argv=None):
         candidates = {
             "numpy": (be.numpy_step, (x, y, ws, bs)),
             "distgrad": (be.distgrad_step, dg),
-            "profiled": (_Profiled(be.distgrad_step, profile), dg),
+            "profiled": (be.distgrad_step, dg),
             "unwrapped": (unwrapped_step, dg),
         }
+        around = {"profiled": profile}  # a profile open around each round of these
         if torch is not None:
             tg = be.torch_setup(x, y, ws, bs)
             candidates["torch"] = (be.torch_step, tg)
-            candidates["torch_profiled"] = (_Profiled(be.torch_step, torch.profiler.profile), tg)
-        us = time_rounds(candidates, reps, inner)
+            candidates["torch_profiled"] = (be.torch_step, tg)
+            around["torch_profiled"] = torch.profiler.profile
+        us = be.time_steps(candidates, reps, inner, around)
         row = {"shape": shape, **{f"{k}_us": v for k, v in us.items()}}
         row["ratio"] = us["profiled"] / us["distgrad"]
         row["wrapper_cost"] = us["distgrad"] / us["unwrapped"] - 1

@@ -293,40 +293,36 @@ class record_function:
         return fut.then(end)
 
 
-class emit_nvtx:
-    """NVTX ranges for NVIDIA's profilers: they need CUDA, so entering raises."""
+class _ExternalRanges:
+    """Ranges for an external profiler that distgrad cannot feed: entering raises (unless
+    ``enabled=False``, which PyTorch makes a no-op)."""
+
+    why = ""
 
     def __init__(self, enabled=True, record_shapes=False):
-        self.enabled, self.record_shapes, self.entered = enabled, record_shapes, False
+        self.enabled, self.record_shapes = enabled, record_shapes
 
     def __enter__(self):
-        if not self.enabled:
-            return None
-        if self.entered:
-            raise RuntimeError("NVTX annotation context manager is not reentrant")
-        raise RuntimeError(f"{CPU_ONLY}: emit_nvtx annotates CUDA work for nvprof/Nsight and "
-                           "there is no CUDA device (use distgrad.profiler.profile)")
+        if self.enabled:
+            raise RuntimeError(self.why)
+        return None
 
     def __exit__(self, exc_type, exc_val, exc_tb):
         return False
 
 
-class emit_itt:
-    """ITT ranges for Intel VTune: distgrad has no ITT library, so entering raises."""
+class emit_nvtx(_ExternalRanges):
+    """NVTX ranges for NVIDIA's profilers: they need CUDA."""
 
-    def __init__(self, enabled=True, record_shapes=False):
-        self.enabled, self.record_shapes, self.entered = enabled, record_shapes, False
+    why = (f"{CPU_ONLY}: emit_nvtx annotates CUDA work for nvprof/Nsight and there is no "
+           "CUDA device (use distgrad.profiler.profile)")
 
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        if self.entered:
-            raise RuntimeError("ITT annotation context manager is not reentrant")
-        raise RuntimeError("distgrad cannot emit ITT ranges (it has no Intel ITT library): "
-                           "use distgrad.profiler.profile")
 
-    def __exit__(self, exc_type, exc_val, exc_tb):
-        return False
+class emit_itt(_ExternalRanges):
+    """ITT ranges for Intel VTune: distgrad has no ITT library."""
+
+    why = ("distgrad cannot emit ITT ranges (it has no Intel ITT library): use "
+           "distgrad.profiler.profile")
 
 
 def load_nvprof(path):

@@ -42,6 +42,7 @@ ACCUMULATE = "torch::autograd::AccumulateGrad"
 _CPP_NODES = {"AccumulateGrad": ACCUMULATE,
               "SendRpcBackward": "torch::distributed::autograd::SendRpcBackward",
               "RecvRpcBackward": "torch::distributed::autograd::RecvRpcBackward"}
+_EVALUATE_NAMES = {}  # node name -> its evaluate_function event's name
 
 now = time.perf_counter_ns
 _traced = tracemalloc.get_traced_memory
@@ -118,26 +119,7 @@ class Recorder:
         if t.in_op:
             return fn(*args, **kwargs)
         t.in_op = True
-        if self.detailed:
-            return self._call_detailed(name, fn, args, kwargs)
-        start = now()
-        out = None
-        try:
-            out = fn(*args, **kwargs)
-            return out
-        finally:
-            t.in_op = False
-            self.events.append((OP, name, start, now(), t.tid, _seq_of(out), None))
-
-    def _call_detailed(self, name, fn, args, kwargs):
-        extra = {}
-        if self.record_shapes:
-            extra.update(_inputs.describe(args, kwargs))
-        if self.with_flops:
-            flops = _inputs.flops(name, args, kwargs)
-            if flops:
-                extra["flops"] = flops
-        mem = _traced()[0] if self.profile_memory else 0
+        extra = self._describe(name, args, kwargs) if self.detailed else None
         start = now()
         out = None
         try:
@@ -145,43 +127,68 @@ class Recorder:
             return out
         finally:
             end = now()
-            _tls.in_op = False
-            if self.profile_memory:
-                extra["mem"] = _traced()[0] - mem
-            self.events.append((OP, name, start, end, _tls.tid, _seq_of(out), extra or None))
+            t.in_op = False
+            if extra is not None and self.profile_memory:
+                extra["mem"] = _traced()[0] - extra["mem"]
+            self.events.append((OP, name, start, end, t.tid, _seq_of(out), extra or None))
+
+    def _describe(self, name, args, kwargs):
+        """What the options ask to record of an op's call, before it runs (``mem``: the
+        traced memory then, the difference once it returned)."""
+        extra = _inputs.describe(args, kwargs) if self.record_shapes else {}
+        if self.with_flops:
+            flops = _inputs.flops(name, args, kwargs)
+            if flops:
+                extra["flops"] = flops
+        if self.profile_memory:
+            extra["mem"] = _traced()[0]
+        return extra
 
     def mark(self, grads=None):
-        """When a backward step begins: (time, traced memory, input shapes)."""
+        """When a backward step or a block begins: the time, and with the detailed options
+        ``(time, traced memory, input shapes of grads)``."""
+        if not self.detailed:
+            return now()
         shapes = _inputs.grad_shapes(grads) if self.record_shapes and grads is not None else None
         return now(), (_traced()[0] if self.profile_memory else 0), shapes
 
     def node_ran(self, name, seq, begin, ran):
-        """A backward node's two events (PyTorch's): ``evaluate_function`` from ``begin`` to
-        now (the node, its hooks and the routing of its outputs), the node until ``ran``."""
+        """A backward node's two events (PyTorch's): ``evaluate_function`` from mark
+        ``begin`` to now (the node, its hooks and the routing of its outputs), the node
+        until mark ``ran``."""
         end = now()
         tid = _tls.tid
         name = _CPP_NODES.get(name, name)
-        seq = seq if seq < NO_SEQ_FROM else -1
-        node_extra = eval_extra = None
-        if self.detailed:
-            node_extra, eval_extra = {}, {}
-            if begin[2] is not None:
-                node_extra["shapes"] = begin[2]
-            if self.profile_memory:
-                node_extra["mem"] = ran[1] - begin[1]
-                eval_extra["mem"] = _traced()[0] - begin[1]
+        evaluate = _EVALUATE_NAMES.get(name)
+        if evaluate is None:
+            evaluate = _EVALUATE_NAMES[name] = EVALUATE + name
+        if seq >= NO_SEQ_FROM:
+            seq = -1
         append = self.events.append
-        append((EVAL, EVALUATE + name, begin[0], end, tid, seq, eval_extra or None))
+        if not self.detailed:
+            append((EVAL, evaluate, begin, end, tid, seq, None))
+            append((NODE, name, begin, ran, tid, seq, None))
+            return
+        node_extra, eval_extra = {}, {}
+        if begin[2] is not None:
+            node_extra["shapes"] = begin[2]
+        if self.profile_memory:
+            node_extra["mem"] = ran[1] - begin[1]
+            eval_extra["mem"] = _traced()[0] - begin[1]
+        append((EVAL, evaluate, begin[0], end, tid, seq, eval_extra or None))
         append((NODE, name, begin[0], ran[0], tid, seq, node_extra or None))
 
     def span(self, kind, name, begin, tid, seq=-1, extra=None):
         """An event from mark ``begin`` to now (``tid``: the thread it began on)."""
         end = now()
-        if self.profile_memory:
-            extra = dict(extra or (), mem=_traced()[0] - begin[1])
+        start = begin
+        if self.detailed:
+            start = begin[0]
+            if self.profile_memory:
+                extra = dict(extra or (), mem=_traced()[0] - begin[1])
         if thread_id() != tid:  # ended on another thread: PyTorch calls that async
             extra = dict(extra or (), end_tid=thread_id())
-        self.events.append((kind, name, begin[0], end, tid, seq, extra))
+        self.events.append((kind, name, start, end, tid, seq, extra))
 
     def add(self, kind, name, start, end, tid, seq=-1, extra=None):
         """An event timed elsewhere (an RPC's, from its send to its reply)."""

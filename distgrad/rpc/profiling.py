@@ -132,6 +132,13 @@ def _process(rec, agent):
             "rank": agent.rank, "threads": sorted(rec.threads.items())}
 
 
+def _drop_pending(rec):
+    """Forget the calls of ``rec``'s threads still waiting for a reply (it is stopping)."""
+    with _lock:
+        for flow in [f for f, call in _pending.items() if call[0] is rec]:
+            del _pending[flow]
+
+
 def _serve_collect(request, session):
     """``@profiler.collect``: a peer's session here, for its owner: [process, events, ranks
     it called, notes]; the session is closed (later requests of it are not recorded)."""
@@ -140,6 +147,7 @@ def _serve_collect(request, session):
         return None
     busy = profiling.settle(rec)  # handlers that replied and are finishing: wait for them
     profiling.close_session(session)
+    _drop_pending(rec)
     notes = [f"{busy} thread(s) still served requests of the profile when it stopped: what "
              "they did next is not in it"] if busy else []
     return [_process(rec, current_agent()), rec.finish(), sorted(rec.peers), notes]
@@ -159,9 +167,7 @@ def _collect(rec):
     """At the stop of a profile of this process: bring in what its sessions recorded."""
     if rec.origin is not None:
         return
-    with _lock:
-        for flow in [f for f, call in _pending.items() if call[0] is rec]:
-            del _pending[flow]  # unanswered (failed, timed out, or still running)
+    _drop_pending(rec)  # unanswered (failed, timed out, or still running)
     agent = current_agent()
     if agent is None or not agent.running:
         if rec.peers:
