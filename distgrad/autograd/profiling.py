@@ -27,9 +27,9 @@ from . import node as _node, profiler_inputs as _inputs, profiler_python as _pyt
 from .tensor import Tensor
 
 __all__ = ["Recorder", "observed", "attach", "detach", "current", "thread_id", "now",
-           "add_collector", "collect", "register", "unregister", "settle",
-           "session", "open_session", "close_session", "peer_sessions", "OP", "EVAL", "NODE", "USER", "PY",
-           "RPC", "HANDLER", "FLOW_OUT", "FLOW_IN", "NO_SEQ_FROM"]
+           "add_collector", "collect", "register", "unregister", "settle", "session",
+           "open_session", "close_session", "peer_sessions", "OP", "EVAL", "NODE", "USER",
+           "PY", "RPC", "HANDLER", "FLOW_OUT", "FLOW_IN", "NO_SEQ_FROM"]
 
 # kinds of raw events
 OP, EVAL, NODE, USER, PY, RPC, HANDLER, FLOW_OUT, FLOW_IN = range(9)
@@ -100,7 +100,6 @@ class Recorder:
         self.peers = set()       # ranks that got requests of this session from here
         self.remote = []         # [(process description, portable events)] from peers
         self.warnings = []       # what could not be collected, said when results are built
-        self.pending = {}        # flow id -> (name, start, tid): RPCs waiting for a reply
         self.closed = False
         self.attached = 0        # threads recording into it now
         self.identity = None     # this process's worker {"name", "rank"}, when it is one
@@ -118,8 +117,8 @@ class Recorder:
         t = _tls
         if t.in_op:
             return fn(*args, **kwargs)
-        t.in_op = True
         extra = self._describe(name, args, kwargs) if self.detailed else None
+        t.in_op = True
         start = now()
         out = None
         try:
