@@ -107,7 +107,9 @@ def _event(kind, name, t0, t1, thread, seq, extra, node_id, use_device):
 def _mark_async_rpcs(events):
     """An RPC's caller-side event is a slice of its thread when the thread did nothing
     else until the reply (``rpc_sync``); otherwise (``rpc_async``, the thread ran on) it
-    is async, as an event that ends on another thread is in PyTorch."""
+    is async, as an event that ends on another thread is in PyTorch. Python function
+    events (``with_stack``) do not count: sending and waiting are Python calls that
+    begin before the send or end after the reply."""
     by_thread = {}
     for e in events:
         if not e.is_async:
@@ -115,15 +117,16 @@ def _mark_async_rpcs(events):
     for thread_events in by_thread.values():
         if not any(e.kind == P.RPC for e in thread_events):
             continue
-        thread_events.sort(key=lambda e: (e.time_range.start, -e.time_range.end))
-        starts = [e.time_range.start for e in thread_events]
+        thread_events = sorted((e for e in thread_events if e.kind != P.PY),
+                               key=lambda e: (e.time_range.start, -e.time_range.end))
+        work = [e.time_range.start for e in thread_events]
         open_events = []
-        for i, e in enumerate(thread_events):
+        for e in thread_events:
             while open_events and open_events[-1].time_range.end <= e.time_range.start:
                 open_events.pop()
             if e.kind == P.RPC:
-                later = bisect.bisect_left(starts, e.time_range.end, i + 1)
-                inside = later > i + 1  # an event of the thread began before the reply
+                first = bisect.bisect_right(work, e.time_range.start)
+                inside = first < len(work) and work[first] < e.time_range.end
                 crossing = open_events and open_events[-1].time_range.end < e.time_range.end
                 if inside or crossing:
                     e.is_async = True

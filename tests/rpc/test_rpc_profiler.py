@@ -44,6 +44,16 @@ def test_the_callees_work_is_in_the_callers_profile(world):
     assert rpc.rpc_sync("worker1", pf.peer_sessions) == 0  # collected, and released
 
 
+def test_a_waited_call_stays_a_slice_of_its_thread_with_python_events(world):
+    with profile(with_stack=True) as prof:
+        rpc.rpc_sync("worker1", pf.work, (2,))
+    (caller,) = [e for e in prof.events() if e.name == WORK and e.node_id == -1]
+    assert not caller.is_async
+    assert any(c.is_python_function for c in caller.cpu_children)  # waiting for the reply
+    remote = [e for e in prof.events() if e.node_id == 1 and e.is_python_function]
+    assert any(e.name.endswith(": work") for e in remote)  # the callee traced its Python too
+
+
 def test_an_op_called_remotely_is_named_as_pytorch_names_it(world):
     a = distgrad.ones(2, 2)
     with profile() as prof:
