@@ -36,7 +36,8 @@ def local_process(rec):
     """This process as a trace names it (RPC's collector adds the worker's name and rank)."""
     ident = getattr(rec, "identity", None) or {}
     return {"pid": os.getpid(), "host": socket.gethostname(), "name": ident.get("name"),
-            "rank": ident.get("rank"), "threads": dict(rec.threads)}
+            "rank": ident.get("rank"),
+            "threads": {native: name for native, name in rec.threads.values()}}
 
 
 def build(rec, use_device=None, profile_memory=False, with_flops=False):

@@ -42,7 +42,7 @@ ACCUMULATE = "torch::autograd::AccumulateGrad"
 _CPP_NODES = {"AccumulateGrad": ACCUMULATE,
               "SendRpcBackward": "torch::distributed::autograd::SendRpcBackward",
               "RecvRpcBackward": "torch::distributed::autograd::RecvRpcBackward"}
-_EVALUATE_NAMES = {}  # node name -> its evaluate_function event's name
+_NODE_NAMES = {}  # node.name() -> (PyTorch's name, its evaluate_function event's name)
 
 now = time.perf_counter_ns
 _traced = tracemalloc.get_traced_memory
@@ -54,28 +54,17 @@ _detached = threading.Condition(_lock)  # a recorder's last thread detached
 _memory_users = [0, False]  # recorders that profile memory; whether we started tracemalloc
 
 
-class _Thread(threading.local):
-    recorder = None  # the Recorder this thread records into
-    tid = 0          # its native id, cached
-    in_op = False    # inside a recorded op (the ops it calls are not recorded)
-
-
-_tls = _Thread()
-
-
-def thread_id():
-    """This thread's native id (cached)."""
-    tid = _tls.tid
-    if not tid:
-        tid = _tls.tid = threading.get_native_id()
-    return tid
+# thread ident -> the Recorder that thread records into. A dict read without the lock
+# (one lookup under the GIL) costs less than a thread-local on the hot paths.
+_recorders = {}
+thread_id = threading.get_ident  # what events name their thread by (native ids in results)
 
 
 def current():
     """The recorder of this thread when it records (one global check when nothing does)."""
     if not _active:
         return None
-    rec = _tls.recorder
+    rec = _recorders.get(thread_id())
     return rec if rec is not None and rec.enabled else None
 
 
@@ -96,7 +85,8 @@ class Recorder:
         self.origin = origin
         self.events = []
         self.enabled = True
-        self.threads = {}        # native tid -> thread name
+        self.threads = {}        # thread ident -> (native id, name)
+        self.in_op = set()       # idents of threads inside a recorded op
         self.peers = set()       # ranks that got requests of this session from here
         self.remote = []         # [(process description, portable events)] from peers
         self.warnings = []       # what could not be collected, said when results are built
@@ -114,11 +104,12 @@ class Recorder:
         """``fn(*args, **kwargs)`` as op ``name``: one event around it. The ops it calls
         are its own business (composites, shared helpers): their time is its self time,
         as a fused kernel's would be, and they record nothing."""
-        t = _tls
-        if t.in_op:
+        tid = thread_id()
+        busy = self.in_op
+        if tid in busy:
             return fn(*args, **kwargs)
         extra = self._describe(name, args, kwargs) if self.detailed else None
-        t.in_op = True
+        busy.add(tid)
         start = now()
         out = None
         try:
@@ -126,10 +117,10 @@ class Recorder:
             return out
         finally:
             end = now()
-            t.in_op = False
+            busy.discard(tid)
             if extra is not None and self.profile_memory:
                 extra["mem"] = _traced()[0] - extra["mem"]
-            self.events.append((OP, name, start, end, t.tid, _seq_of(out), extra or None))
+            self.events.append((OP, name, start, end, tid, _seq_of(out), extra or None))
 
     def _describe(self, name, args, kwargs):
         """What the options ask to record of an op's call, before it runs (``mem``: the
@@ -156,17 +147,17 @@ class Recorder:
         ``begin`` to now (the node, its hooks and the routing of its outputs), the node
         until mark ``ran``."""
         end = now()
-        tid = _tls.tid
-        name = _CPP_NODES.get(name, name)
-        evaluate = _EVALUATE_NAMES.get(name)
-        if evaluate is None:
-            evaluate = _EVALUATE_NAMES[name] = EVALUATE + name
+        names = _NODE_NAMES.get(name)
+        if names is None:
+            pytorch = _CPP_NODES.get(name, name)
+            names = _NODE_NAMES[name] = (pytorch, EVALUATE + pytorch)
         if seq >= NO_SEQ_FROM:
             seq = -1
+        tid = thread_id()
         append = self.events.append
         if not self.detailed:
-            append((EVAL, evaluate, begin, end, tid, seq, None))
-            append((NODE, name, begin, ran, tid, seq, None))
+            append((EVAL, names[1], begin, end, tid, seq, None))
+            append((NODE, names[0], begin, ran, tid, seq, None))
             return
         node_extra, eval_extra = {}, {}
         if begin[2] is not None:
@@ -174,8 +165,8 @@ class Recorder:
         if self.profile_memory:
             node_extra["mem"] = ran[1] - begin[1]
             eval_extra["mem"] = _traced()[0] - begin[1]
-        append((EVAL, evaluate, begin[0], end, tid, seq, eval_extra or None))
-        append((NODE, name, begin[0], ran[0], tid, seq, node_extra or None))
+        append((EVAL, names[1], begin[0], end, tid, seq, eval_extra or None))
+        append((NODE, names[0], begin[0], ran[0], tid, seq, node_extra or None))
 
     def span(self, kind, name, begin, tid, seq=-1, extra=None):
         """An event from mark ``begin`` to now (``tid``: the thread it began on)."""
@@ -198,7 +189,7 @@ class Recorder:
         """One end of an arrow between processes (``FLOW_OUT`` where a message leaves,
         ``FLOW_IN`` where it is served)."""
         t = now() if ts is None else ts
-        self.events.append((kind, None, t, t, _tls.tid, flow_id, None))
+        self.events.append((kind, None, t, t, thread_id(), flow_id, None))
 
     # -- the end --
     def close(self):
@@ -214,6 +205,7 @@ class Recorder:
         numbers claimed), for results here or a reply to the profile's owner."""
         self.close()
         off = self.clock_offset
+        native = {ident: n for ident, (n, _) in self.threads.items()}
         claimed = set()
         out = []
         # An op that recorded a node claims its sequence number; the innermost op ends
@@ -227,7 +219,7 @@ class Recorder:
                     claimed.add(seq)
             if kind == PY:  # (extra: the id of the enclosing Python call)
                 name, extra = _python.event_name(name), {"parent": extra}
-            out.append([kind, name, start + off, end + off, tid, seq, extra])
+            out.append([kind, name, start + off, end + off, native.get(tid, tid), seq, extra])
         return out
 
 
@@ -251,7 +243,7 @@ def observed(name, fn):
     def op(*args, **kwargs):
         if not _active:
             return fn(*args, **kwargs)
-        rec = _tls.recorder
+        rec = _recorders.get(thread_id())
         if rec is None or not rec.enabled:
             return fn(*args, **kwargs)
         return rec.call(name, fn, args, kwargs)
@@ -263,13 +255,13 @@ def observed(name, fn):
 def attach(rec):
     """Make this thread record into ``rec``; returns what :func:`detach` restores."""
     global _active
-    prev = _tls.recorder
     tid = thread_id()
     if tid not in rec.threads:
-        rec.threads[tid] = threading.current_thread().name
+        rec.threads[tid] = (threading.get_native_id(), threading.current_thread().name)
     tracer = _python.start(rec, tid, PY) if rec.with_stack else None
-    _tls.recorder = rec
     with _lock:
+        prev = _recorders.get(tid)
+        _recorders[tid] = rec
         if prev is None:
             _active += 1
         rec.attached += 1
@@ -282,10 +274,13 @@ def detach(token):
     prev, tracer, rec = token
     if tracer is not None:
         _python.stop(tracer)
-    _tls.recorder = prev
+    tid = thread_id()
     with _lock:
         if prev is None:
+            del _recorders[tid]
             _active -= 1
+        else:
+            _recorders[tid] = prev
         rec.attached -= 1
         if not rec.attached:
             _detached.notify_all()

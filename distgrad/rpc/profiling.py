@@ -129,7 +129,7 @@ class _Interceptor:
 
 def _process(rec, agent):
     return {"pid": os.getpid(), "host": socket.gethostname(), "name": agent.name,
-            "rank": agent.rank, "threads": sorted(rec.threads.items())}
+            "rank": agent.rank, "threads": sorted(rec.threads.values())}
 
 
 def _drop_pending(rec):
