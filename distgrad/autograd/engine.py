@@ -296,18 +296,17 @@ class GraphTask:
         (``evaluate_function: <name>`` around it and its routing, ``<name>`` around it), and
         the same two for each hook-free leaf it makes ready, after it, as PyTorch runs
         leaves as nodes of their own (here they are accumulated inline, see _route)."""
-        begin = rec.mark(grads)
+        # (shapes before _run: an accumulator takes its gradient)
+        shapes = rec.shapes_of(grads) if rec.record_shapes else None
+        begin = rec.mark()
         outputs = self._run(node, grads)
         ran = rec.mark()
         leaves = []
         nxt = self._route(node, outputs, leaves)
-        rec.node_ran(node.name(), node._seq, begin, ran)
+        end = rec.node_ran(node.name(), node._seq, begin, ran, shapes)
         outputs = None  # (a leaf takes over a gradient only this frame's list refers to)
-        while leaves:
-            one = [leaves.pop()]
-            begin = rec.mark([one[0][1]])
-            self._accumulate_leaves(one)
-            rec.node_ran(profiling.ACCUMULATE, -1, begin, rec.mark())
+        if leaves:
+            self._accumulate_leaves(leaves, rec, end)
         return nxt
 
     def _run(self, node, grads):
@@ -396,13 +395,17 @@ class GraphTask:
             self.mark_ready(best)
         return self._pop_ready()
 
-    def _accumulate_leaves(self, ready_leaves):
-        """Accumulate ``[(leaf, gradient), ...]`` (emptied) into the leaves' ``.grad``."""
+    def _accumulate_leaves(self, ready_leaves, rec=None, mark=None):
+        """Accumulate ``[(leaf, gradient), ...]`` (emptied) into the leaves' ``.grad``; with
+        a profiler's recorder ``rec``, each one's events, the first from ``mark``."""
         while ready_leaves:
             leaf, g = ready_leaves.pop()
             owned = _getrefcount(g) <= 2  # `g` and getrefcount's argument (a line of its
             accumulate_into_grad(leaf._variable, g, owned,  # own: call args hold `g` too)
                                  self.caller_buffers)
+            if rec is not None:
+                mark = rec.node_ran(profiling.ACCUMULATE, -1, mark, None,
+                                    [list(leaf._out_meta[0][0])] if rec.record_shapes else None)
 
     def _pop_ready(self):
         heap = self._heap

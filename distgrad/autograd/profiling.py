@@ -29,10 +29,10 @@ from .tensor import Tensor
 __all__ = ["Recorder", "observed", "attach", "detach", "current", "thread_id", "now",
            "add_collector", "collect", "register", "unregister", "settle", "session",
            "open_session", "close_session", "peer_sessions", "OP", "EVAL", "NODE", "USER",
-           "PY", "RPC", "HANDLER", "FLOW_OUT", "FLOW_IN", "NO_SEQ_FROM"]
+           "PY", "RPC", "HANDLER", "FLOW_OUT", "FLOW_IN", "PAIR", "NO_SEQ_FROM"]
 
-# kinds of raw events
-OP, EVAL, NODE, USER, PY, RPC, HANDLER, FLOW_OUT, FLOW_IN = range(9)
+# kinds of raw events (PAIR: a backward node's EVAL and NODE events in one, see node_ran)
+OP, EVAL, NODE, USER, PY, RPC, HANDLER, FLOW_OUT, FLOW_IN, PAIR = range(10)
 
 # Sequence numbers at or above this are not ops' (leaves', RPC receivers'): PyTorch shows -1.
 NO_SEQ_FROM = 1 << 61
@@ -96,19 +96,19 @@ class Recorder:
         self.start_ns = now()
         self.clock_offset = time.time_ns() - self.start_ns  # to epoch ns, for other processes
         self.start_seq = _node.peek_sequence_nr()
+        # mark(): a point in time: the time (the clock itself, no call of ours: it is on
+        # every node's path), and with the detailed options (time, traced memory)
+        self.mark = self._mark_detailed if self.detailed else now
         if profile_memory:
             _memory_in()
 
     # -- recording (hot paths) --
-    def call(self, name, fn, args, kwargs):
-        """``fn(*args, **kwargs)`` as op ``name``: one event around it. The ops it calls
-        are its own business (composites, shared helpers): their time is its self time,
-        as a fused kernel's would be, and they record nothing."""
-        tid = thread_id()
-        busy = self.in_op
-        if tid in busy:
-            return fn(*args, **kwargs)
+    def call(self, name, fn, args, kwargs, tid):
+        """``fn(*args, **kwargs)`` as op ``name`` on thread ``tid``: one event around it.
+        The ops it calls are its own business (composites, shared helpers): their time is
+        its self time, as a fused kernel's would be, and they record nothing (``in_op``)."""
         extra = self._describe(name, args, kwargs) if self.detailed else None
+        busy = self.in_op
         busy.add(tid)
         start = now()
         out = None
@@ -120,7 +120,12 @@ class Recorder:
             busy.discard(tid)
             if extra is not None and self.profile_memory:
                 extra["mem"] = _traced()[0] - extra["mem"]
-            self.events.append((OP, name, start, end, tid, _seq_of(out), extra or None))
+            if type(out) is Tensor:  # (the usual result, without a call)
+                g = out._grad_fn
+                seq = g._seq if g is not None else -1
+            else:
+                seq = _seq_of(out)
+            self.events.append((OP, name, start, end, tid, seq, extra or None))
 
     def _describe(self, name, args, kwargs):
         """What the options ask to record of an op's call, before it runs (``mem``: the
@@ -134,39 +139,38 @@ class Recorder:
             extra["mem"] = _traced()[0]
         return extra
 
-    def mark(self, grads=None):
-        """When a backward step or a block begins: the time, and with the detailed options
-        ``(time, traced memory, input shapes of grads)``."""
-        if not self.detailed:
-            return now()
-        shapes = _inputs.grad_shapes(grads) if self.record_shapes and grads is not None else None
-        return now(), (_traced()[0] if self.profile_memory else 0), shapes
+    def _mark_detailed(self):
+        return now(), (_traced()[0] if self.profile_memory else 0)
 
-    def node_ran(self, name, seq, begin, ran):
+    def shapes_of(self, grads):
+        """Input shapes of a backward node given its gradients, when recording shapes."""
+        return _inputs.grad_shapes(grads) if self.record_shapes else None
+
+    def node_ran(self, name, seq, begin, ran=None, shapes=None):
         """A backward node's two events (PyTorch's): ``evaluate_function`` from mark
         ``begin`` to now (the node, its hooks and the routing of its outputs), the node
-        until mark ``ran``."""
-        end = now()
+        until mark ``ran`` (None: now too). One raw event holds both (``PAIR``, unpacked
+        by :meth:`finish`). Returns the mark of now, where a next node may begin."""
+        end = self.mark()
         names = _NODE_NAMES.get(name)
         if names is None:
             pytorch = _CPP_NODES.get(name, name)
             names = _NODE_NAMES[name] = (pytorch, EVALUATE + pytorch)
         if seq >= NO_SEQ_FROM:
             seq = -1
-        tid = thread_id()
-        append = self.events.append
         if not self.detailed:
-            append((EVAL, names[1], begin, end, tid, seq, None))
-            append((NODE, names[0], begin, ran, tid, seq, None))
-            return
+            self.events.append((PAIR, names, begin, end, thread_id(), seq, ran))
+            return end
         node_extra, eval_extra = {}, {}
-        if begin[2] is not None:
-            node_extra["shapes"] = begin[2]
+        if shapes is not None:
+            node_extra["shapes"] = shapes
+        ran = end if ran is None else ran
         if self.profile_memory:
             node_extra["mem"] = ran[1] - begin[1]
-            eval_extra["mem"] = _traced()[0] - begin[1]
-        append((EVAL, names[1], begin[0], end, tid, seq, eval_extra or None))
-        append((NODE, names[0], begin[0], ran[0], tid, seq, node_extra or None))
+            eval_extra["mem"] = end[1] - begin[1]
+        self.events.append((PAIR, names, begin[0], end[0], thread_id(), seq,
+                            (ran[0], node_extra or None, eval_extra or None)))
+        return end
 
     def span(self, kind, name, begin, tid, seq=-1, extra=None):
         """An event from mark ``begin`` to now (``tid``: the thread it began on)."""
@@ -212,6 +216,14 @@ class Recorder:
         # first, so enclosing ops (div -> mul) and ops returning an older tensor do not.
         events = sorted(self.events, key=lambda e: e[3])
         for kind, name, start, end, tid, seq, extra in events:
+            tid = native.get(tid, tid)
+            if kind == PAIR:
+                ran, node_extra, eval_extra = extra if type(extra) is tuple else (extra, None,
+                                                                                   None)
+                out.append([EVAL, name[1], start + off, end + off, tid, seq, eval_extra])
+                out.append([NODE, name[0], start + off, (end if ran is None else ran) + off,
+                            tid, seq, node_extra])
+                continue
             if kind == OP and seq >= 0:
                 if seq < self.start_seq or seq in claimed:
                     seq = -1
@@ -219,7 +231,7 @@ class Recorder:
                     claimed.add(seq)
             if kind == PY:  # (extra: the id of the enclosing Python call)
                 name, extra = _python.event_name(name), {"parent": extra}
-            out.append([kind, name, start + off, end + off, native.get(tid, tid), seq, extra])
+            out.append([kind, name, start + off, end + off, tid, seq, extra])
         return out
 
 
@@ -243,10 +255,11 @@ def observed(name, fn):
     def op(*args, **kwargs):
         if not _active:
             return fn(*args, **kwargs)
-        rec = _recorders.get(thread_id())
-        if rec is None or not rec.enabled:
+        tid = thread_id()
+        rec = _recorders.get(tid)
+        if rec is None or not rec.enabled or tid in rec.in_op:
             return fn(*args, **kwargs)
-        return rec.call(name, fn, args, kwargs)
+        return rec.call(name, fn, args, kwargs, tid)
     op.__profiler_name__ = name
     return op
 
