@@ -115,13 +115,15 @@ def torch_step(x, y, ws, bs):
     return loss
 
 
-def time_steps(candidates, reps, inner, around=None):
+def time_steps(candidates, reps, inner, around=None, clock=time.perf_counter):
     """Median over `reps` rounds of the mean time of `inner` consecutive steps, in microseconds.
 
     Candidates run round-robin within each round, so a burst of load on a shared
-    machine hits all of them alike and the ratios stay meaningful. `around` maps a
-    candidate to a context manager factory entered around each of its rounds (and
-    its warm-up), outside the timing: a profiler, say (bench_profiler.py).
+    machine hits all of them alike and the ratios stay meaningful; each round starts
+    one candidate later than the one before, so none always follows the same one.
+    `around` maps a candidate to a context manager factory entered around each of its
+    rounds (and its warm-up), outside the timing: a profiler, say (bench_profiler.py).
+    `clock`: wall time, or the thread's CPU time (``time.thread_time``).
     """
     around = around or {}
     for name, (step, args) in candidates.items():
@@ -129,13 +131,15 @@ def time_steps(candidates, reps, inner, around=None):
             for _ in range(max(2, inner // 4)):
                 step(*args)
     samples = {name: [] for name in candidates}
-    for _ in range(reps):
-        for name, (step, args) in candidates.items():
+    names = list(candidates)
+    for r in range(reps):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            step, args = candidates[name]
             with around.get(name, contextlib.nullcontext)():
-                t0 = time.perf_counter()
+                t0 = clock()
                 for _ in range(inner):
                     step(*args)
-                samples[name].append((time.perf_counter() - t0) / inner * 1e6)
+                samples[name].append((clock() - t0) / inner * 1e6)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
