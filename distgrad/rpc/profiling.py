@@ -36,7 +36,7 @@ MAX_SESSION_EVENTS = 1_000_000
 MAX_PENDING = 100_000  # calls of profiled threads waiting for their reply, process-wide
 _MAX_NAME = 512
 _flows = itertools.count(1)
-_pending = {}  # flow id -> (recorder, event name, start ns, thread id)
+_pending = {}  # flow id -> (recorder, event name, start ns, thread id, rank called)
 _lock = threading.Lock()
 
 
@@ -100,7 +100,7 @@ class _Interceptor:
         if how != "notify":
             with _lock:
                 if len(_pending) < MAX_PENDING:
-                    _pending[flow] = (rec, name, start, profiling.thread_id())
+                    _pending[flow] = (rec, name, start, profiling.thread_id(), dst.id)
         owner = rank if rec.origin is None else rec.origin
         return [rec.session, flow, _options(rec), owner, name]
 
@@ -119,10 +119,14 @@ class _Interceptor:
 
     def on_receive_response(self, src, extra, value):
         if type(extra) is int:
-            with _lock:
-                call = _pending.pop(extra, None)
+            with _lock:  # (only a reply from the rank called ends the call's event)
+                call = _pending.get(extra)
+                if call is not None and call[4] == src.id:
+                    del _pending[extra]
+                else:
+                    call = None
             if call is not None:
-                rec, name, start, tid = call
+                rec, name, start, tid, _ = call
                 rec.add(profiling.RPC, name, start, profiling.now(), tid, extra)
         return value
 
