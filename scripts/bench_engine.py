@@ -9,6 +9,7 @@ tracemalloc, which sees NumPy's buffers.
     python scripts/bench_engine.py --quick    # fewer repetitions
 """
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -114,22 +115,31 @@ def torch_step(x, y, ws, bs):
     return loss
 
 
-def time_steps(candidates, reps, inner):
+def time_steps(candidates, reps, inner, around=None, clock=time.perf_counter):
     """Median over `reps` rounds of the mean time of `inner` consecutive steps, in microseconds.
 
     Candidates run round-robin within each round, so a burst of load on a shared
-    machine hits all of them alike and the ratios stay meaningful.
+    machine hits all of them alike and the ratios stay meaningful; each round starts
+    one candidate later than the one before, so none always follows the same one.
+    `around` maps a candidate to a context manager factory entered around each of its
+    rounds (and its warm-up), outside the timing: a profiler, say (bench_profiler.py).
+    `clock`: wall time, or the thread's CPU time (``time.thread_time``).
     """
-    for step, args in candidates.values():
-        for _ in range(max(2, inner // 4)):
-            step(*args)
-    samples = {name: [] for name in candidates}
-    for _ in range(reps):
-        for name, (step, args) in candidates.items():
-            t0 = time.perf_counter()
-            for _ in range(inner):
+    around = around or {}
+    for name, (step, args) in candidates.items():
+        with around.get(name, contextlib.nullcontext)():
+            for _ in range(max(2, inner // 4)):
                 step(*args)
-            samples[name].append((time.perf_counter() - t0) / inner * 1e6)
+    samples = {name: [] for name in candidates}
+    names = list(candidates)
+    for r in range(reps):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            step, args = candidates[name]
+            with around.get(name, contextlib.nullcontext)():
+                t0 = clock()
+                for _ in range(inner):
+                    step(*args)
+                samples[name].append((clock() - t0) / inner * 1e6)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 

@@ -80,3 +80,14 @@ def test_bench_checkpoint_runs_without_torch(tmp_path):
     report = json.loads(out.strip().splitlines()[-1])
     assert [r["run"] for r in report["rows"]] == ["none", "checkpoint + disk"]
     assert report["torch"] is False and report["verdict"]
+
+
+def test_bench_profiler_prints_na_without_torch(tmp_path):
+    out = _run_without_torch(tmp_path, "bench_profiler.py", "--reps", "1", "--shape",
+                             "B32-D64-L8")
+    row = next(line for line in out.splitlines() if line.startswith("B32-D64-L8"))
+    assert row.split().count("n/a") == 4  # torch's wall columns and its CPU ratio
+    report = json.loads(out.strip().splitlines()[-1])
+    (r,) = report["rows"]
+    assert r["torch_ratio"] is None and r["torch_ratio_cpu"] is None
+    assert r["profiled_us"] > 0 and r["ratio"] > 0 and r["ratio_cpu"] > 0

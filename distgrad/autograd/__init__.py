@@ -6,7 +6,8 @@ from .grad_mode import (enable_grad, inference_mode, is_grad_enabled, is_inferen
                         no_grad, set_grad_enabled)
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
 from .tensor import TensorBase
-from . import graph, tensor as _tensor
+from . import graph, profiler, profiler_util, tensor as _tensor
+from .profiler_util import DeviceType
 
 Variable = TensorBase  # the legacy name, kept for programs that still use it: Variable(t) and
 # isinstance(t, Variable) work as PyTorch's (TensorBase(...) builds a distgrad.Tensor)
@@ -21,4 +22,5 @@ def __getattr__(name):
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "once_differentiable", "enable_grad",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "no_grad",
            "set_grad_enabled", "gradcheck", "gradgradcheck", "GradcheckError", "graph", "Variable",
+           "profiler", "DeviceType",
            "defer_weight_grads"]  # distgrad's own: pipelines' split backward

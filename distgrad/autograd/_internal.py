@@ -13,8 +13,8 @@ underscore name imported from ``autograd``, anywhere outside ``autograd``.
     bump_version(p)                      # ...and the version counter says so
 
 Recording an op (``defop``/``record``, see ``recording.py``) and the local engine's
-extension point for the distributed engine (``GraphTask`` and its ``extension``
-slot, ``execute``) are part of the door too.
+extension point for the distributed engine and checkpointing (``GraphTask``,
+``task_extension``, ``execute``) are part of the door too.
 """
 from .broadcast import reduction_axes, sum_to_shape
 from .deferred_weight_grads import keep_weight_grad
@@ -25,6 +25,7 @@ from .inplace import apply_inplace, check_inplace, write_inplace
 from .op_observers import OpObserver, cached_output
 from .node import (AccumulateGrad, Node, accumulate_into_grad, grad_edge, init_node,
                    next_sequence_nr, retain_grad, sum_grads)
+from .profiling import observed
 from .recording import OpNode, defop, install_backends, new_node, record, record_multi, record_view
 from .saved import SavedTensor, hooks_state as saved_tensors_hooks_state
 from .tensor import (Size, TensorBase, install_tensor_type, _as_array as as_array,
@@ -42,7 +43,7 @@ __all__ = [
     "apply_inplace", "check_inplace", "write_inplace",
     # recording ops
     "defop", "record", "record_view", "record_multi", "new_node", "OpNode", "install_backends",
-    "keep_weight_grad",
+    "keep_weight_grad", "observed",
     # what ops a thread records, as they are recorded (selective checkpointing, its log)
     "OpObserver", "cached_output",
     "Node", "AccumulateGrad", "init_node", "next_sequence_nr", "SavedTensor", "sum_grads",

@@ -16,6 +16,7 @@ from .backward_checks import check_output_count, conform, make_root_grads
 from .backward_hooks import call_post_hooks, call_pre_hooks, call_tensor_pre_hooks, has_pre_hooks
 from .grad_mode import _state, thread_state
 from .node import AccumulateGrad, accumulate_into_grad, sum_grads
+from . import profiling
 from .tensor import TensorBase, _make
 
 _getrefcount = sys.getrefcount
@@ -265,6 +266,7 @@ class GraphTask:
         """
         # VJP rules divide by zero where PyTorch does (sqrt'(0) = inf) and stay silent as it
         # does: one errstate for the pass, since one per node would cost more than the node.
+        rec = profiling.current()  # None unless this thread is profiled: one check per pass
         with thread_state(_state, grad_enabled=self.create_graph), \
                 np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             node = self._pop_ready()
@@ -275,9 +277,30 @@ class GraphTask:
                     continue
                 if has_pre_hooks(node):
                     grads = call_pre_hooks(node, grads)
+                if rec is not None:
+                    node = self._profiled_step(rec, node, grads)
+                    continue
                 # The outputs go straight to _route, which then holds their only reference:
                 # a gradient it hands to a leaf can become .grad without a copy.
                 node = self._route(node, self._run(node, grads))
+
+    def _profiled_step(self, rec, node, grads):
+        """One node as :meth:`execute` runs it, with PyTorch's two events per node
+        (``evaluate_function: <name>`` around it and its routing, ``<name>`` around it), and
+        the same two for each hook-free leaf it makes ready, after it, as PyTorch runs
+        leaves as nodes of their own (here they are accumulated inline, see _route)."""
+        # (shapes before _run: an accumulator takes its gradient)
+        shapes = rec.shapes_of(grads) if rec.record_shapes else None
+        begin = rec.mark()
+        outputs = self._run(node, grads)
+        ran = rec.mark()
+        leaves = []
+        nxt = self._route(node, outputs, leaves)
+        end = rec.node_ran(node.name(), node._seq, begin, ran, shapes)
+        outputs = None  # (a leaf takes over a gradient only this frame's list refers to)
+        if leaves:
+            self._accumulate_leaves(leaves, rec, end)
+        return nxt
 
     def _run(self, node, grads):
         """``node``'s input gradients for ``grads``, after its post-hooks; its saved tensors
@@ -297,9 +320,10 @@ class GraphTask:
             outputs = call_post_hooks(node, outputs, grads)
         return outputs
 
-    def _route(self, node, outputs):
+    def _route(self, node, outputs, ready_out=None):
         """Add ``outputs`` into the buffers of the nodes they feed and return the node to
-        run next, or None.
+        run next, or None. Hook-free leaves made ready are accumulated here, or added to
+        ``ready_out`` (as ``(leaf, gradient)``) for the caller to accumulate.
 
         The order is PyTorch's CPU ready queue: the highest sequence number first, leaves
         (the highest of all) as soon as they are ready. So a hook-free leaf made ready here
@@ -353,17 +377,28 @@ class GraphTask:
             # refers to is a fresh buffer that .grad may take over (PyTorch steals it the
             # same way, by use count).
             outputs = buf = g = None
-            while ready_leaves:
-                leaf, g = ready_leaves.pop()
-                owned = _getrefcount(g) <= 2  # `g` and getrefcount's argument (a line of its
-                accumulate_into_grad(leaf._variable, g, owned,  # own: call args hold `g` too)
-                                     self.caller_buffers)
+            if ready_out is None:
+                self._accumulate_leaves(ready_leaves)
+            else:
+                ready_out.extend(ready_leaves)
         heap = self._heap
         if best is not None and (not heap or heap[0][0] >= -best._seq):
             return best
         if best is not None:
             self.mark_ready(best)
         return self._pop_ready()
+
+    def _accumulate_leaves(self, ready_leaves, rec=None, mark=None):
+        """Accumulate ``[(leaf, gradient), ...]`` (emptied) into the leaves' ``.grad``; with
+        a profiler's recorder ``rec``, each one's events, the first from ``mark``."""
+        while ready_leaves:
+            leaf, g = ready_leaves.pop()
+            owned = _getrefcount(g) <= 2  # `g` and getrefcount's argument (a line of its
+            accumulate_into_grad(leaf._variable, g, owned,  # own: call args hold `g` too)
+                                 self.caller_buffers)
+            if rec is not None:
+                mark = rec.node_ran(profiling.ACCUMULATE, -1, mark, None,
+                                    [list(leaf._out_meta[0][0])] if rec.record_shapes else None)
 
     def _pop_ready(self):
         heap = self._heap

@@ -13,7 +13,7 @@ from ..autograd.tensor import TensorBase
 from . import (arithmetic, complex as complex_ops, conversion, creation, diag, indexing, inplace,
                legacy, linalg, memory, random, reduction, scatter, shape, softmax, unary)
 from .promotion import as_tensor_operand
-from ..autograd._internal import apply_inplace, array_of, wrap, describe
+from ..autograd._internal import apply_inplace, array_of, wrap, describe, observed
 
 _METHODS = {
     arithmetic: ["add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
@@ -63,12 +63,13 @@ _INPLACE = {
 }
 
 
-# x op y, y op x (reflected) and x op= y (the in-place method, where PyTorch has one)
+# x op y, y op x (reflected) and x op= y (the in-place method, where PyTorch has one); the
+# op is looked up when installed (after the profiler's wrapping, see op_names.py)
 _BINARY_OPERATORS = {
-    "add": (arithmetic.add, "add_"), "sub": (arithmetic.sub, "sub_"),
-    "mul": (arithmetic.mul, "mul_"), "truediv": (arithmetic.div, "div_"),
-    "floordiv": (arithmetic.floor_divide, None), "mod": (arithmetic.remainder, None),
-    "pow": (arithmetic.pow, "pow_"), "matmul": (linalg.matmul, None),
+    "add": (arithmetic, "add", "add_"), "sub": (arithmetic, "sub", "sub_"),
+    "mul": (arithmetic, "mul", "mul_"), "truediv": (arithmetic, "div", "div_"),
+    "floordiv": (arithmetic, "floor_divide", None), "mod": (arithmetic, "remainder", None),
+    "pow": (arithmetic, "pow", "pow_"), "matmul": (linalg, "matmul", None),
 }
 
 _TYPE_METHODS = {"float": "float32", "double": "float64", "half": "float16", "long": "int64",
@@ -80,7 +81,7 @@ def _inplace_method(name, fn):
         return apply_inplace(self, fn, *args, **kwargs)
     method.__name__ = name
     method.__doc__ = f"In-place version of :meth:`{name[:-1]}`."
-    return method
+    return observed(f"aten::{name}", method)
 
 
 def _reflected(fn):
@@ -133,8 +134,8 @@ def _table():
     ns = {name: getattr(module, name) for module, names in _METHODS.items() for name in names}
     ns.update((name, _inplace_method(name, fn)) for name, fn in _INPLACE.items())
     ns.update(new=legacy.new, __getitem__=indexing.getitem, __setitem__=_setitem)
-    for op, (fn, inplace_name) in _BINARY_OPERATORS.items():
-        ns[f"__{op}__"] = fn
+    for op, (module, name, inplace_name) in _BINARY_OPERATORS.items():
+        fn = ns[f"__{op}__"] = getattr(module, name)
         ns[f"__r{op}__"] = _reflected(fn)
         if inplace_name is not None:
             ns[f"__i{op}__"] = ns[inplace_name]

@@ -4,6 +4,7 @@ The public, PyTorch-named surface is ``distgrad.distributed.rpc``; see
 ``agent.py`` for the layers and ``PROTOCOL.md`` for the wire format.
 """
 from . import interceptors
+from . import profiling as _profiling  # noqa: F401 - profiled calls record where they run
 from .allowlist import entry_point
 from .api import (BackendType, get_worker_info, init_rpc, is_available, remote, rpc_async,
                   rpc_sync, shutdown)

@@ -115,7 +115,9 @@ class Caller:
             target = ref_of(target)
         elif target in SYSTEM_OPS:
             kind = Kind.SYSTEM
-        args, kwargs, extras = interceptors.send_request(self.members.workers[dst], args, kwargs)
+        how = "notify" if mid == NO_REPLY else "remote" if remote_ref is not None else "rpc_async"
+        args, kwargs, extras = interceptors.send_request(self.members.workers[dst], args, kwargs,
+                                                         target, how)
         extras = self.bookkeeping.ride(dst, extras)
         ctx = self.contexts.encode(dst)
         try:

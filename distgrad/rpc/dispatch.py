@@ -29,7 +29,8 @@ from .errors import BackpressureError, ProtocolError, RefusedCallError, describe
 from .quota import PeerGate
 from ..futures import Future
 
-__all__ = ["Request", "Dispatcher", "SYSTEM_OPS", "ON_ARRIVAL_MAX_BODY", "run_later"]
+__all__ = ["Request", "Dispatcher", "SYSTEM_OPS", "ON_ARRIVAL_MAX_BODY", "run_later",
+           "add_internal_op"]
 
 #: Internal operations that never block (a value not there yet is a Future, not a wait):
 #: callers send them as SYSTEM messages, served on the receiver's I/O thread.
@@ -41,6 +42,18 @@ ON_ARRIVAL_MAX_BODY = 64 * 1024
 
 log = logging.getLogger("distgrad.rpc")
 Kind = wire.Kind
+
+# ``@name`` -> function of (request, *args): internal operations of features built on RPC
+# (the profiler's collection), served by every dispatcher besides the agent's own.
+_extra_ops = {}
+
+
+def add_internal_op(name, fn):
+    """Serve ``@name`` requests with ``fn(request, *args)`` on a handler thread."""
+    if not name.startswith("@") or name in SYSTEM_OPS:
+        raise ValueError(f"an internal operation is named '@...' and is not a system one: "
+                         f"{name!r}")
+    _extra_ops[name] = fn
 
 _FIXARRAY_4, _FIXSTR, _FIXSTR_LAST, _STR8, _STR16 = 0x94, 0xa0, 0xbf, 0xd9, 0xda
 
@@ -241,7 +254,7 @@ class Dispatcher:
             req.remote = (tuple(remote[0]), tuple(remote[1]))
         args, kwargs = interceptors.receive_request(req, args, kwargs)
         if target.startswith("@"):
-            op = self.internal_ops.get(target)
+            op = self.internal_ops.get(target) or _extra_ops.get(target)
             if op is None:
                 raise RefusedCallError(f"unknown internal operation {target!r}")
             return op, (req, *args), kwargs

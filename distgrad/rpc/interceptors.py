@@ -9,12 +9,20 @@ these methods (absent ones are skipped):
     :class:`WorkerInfo`. ``extra`` (small, msgpack-able, or None) rides in the
     header; with several interceptors each one's extra travels under its
     ``name`` in a map.
+``on_send_call(dst, what, how) -> extra``
+    on the caller's thread, once every ``on_send_request`` ran (what they did, such as
+    a call of their own, comes before), for an interceptor that needs to know what
+    is called: ``what`` is the target's ``module:qualname`` (or ``@op``),
+    ``how`` is ``"rpc_async"`` (a call with a reply, also behind ``rpc_sync``),
+    ``"remote"`` or ``"notify"`` (one-way). Its extra (None: nothing) travels like
+    ``on_send_request``'s, under the interceptor's name (implement one of the two).
 ``on_receive_request(request, args, kwargs) -> (args, kwargs)``
     on the handler's thread, after the CALL is decoded; ``request`` is the
     :class:`~distgrad.rpc.dispatch.Request` (source worker, message id, header
     extras, and a ``state`` dict where interceptors keep what the reply needs).
-``request_scope(request) -> context manager``
-    the handler runs inside it (the autograd context of the request, say).
+``request_scope(request) -> context manager or None``
+    the handler runs inside it (the autograd context of the request, say); None: no
+    scope for this request.
 ``on_send_response(request, value) -> (value, extra)``
     on whichever thread produces the reply: the handler's, or the thread that
     completes an ``async_execution`` Future later. Everything it needs is on
@@ -68,21 +76,27 @@ def installed():
     return _chain
 
 
-def send_request(dst, args, kwargs):
-    """Run every ``on_send_request``; return (args, kwargs, header extra)."""
+def send_request(dst, args, kwargs, what=None, how="rpc_async"):
+    """Run every ``on_send_request`` and ``on_send_call``; return (args, kwargs, header
+    extra)."""
     chain = _chain
     if not chain:
         return args, kwargs, None
-    extras = None
+    extras = {}
     for name, ic in chain:
         f = getattr(ic, "on_send_request", None)
         if f is not None:
             args, kwargs, extra = f(dst, args, kwargs)
             if extra is not None:
-                if extras is None:
-                    extras = {}
                 extras[name] = extra
-    return args, kwargs, extras
+    if what is not None:
+        for name, ic in chain:
+            f = getattr(ic, "on_send_call", None)
+            if f is not None:
+                extra = f(dst, what, how)
+                if extra is not None:
+                    extras[name] = extra
+    return args, kwargs, extras or None
 
 
 def receive_request(request, args, kwargs):
@@ -99,7 +113,9 @@ def request_scopes(request):
     for _, ic in _chain:
         f = getattr(ic, "request_scope", None)
         if f is not None:
-            out.append(f(request))
+            scope = f(request)
+            if scope is not None:
+                out.append(scope)
     return out
 
 
