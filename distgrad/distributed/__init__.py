@@ -4,7 +4,7 @@ Process groups and collectives (``init_process_group``, ``all_reduce``, ...) liv
 ``process_group.py``, ``collectives.py``, ``point_to_point.py`` and
 ``object_collectives.py``, the key-value stores in ``store.py`` and
 ``file_store.py``; ``rpc`` is ``torch.distributed.rpc``. ``autograd``, ``optim`` and
-``nn`` load on first use.
+``nn`` and ``pipelining`` load on first use.
 """
 from . import rpc  # noqa: F401
 from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all,
@@ -30,7 +30,7 @@ from .store import HashStore, PrefixStore, Store, TCPStore
 def __getattr__(name):
     # autograd, optim and nn load on first use (they install the RPC message interceptor)
     import importlib
-    if name in ("autograd", "optim", "nn"):
+    if name in ("autograd", "optim", "nn", "pipelining"):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
