@@ -277,7 +277,10 @@ class _Run:
 
     def fail_sends(self, remaining, error):
         """A failure notice in place of each message still owed in this step."""
-        notice = {_FAILED: [type(error).__name__, str(error)]}
+        text = str(error)
+        if error.__cause__ is not None:
+            text += f" (from {type(error.__cause__).__name__}: {error.__cause__})"
+        notice = {_FAILED: [type(error).__name__, text]}
         for action in remaining:
             for a in leaves(action):
                 kind, s, mb = a.computation_type, a.stage_index, a.microbatch_index
@@ -338,6 +341,8 @@ class PipelineScheduleSingle(_PipelineSchedule):
 class PipelineScheduleMulti(_PipelineSchedule):
     """A schedule of several stages per rank (``stages``: this rank's, in order)."""
 
+    _own_order = False  # True: the class computes its order, the same count on every rank
+
     def __init__(self, stages, n_microbatches, loss_fn=None, args_chunk_spec=None,
                  kwargs_chunk_spec=None, output_merge_spec=None, use_full_backward=None,
                  scale_grads=True, backward_requires_autograd=True):
@@ -354,13 +359,16 @@ class PipelineScheduleMulti(_PipelineSchedule):
                 raise ValueError(f"{type(self).__name__}: the stages of rank {self.rank} "
                                  f"disagree on num_stages ({st.num_stages} and "
                                  f"{self._num_stages})")
-        if self._num_stages != self.pp_group_size * len(self._stages):
+        self._backward_requires_autograd = backward_requires_autograd
+        if not self._own_order:  # the order (and where stages live) comes with the actions
+            self.stage_index_to_group_rank = self._stage_to_rank_mapping()
+        elif self._num_stages != self.pp_group_size * len(self._stages):
             raise ValueError(
                 f"{type(self).__name__}: {self.pp_group_size} ranks with {len(self._stages)} "
                 f"stages each make {self.pp_group_size * len(self._stages)} stages, but the "
                 f"stages say num_stages={self._num_stages}")
-        self._backward_requires_autograd = backward_requires_autograd
-        self._set_stage_to_rank(self._stage_to_rank_mapping())
+        else:
+            self._set_stage_to_rank(self._stage_to_rank_mapping())
         self.pipeline_order = {}
         self._with_comms = None
 

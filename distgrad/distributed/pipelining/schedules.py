@@ -169,6 +169,8 @@ class ScheduleLoopedBFS(_PipelineScheduleRuntime):
     """Breadth-first (Lamy-Poirier 2022): every micro-batch through a local stage, then
     the next; backwards in reverse."""
 
+    _own_order = True
+
     def __init__(self, stages, n_microbatches, loss_fn=None, output_merge_spec=None,
                  scale_grads=True, backward_requires_autograd=True, defer_pp_recv=False):
         super().__init__(stages=stages, n_microbatches=n_microbatches, loss_fn=loss_fn,
@@ -180,6 +182,8 @@ class ScheduleLoopedBFS(_PipelineScheduleRuntime):
 
 
 class _Interleaved(_PipelineScheduleRuntime):
+    _own_order = True
+
     def __init__(self, stages, n_microbatches, loss_fn=None, args_chunk_spec=None,
                  kwargs_chunk_spec=None, output_merge_spec=None, scale_grads=True,
                  backward_requires_autograd=True, defer_pp_recv=False):
@@ -218,6 +222,8 @@ class ScheduleInterleavedZeroBubble(_Interleaved):
 
 class _V(_PipelineScheduleRuntime):
     """Two stages per rank in a V: rank r holds stages r and 2 * ranks - 1 - r."""
+
+    _own_order = True
 
     def __init__(self, stages, n_microbatches, loss_fn=None, args_chunk_spec=None,
                  kwargs_chunk_spec=None, output_merge_spec=None, scale_grads=True,
