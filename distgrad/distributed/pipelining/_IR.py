@@ -9,16 +9,17 @@ names. Any other model raises, saying so; build its stages by hand with
 :class:`PipelineStage`.
 
 >>> import distgrad
->>> import distgrad
-from distgrad import nn
+>>> from distgrad import nn
 >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
->>> pipe = pipeline(model, mb_args=(distgrad.randn(2, 4),), split_spec={"2": SplitPoint.BEGINNING})
+>>> pipe = pipeline(model, mb_args=(distgrad.randn(2, 4),),
+...                 split_spec={"2": SplitPoint.BEGINNING})
 >>> pipe.num_stages, list(pipe.get_stage_module(1).state_dict())
 (2, ['2.weight', '2.bias'])
 """
 import enum
 from collections import OrderedDict
 
+import distgrad
 from distgrad import nn
 
 from ._utils import PipeInfo

@@ -240,6 +240,8 @@ def _simulate_comms_compute(pipeline_order, stage_to_rank, num_stages):
     done = {r: set() for r in pending}
 
     def ready(a):
+        if a.sub_actions is not None:
+            return all(ready(x) for x in a.sub_actions)
         s, kind, mb = a.stage_index, a.computation_type, a.microbatch_index
         prev = done[stage_to_rank(s)]
         if kind == F:
@@ -255,13 +257,13 @@ def _simulate_comms_compute(pipeline_order, stage_to_rank, num_stages):
             return _Action(s, I, mb) in prev or _Action(s, B, mb) in prev
         if kind == RECV_B:
             return _Action(s + 1, SEND_B, mb) in done[stage_to_rank(s + 1)]
-        if kind == W:
+        if kind in (W, UNSHARD, RESHARD, REDUCE_GRAD):  # local: nothing to wait for
             return True
         raise ValueError(f"Unsupported action type {a}")
 
     def run(rank):
         a = pending[rank].pop(0)
-        done[rank].add(a)
+        done[rank].update((a,) + tuple(a.sub_actions or ()))
         return a
     while pending:
         progress = False
