@@ -139,8 +139,6 @@ def stage_backward_input(stage_outputs_or_loss, output_grads, input_values, weig
             if g is not None:
                 v.grad = g if v.grad is None else v.grad + g
         dinputs.append(g)
-    for o in outs:
-        o.detach_()  # the graph up to the outputs is no longer needed
     return tuple(dinputs), [{"params": weights, "held": held}]
 
 

@@ -10,7 +10,8 @@ receive into buffers sized once, so it cannot. Shapes a user declares (``input_a
 """
 from distgrad.autograd import Tensor
 
-__all__ = ["PipeliningMetadataError", "PipeliningShapeError", "TensorMeta",
+__all__ = ["PipeliningMetadataError", "PipeliningShapeError", "StageFailedError",
+           "StageShapeFailedError", "TensorMeta",
            "generate_stage_to_rank_mapping", "generate_rank_to_stage_mapping", "PipeInfo",
            "check_metas", "flatten_args", "tree_flatten", "tree_unflatten", "tree_map"]
 
@@ -22,6 +23,16 @@ class PipeliningMetadataError(RuntimeError):
 class PipeliningShapeError(PipeliningMetadataError):
     """A tensor's shape or dtype is not what the stage or its neighbour expects (the name
     of earlier PyTorch releases; ``except PipeliningMetadataError`` catches it too)."""
+
+
+class StageFailedError(RuntimeError):
+    """distgrad's own: a stage on another rank failed in this step, so this one cannot go
+    on; the message names that stage and what it raised (PyTorch's ranks wait instead,
+    until their process group's timeout)."""
+
+
+class StageShapeFailedError(StageFailedError, PipeliningShapeError):
+    """A :class:`StageFailedError` whose cause was a :class:`PipeliningShapeError`."""
 
 
 class TensorMeta:

@@ -29,7 +29,7 @@ def gpipe(rank, pp_size, n_mb):
 
 def one_f_one_b(rank, pp_size, n_mb):
     """``pp_size - rank`` forwards, then one backward and one forward in turn."""
-    warmup = pp_size - 1 - rank
+    warmup = min(pp_size - 1 - rank, n_mb)  # (PyTorch's class refuses n_mb < pp_size)
     actions = [None] * rank + [_Action(rank, F, i) for i in range(warmup)]
     actions += [None] * max(0, 2 * (pp_size - 1 - rank))
     backward = 0
@@ -169,36 +169,21 @@ def zbv_zero_bubble(rank, pp_size, num_stages, n_mb):
     count = collections.Counter()
     actions = [None] * rank
 
-    def add(stage, kind):
-        actions.append(_Action(stage, kind, count[(stage, kind)]))
-        count[(stage, kind)] += 1
-    for _ in range(2 * (pp_size - rank) - 1):
-        add(down, F)
-    for _ in range(rank):
-        add(up, F)
-        add(down, F)
-    for _ in range(pp_size - rank):
-        add(up, F)
-        add(up, I)
-        add(up, W)
+    def add(*steps):  # (stage, kind) pairs, each the stage's next micro-batch of its kind
+        for stage, kind in steps:
+            actions.append(_Action(stage, kind, count[(stage, kind)]))
+            count[(stage, kind)] += 1
+    add(*[(down, F)] * (2 * (pp_size - rank) - 1))
+    add(*[(up, F), (down, F)] * rank)
+    add(*[(up, F), (up, I), (up, W)] * (pp_size - rank))
     while count[(up, F)] < count[(down, F)] or count[(down, F)] < n:
         if count[(down, F)] < n:
-            add(down, F)
-        add(down, I)
-        add(down, W)
-        add(up, F)
-        add(up, I)
-        add(up, W)
-    for _ in range(rank):
-        add(down, I)
-        add(up, I)
-    for _ in range(pp_size - rank):
-        add(down, I)
-        add(down, W)
-    while count[(up, W)] < count[(up, I)]:
-        add(up, W)
-    while count[(down, W)] < count[(down, I)]:
-        add(down, W)
+            add((down, F))
+        add((down, I), (down, W), (up, F), (up, I), (up, W))
+    add(*[(down, I), (up, I)] * rank)
+    add(*[(down, I), (down, W)] * (pp_size - rank))
+    add(*[(up, W)] * (count[(up, I)] - count[(up, W)]))
+    add(*[(down, W)] * (count[(down, I)] - count[(down, W)]))
     for s in (down, up):
         if not count[(s, W)] == count[(s, I)] == count[(s, F)]:
             raise AssertionError(f"stage {s}: {count[(s, F)]} F, {count[(s, I)]} I, "

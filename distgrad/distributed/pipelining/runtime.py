@@ -18,7 +18,8 @@ from contextlib import nullcontext
 import distgrad
 from distgrad.autograd import Tensor
 
-from ._utils import PipeliningShapeError, generate_stage_to_rank_mapping, tree_map
+from ._utils import (PipeliningShapeError, StageFailedError, StageShapeFailedError,
+                     generate_stage_to_rank_mapping, tree_map)
 from .actions import (B, F, I, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, UNSHARD,
                       W, _format_pipeline_order, leaves, read_actions_csv, write_actions_csv)
 from .handshake import handshake
@@ -64,10 +65,7 @@ class _PipelineSchedule:
             raise RuntimeError("step() requires gradients to be enabled for backward "
                                "computation; it should not be used under torch.no_grad() "
                                "context. Please call eval() instead.")
-        for stage in self._stages:
-            stage.has_backward = self._has_backward
-            stage.chunks = self._n_microbatches
-            stage.clear_runtime_states()
+        self._prepare_stages()
         args_split, kwargs_split = self._split_inputs(args, kwargs)
         targets = (list(_split_tensor(target, _TARGET_SPEC, self._n_microbatches))
                    if target is not None else None)
@@ -77,6 +75,13 @@ class _PipelineSchedule:
             if stage.is_last and return_outputs:
                 return self._merge_outputs(stage.output_chunks)
         return None
+
+    def _prepare_stages(self):
+        """What a step does before its micro-batches (``_step_microbatches`` follows)."""
+        for stage in self._stages:
+            stage.has_backward = self._has_backward
+            stage.chunks = self._n_microbatches
+            stage.clear_runtime_states()
 
     def eval(self, *args, target=None, losses=None, **kwargs):
         """Forward passes only (losses too, with a target); no backward."""
@@ -221,7 +226,8 @@ class _Run:
         value = self.channel.take(self.posted.pop(key), key, peer)
         if isinstance(value, dict) and _FAILED in value:
             kind, text = value[_FAILED]
-            cls = PipeliningShapeError if kind == "PipeliningShapeError" else RuntimeError
+            shape = kind in ("PipeliningShapeError", "StageShapeFailedError")
+            cls = StageShapeFailedError if shape else StageFailedError
             raise cls(f"stage {peer_stage} (rank {peer}) failed, so stage {key[1]} gets no "
                       f"{key[0]} for micro-batch {key[2]}: {kind}: {text}")
         return value
@@ -233,10 +239,12 @@ class _Run:
                                             self.losses))
             return
         for a in leaves(action):
-            observe = self.s._action_observer
-            with observe(self.s.rank, a) if observe is not None and a.is_compute_op \
-                    else nullcontext():
-                self._one(a)
+            self._one(a)
+
+    def _computing(self, a):
+        """The observer's context around an action's computation (not its waiting)."""
+        observe = self.s._action_observer
+        return observe(self.s.rank, a) if observe is not None else nullcontext()
 
     def _one(self, a):
         kind, s, mb = a.computation_type, a.stage_index, a.microbatch_index
@@ -249,9 +257,10 @@ class _Run:
         if kind == F:
             if not stage.is_first and s - 1 not in self.stages:
                 stage.accept_activation(mb, self._take(("act", s, mb), s - 1), self.rank_of(s - 1))
-            out = stage.forward_one_chunk(mb, self.args[mb], self.kwargs[mb],
-                                          save_forward_output=self.return_outputs)
-            self.s._maybe_compute_loss(stage, out, self.targets, mb, self.loss_kwargs)
+            with self._computing(a):
+                out = stage.forward_one_chunk(mb, self.args[mb], self.kwargs[mb],
+                                              save_forward_output=self.return_outputs)
+                self.s._maybe_compute_loss(stage, out, self.targets, mb, self.loss_kwargs)
             if s + 1 in self.stages:
                 self.stages[s + 1].set_local_fwd_input(out, mb)
         elif kind == SEND_F:
@@ -262,14 +271,16 @@ class _Run:
         elif kind in (B, I):
             if not stage.is_last and s + 1 not in self.stages:
                 stage.accept_grads(mb, self._take(("grad", s, mb), s + 1), self.rank_of(s + 1))
-            stage.backward_one_chunk(mb, loss=self.s._maybe_get_loss(stage, mb),
-                                     full_backward=kind == B)
+            with self._computing(a):
+                stage.backward_one_chunk(mb, loss=self.s._maybe_get_loss(stage, mb),
+                                         full_backward=kind == B)
             if s - 1 in self.stages:
                 self.stages[s - 1].set_local_bwd_input(stage.get_local_bwd_output(mb), mb)
         elif kind == SEND_B:
             self.channel.send(("grad", s - 1, mb), self.rank_of(s - 1), stage.outgoing_grads(mb))
         elif kind == W:
-            stage.backward_weight_one_chunk(mb)
+            with self._computing(a):
+                stage.backward_weight_one_chunk(mb)
         elif kind == REDUCE_GRAD:
             stage.perform_reduce_grad(self.s._n_microbatches if self.s.scale_grads else 1)
         else:

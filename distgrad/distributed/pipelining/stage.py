@@ -178,7 +178,8 @@ class PipelineStage:
                 for g in self.get_local_bwd_output(mb_index)]
 
     # -- forward --
-    def _forward(self, args, kwargs):
+    def _forward(self, args, kwargs, mb_index):
+        """The module on one micro-batch (a place for subclasses to wrap it)."""
         if isinstance(self.submod, DistributedDataParallel):
             with self.submod.no_sync():  # replicas average once, at REDUCE_GRAD
                 return self.submod(*args, **kwargs)
@@ -191,7 +192,7 @@ class PipelineStage:
         kwargs = kwargs or {}
         self._check_contract("inputs", args, fwd_chunk_id)
         try:
-            output = self._forward(args, kwargs)
+            output = self._forward(args, kwargs, fwd_chunk_id)
         except Exception as e:
             if not self.wrap_errors:
                 raise
@@ -262,10 +263,6 @@ class PipelineStage:
                                f"{bwd_chunk_id}") from e
         n = len(self.inputs_meta or ())
         self.bwd_cache[bwd_chunk_id] = tuple(grads_in[:n])
-        if self.is_last and not self.is_first:
-            for t in outputs:  # only returned to the user from here on
-                if isinstance(t, Tensor) and t.grad_fn is not None and not t._is_view():
-                    t.detach_()
 
     def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
         """The weights' part of a backward that ``backward_one_chunk(...,

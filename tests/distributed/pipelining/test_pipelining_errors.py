@@ -35,7 +35,7 @@ def test_an_output_that_breaks_the_next_stage_input_args(pp_world):
     # stage 1 declares micro-batches of 4 rows; stage 0 makes 8 (16 rows in 2)
     config = {"schedule": "GPipe", "chunks": 2, "declare": {"1": {"input_args": [4, 8]}}}
     (ok0, kind0, msg0), (ok1, kind1, msg1) = pp_world.run("errors", config)[:2]
-    assert kind0 == kind1 == "PipeliningShapeError"
+    assert kind0 == "PipeliningShapeError" and kind1 == "StageShapeFailedError"  # a subclass
     assert "stage 0 output for stage 1 (its input_args)" in msg0 and "(4, 8)" in msg0 \
         and "(8, 8)" in msg0
     assert msg1.startswith("stage 0 (rank 0) failed") and "(8, 8)" in msg1
@@ -55,5 +55,5 @@ def test_a_stage_that_raises_is_named_on_its_neighbour_at_once(pp_world, name):
     ok, kind, message = results[1]
     assert kind == "RuntimeError" and "[Stage 1] failed to run forward" in message
     ok, kind, message = results[0]
-    assert kind == "RuntimeError" and "stage 1 (rank 1) failed" in message
+    assert kind == "StageFailedError" and "stage 1 (rank 1) failed" in message
     assert "ZeroDivisionError: boom at call 2" in message
