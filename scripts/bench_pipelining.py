@@ -23,8 +23,10 @@ free: what the schedule alone costs), and the textbook formula where there is on
 
 Every measurement runs once per round, rounds one after the other (a burst of load from
 elsewhere hits one repetition of each); the table shows medians over rounds of the median
-over five windows of steps. Prints a table and one JSON line; the machine's load average
-is printed with them (numbers from a busy machine are noisy: compare same-run ratios).
+over five windows of steps, and each process's CPU time per step (what the kernels and
+the messages cost, whatever the load). Prints a table and one JSON line; the machine's
+load average is printed with them (a busy machine's numbers are noisy: compare same-run
+ratios).
 """
 import argparse
 import importlib
@@ -90,13 +92,15 @@ def child_single(framework, threads, args):
     model = _model(torch, args.width, args.layers, args.classes)
     x, y = _data(torch, args.width, args.classes, args.batch)
     loss_fn, opt = torch.nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), lr=3e-4)
-    times = []
+    times, cpu = [], []
     for _ in range(args.steps):
         loss_fn(model(x), y).backward()
         opt.step()
         opt.zero_grad()
         times.append(time.perf_counter())
-    print(json.dumps({"rate": window_rate(times, args.batch, args.warmup)}))
+        cpu.append(time.process_time())
+    print(json.dumps({"rate": window_rate(times, args.batch, args.warmup),
+                      "cpu_ms": _cpu_per_step(cpu, args.warmup)}))
 
 
 def child_pipeline(framework, rank, name, port, args):
@@ -138,7 +142,7 @@ def child_pipeline(framework, rank, name, port, args):
     opt = torch.optim.Adam(params, lr=3e-4)
     x, y = _data(torch, args.width, args.classes, args.batch)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-    times, spans = [], []
+    times, spans, cpu = [], [], []
     for i in range(args.steps):
         t0 = time.perf_counter()
         schedule.step(*((x,) if first else ()), **({"target": y, "losses": []} if last else {}))
@@ -146,13 +150,21 @@ def child_pipeline(framework, rank, name, port, args):
         opt.step()
         opt.zero_grad()
         times.append(time.perf_counter())
+        cpu.append(time.process_time())
     dist.barrier()
     dist.destroy_process_group()
-    out = {"rank": rank, "rate": window_rate(times, args.batch, args.warmup)}
+    out = {"rank": rank, "rate": window_rate(times, args.batch, args.warmup),
+           "cpu_ms": _cpu_per_step(cpu, args.warmup)}
     if actions:
         out["bubble"] = _measured_bubble(actions, spans[args.warmup:])
         out["durations"] = _mean_durations(actions, spans[args.warmup][0])
     print(json.dumps(out))
+
+
+def _cpu_per_step(cpu, warmup):
+    """This process's CPU time per steady step, in ms (all its threads: compute and the
+    messages' I/O)."""
+    return 1000 * (cpu[-1] - cpu[warmup]) / max(len(cpu) - 1 - warmup, 1)
 
 
 def _measured_bubble(actions, spans):
@@ -285,7 +297,8 @@ def pipeline(framework, name, argv):
         raise RuntimeError(f"{framework} {name} failed:\n"
                            + "\n".join(err[-2000:] for _, err in outs))
     ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    result = {"rate": min(r["rate"] for r in ranks)}
+    result = {"rate": min(r["rate"] for r in ranks),
+              "cpu_ms": [r["cpu_ms"] for r in ranks]}
     if "bubble" in ranks[0]:
         result["bubble"] = statistics.mean(r["bubble"] for r in ranks)
         result["durations"] = {k: v for r in ranks for k, v in r["durations"].items()}
@@ -342,6 +355,8 @@ def main(argv=None):
     for (row, _), got in zip(todo, results):
         row = dict(row, rate=statistics.median(g["rate"] for g in got),
                    rounds=[g["rate"] for g in got])
+        cpu = [g["cpu_ms"] if isinstance(g["cpu_ms"], list) else [g["cpu_ms"]] for g in got]
+        row["cpu_ms"] = [statistics.median(c[i] for c in cpu) for i in range(len(cpu[0]))]
         if "bubble" in got[0]:
             best = min(got, key=lambda g: abs(g["rate"] - row["rate"]))
             row["bubble"] = statistics.median(g["bubble"] for g in got)
@@ -363,13 +378,14 @@ def _report(rows, args, names, load_before, load_after):
           f"process; medians of {args.rounds} rounds; load average {load_before[0]:.1f} before, "
           f"{load_after[0]:.1f} after ({os.cpu_count()} cores)")
     print(f"{'framework':9s} {'what':24s} {'samples/s':>10s} {'x 1 thr':>8s} {'x 2 thr':>8s} "
-          f"{'bubble':>7s} {'model':>7s} {'formula':>8s}")
+          f"{'bubble':>7s} {'model':>7s} {'formula':>8s} {'CPU ms/step':>13s}")
     for r in rows:
         def pct(k):
             return f"{100 * r[k]:6.1f}%" if r.get(k) is not None else f"{'':7s}"
+        cpu = "+".join(f"{c:.0f}" for c in r["cpu_ms"])
         print(f"{r['framework']:9s} {r['what']:24s} {r['rate']:10.1f} {r['vs_one_thread']:8.2f} "
               f"{r['vs_two_threads']:8.2f} {pct('bubble')} {pct('bubble_model')} "
-              f"{pct('bubble_textbook'):>8s}")
+              f"{pct('bubble_textbook'):>8s} {cpu:>13s}")
     ours = [r for r in rows if r["framework"] == "distgrad" and "schedule" in r]
     best = max(ours, key=lambda r: r["rate"])
     met = {"best_vs_one_thread": best["vs_one_thread"] >= TARGETS["best_vs_one_thread_min"],

@@ -32,3 +32,14 @@ def test_bench_layers_prints_na_without_torch(tmp_path):
     assert row.split()[2:4] == ["n/a", "n/a"]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["rows"][0]["torch_ms"] is None and report["rows"][0]["distgrad_ms"] > 0
+
+
+def test_bench_pipelining_runs_a_schedule_without_torch(tmp_path):
+    out = _run_without_torch(tmp_path, "bench_pipelining.py", "--quick", "--schedule", "GPipe",
+                             "--micro", "2")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert [r["what"] for r in report["rows"]] == ["one process, 1 BLAS thread",
+                                                   "one process, 2 BLAS threads", "GPipe"]
+    gpipe = report["rows"][2]
+    assert gpipe["rate"] > 0 and 0 <= gpipe["bubble"] < 1 and \
+        gpipe["bubble_textbook"] == pytest.approx(1 / 3)

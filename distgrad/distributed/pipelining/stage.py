@@ -134,8 +134,7 @@ class PipelineStage:
             check_metas(self.declared_inputs, got, True,
                         f"stage {self.stage_index} (its input_args) received from stage "
                         f"{self.stage_index - 1} (rank {sender}) micro-batch {mb_index}")
-        tensors = [distgrad.from_numpy(a if a.flags.writeable else np.array(a)) for a in arrays]
-        self._inputs[mb_index] = (tensors, list(flags))
+        self._inputs[mb_index] = (arrays, list(flags))
 
     def outgoing_activation(self, mb_index):
         """The message of micro-batch ``mb_index``'s outputs, for the next stage."""
@@ -150,8 +149,17 @@ class PipelineStage:
     def _input_tensors(self, mb_index):
         values, flags = self._inputs.pop(mb_index)
         grad = self.has_backward and distgrad.is_grad_enabled()
-        return tuple(v.requires_grad_(bool(f) and grad) if isinstance(v, Tensor) and
-                     v.is_floating_point() else v for v, f in zip(values, flags))
+        out = []
+        for v, f in zip(values, flags):
+            if isinstance(v, np.ndarray):  # received: a read-only view of the message is
+                # kept as it is where autograd forbids writing into it anyway (a leaf that
+                # requires grad); copied where the module may write into its input
+                keep = v.flags.writeable or (f and grad and v.dtype.kind in "fc")
+                v = distgrad.from_numpy(v if keep else np.array(v))
+            if isinstance(v, Tensor) and v.is_floating_point():
+                v = v.requires_grad_(bool(f) and grad)
+            out.append(v)
+        return tuple(out)
 
     # -- gradients from the stage after --
     def set_local_bwd_input(self, next_stage_bwd_outputs, mb_index):
