@@ -73,3 +73,13 @@ def test_schedules_that_cannot_run_a_config_say_why(launcher, tiny_config):
     launch = launcher(tiny_config, "pipeline.schedule=dualpipev", "pipeline.virtual_stages=2",
                       "--check")
     assert launch.wait() == 2 and "dualpipev needs at least one per stage (4)" in launch.output
+
+
+def test_zero_bubble_with_data_parallel_replicas(launcher, tiny_config):
+    # each replica's stages average their gradients after the step's W passes
+    overrides = ["world.workers=4", "world.replicas=2", "pipeline.schedule=zbvzerobubble",
+                 "pipeline.virtual_stages=2", "pipeline.micro_batches=2", "run.steps=4"]
+    launch = launcher(tiny_config, *overrides)
+    assert launch.wait(120) == 0, launch.output
+    expected = reference(tiny_config, overrides)
+    assert launch.losses() == pytest.approx(expected, rel=1e-5, abs=1e-6)

@@ -14,7 +14,7 @@ import numpy as np
 import distgrad
 import distgrad.distributed as dist
 from distgrad import nn
-from distgrad.distributed.pipelining import PipelineStage, pipeline
+from distgrad.distributed.pipelining import PipelineStage
 from distgrad.distributed.pipelining._utils import generate_rank_to_stage_mapping
 from distgrad.distributed.pipelining.schedules import _PipelineScheduleRuntime, get_schedule_class
 from distgrad.nn.parallel import DistributedDataParallel

@@ -30,7 +30,7 @@ def _stage(index, n_stages, size, rank=0):
     return PipelineStage(nn.Linear(1, 1), index, n_stages, _channel=_Ranks(rank, size))
 
 
-def _schedule(cls_name, pp, n_local, n_mb, rank=0, module=S):
+def _schedule(cls_name, pp, n_local, n_mb, rank=0, module=S, **kwargs):
     """``cls_name`` built for ``rank`` of ``pp`` (our classes, or PyTorch's with
     ``module`` and stand-in stages)."""
     cls = module.get_schedule_class(cls_name)
@@ -40,7 +40,7 @@ def _schedule(cls_name, pp, n_local, n_mb, rank=0, module=S):
         stages = [_stage(s, pp * n_local, pp, rank) for s in mine]
     else:
         stages = [_TorchStage(s, pp * n_local, pp, rank) for s in mine]
-    return cls(stages[0] if cls_name in SINGLE else stages, n_mb)
+    return cls(stages[0] if cls_name in SINGLE else stages, n_mb, **kwargs)
 
 
 class _TorchStage:
@@ -85,6 +85,17 @@ def test_every_order_is_pytorchs():
         if hasattr(theirs, "pipeline_order_with_comms"):
             assert _text(ours.pipeline_order_with_comms) == \
                 _text(theirs.pipeline_order_with_comms), where
+
+
+def test_deferred_receives_are_placed_as_pytorch_places_them():
+    torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    for name, pp, n_mb in [("Interleaved1F1B", 2, 4), ("InterleavedZeroBubble", 4, 8),
+                           ("DualPipeV", 2, 6), ("LoopedBFS", 3, 6)]:
+        n_local = 2
+        ours = _schedule(name, pp, n_local, n_mb, defer_pp_recv=True)
+        theirs = _schedule(name, pp, n_local, n_mb, module=torch_schedules, defer_pp_recv=True)
+        assert _text(ours.pipeline_order_with_comms) == \
+            _text(theirs.pipeline_order_with_comms), name
 
 
 def test_every_order_is_valid_and_runs_in_the_dry_run():
