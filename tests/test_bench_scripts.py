@@ -39,7 +39,8 @@ def test_bench_pipelining_runs_a_schedule_without_torch(tmp_path):
                              "--micro", "2")
     report = json.loads(out.strip().splitlines()[-1])
     assert [r["what"] for r in report["rows"]] == ["one process, 1 BLAS thread",
-                                                   "one process, 2 BLAS threads", "GPipe"]
+                                                   "one process, 2 BLAS threads",
+                                                   "GPipe, 2 micro-batches"]
     gpipe = report["rows"][2]
     assert gpipe["rate"] > 0 and 0 <= gpipe["bubble"] < 1 and \
         gpipe["bubble_textbook"] == pytest.approx(1 / 3)
