@@ -132,3 +132,14 @@ def test_the_split_backward_of_a_loss():
     got = [p.grad.numpy() for p in model.parameters()] + [dx.numpy()]
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_the_module_is_where_torch_programs_look_for_it():
+    import importlib
+    # a program that does `import distgrad as torch` finds it as an attribute
+    assert distgrad.distributed.pipelining.PipelineStage is PipelineStage
+    for name in ("schedules", "stage", "microbatch", "_backward", "_utils", "_IR"):
+        importlib.import_module(f"distgrad.distributed.pipelining.{name}")
+    from distgrad.distributed.pipelining._utils import PipeliningMetadataError, PipeliningShapeError
+    assert issubclass(PipeliningShapeError, PipeliningMetadataError)
+    assert issubclass(PipeliningMetadataError, RuntimeError)
