@@ -36,7 +36,7 @@ def test_bench_layers_prints_na_without_torch(tmp_path):
 
 def test_bench_pipelining_runs_a_schedule_without_torch(tmp_path):
     out = _run_without_torch(tmp_path, "bench_pipelining.py", "--quick", "--schedule", "GPipe",
-                             "--micro", "2")
+                             "--micro", "2", "--launch", "")
     report = json.loads(out.strip().splitlines()[-1])
     assert [r["what"] for r in report["rows"]] == ["one process, 1 BLAS thread",
                                                    "one process, 2 BLAS threads",
