@@ -223,6 +223,10 @@ class _Run:
 
     def _take(self, key, peer_stage):
         peer = self.rank_of(peer_stage)
+        if key not in self.posted:  # an order given with its communication, lacking a RECV
+            what = "F" if key[0] == "act" else "B/I"
+            raise AssertionError(f"Computing {key[1]}{what}{key[2]} before receiving its input: "
+                                 f"the order has no RECV of it on rank {self.s.rank}")
         value = self.channel.take(self.posted.pop(key), key, peer)
         if isinstance(value, dict) and _FAILED in value:
             kind, text = value[_FAILED]

@@ -92,3 +92,22 @@ def test_orders_given_as_actions(pp_world, order, stages):
     for k, g in grads.items():
         np.testing.assert_allclose(g, ref["grads"][k], rtol=1e-5, atol=4e-5)
     assert sorted(grads) == sorted(ref["grads"])
+
+
+def test_an_order_given_with_its_communication(pp_world):
+    from distgrad import nn
+    from distgrad.distributed.pipelining import PipelineStage
+    from distgrad.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    class Ranks:
+        rank, size = 0, 2
+    local = _PipelineScheduleRuntime([PipelineStage(nn.Linear(1, 1), i, 4, _channel=Ranks())
+                                      for i in (0, 3)], 2)
+    local._load_actions(V_ORDER)  # lowered here: its sends and receives, as text
+    comms = "\n".join(",".join(map(str, local.pipeline_order_with_comms[r])) for r in (0, 1))
+    config = {"schedule": "runtime", "actions": comms, "format": "compute_comms",
+              "stages": [[0, 3], [1, 2]], "n_stages": 4, "chunks": 2}
+    results = pp_world.run("train", config)
+    ref = pc.reference(4, 1, [pc.batch(16)])
+    for k, g in {**results[0]["grads"], **results[1]["grads"]}.items():
+        np.testing.assert_allclose(g, ref["grads"][k], rtol=1e-5, atol=4e-5)
