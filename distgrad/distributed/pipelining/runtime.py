@@ -181,6 +181,7 @@ class _PipelineSchedule:
                 run.perform(action)
             except BaseException as e:
                 run.fail_sends(actions[i:], e)
+                self._internal_losses.clear()
                 log.error("rank %d: %s failed at action %d (%s) of its list:\n%s", self.rank,
                           type(self).__name__, i, action,
                           _format_pipeline_order(self._lowered(), error_step_number=i))
