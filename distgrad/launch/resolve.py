@@ -172,6 +172,10 @@ class Plan:
             raise self.error("pipeline.schedule", "schedules other than gpipe and 1f1b, and "
                              f"virtual stages, need world.strategy \"pipeline\", not "
                              f"{world['strategy']!r}")
+        if virtual > 1 and stages == 1 and (world.get("replicas") or 1) > 1:
+            raise self.error("pipeline.virtual_stages", "replicas of a one-worker pipeline "
+                             "average through DDP, which wraps one stage: give each pipeline "
+                             "2 or more workers, or virtual_stages 1")
         why = schedules.check(pipe["schedule"], stages, virtual, pipe["micro_batches"])
         if why is not None:
             raise self.error("pipeline.schedule", why)

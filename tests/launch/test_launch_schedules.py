@@ -73,6 +73,10 @@ def test_schedules_that_cannot_run_a_config_say_why(launcher, tiny_config):
     launch = launcher(tiny_config, "pipeline.schedule=dualpipev", "pipeline.virtual_stages=2",
                       "--check")
     assert launch.wait() == 2 and "dualpipev needs at least one per stage (4)" in launch.output
+    launch = launcher(tiny_config, "pipeline.schedule=interleaved1f1b", "world.replicas=2",
+                      "pipeline.virtual_stages=2", "--check")
+    assert launch.wait() == 2 and "pipeline.virtual_stages: replicas of a one-worker " \
+        "pipeline" in launch.output
 
 
 def test_zero_bubble_with_data_parallel_replicas(launcher, tiny_config):
