@@ -74,6 +74,10 @@ def handshake(schedule):
             (f"rank {me}", f"rank {me}"))
     for (kind, s, side), (handle, peer) in posted.items():
         theirs = channel.take(handle, (kind, s, side), peer)
+        if not (isinstance(theirs, dict) and set(_COMMON) | {"stage", "declared"} <=
+                set(theirs)):
+            raise RuntimeError(f"rank {me}: a malformed first message from rank {peer} "
+                               f"(stage {s - 1 + side}): {str(theirs)[:80]}")
         if side == 0:  # stage s-1 told stage s (here) about its outputs
             _check(theirs, _about(schedule, stages[s], "inputs"), (f"rank {peer}", f"rank {me}"))
         else:  # stage s told stage s-1 (here) about its inputs

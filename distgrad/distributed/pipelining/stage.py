@@ -128,6 +128,11 @@ class PipelineStage:
 
     def accept_activation(self, mb_index, value, sender):
         """An activation message from stage ``stage_index - 1`` (on rank ``sender``)."""
+        if not (isinstance(value, list) and len(value) == 2 and
+                all(isinstance(v, list) for v in value) and len(value[0]) == len(value[1]) and
+                all(isinstance(a, np.ndarray) for a in value[0])):
+            raise RuntimeError(f"stage {self.stage_index}: a malformed activation of "
+                               f"micro-batch {mb_index} from rank {sender}")
         arrays, flags = value
         got = tuple(TensorMeta(a.shape, a.dtype.name) for a in arrays)
         if self.declared_inputs is not None:  # the sender checked too; say it here as well
@@ -168,6 +173,10 @@ class PipelineStage:
         self._output_grads[mb_index] = next_stage_bwd_outputs
 
     def accept_grads(self, mb_index, value, sender):
+        if not (isinstance(value, list) and
+                all(a is None or isinstance(a, np.ndarray) for a in value)):
+            raise RuntimeError(f"stage {self.stage_index}: a malformed gradient of "
+                               f"micro-batch {mb_index} from rank {sender}")
         self._output_grads[mb_index] = tuple(
             None if a is None else distgrad.from_numpy(a if a.flags.writeable else np.array(a))
             for a in value)
