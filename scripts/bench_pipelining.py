@@ -11,8 +11,10 @@ more make a smaller bubble). Each rank is a process of
 its own, pinned to a core of its own, one BLAS thread; they meet in a gloo process group
 (``init_process_group`` from ``MASTER_ADDR``/``MASTER_PORT``). The pipeline program is the
 same on both frameworks, its ``import torch`` swapped for ``import distgrad as torch``.
-Schedules with two stages per rank (interleaved, Looped BFS, ZB-V, DualPipeV) cut the
-model into 4 stages, the others into 2.
+Schedules with two stages per rank (interleaved, Looped BFS, interleaved zero-bubble, ZB-V,
+DualPipeV) cut the model into 4 stages, GPipe and 1F1B into 2. distgrad's ranks tolerate 30 s
+without a heartbeat (a loaded machine can leave a rank seconds without a core); a run that
+fails anyway is reported on stderr and left out of the table.
 
 Beside them, ``distgrad launch`` runs of ``configs/wide.toml`` on the same schedule classes
 (``--launch``): there a B schedule's linear weights get their gradients in one product
@@ -26,7 +28,7 @@ Beside it, two models: the schedule's critical path with the measured action tim
 (every rank runs its list in order, an action starting when its inputs are there, messages
 free: what the schedule alone costs), and the textbook formula where there is one
 ((p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(vm+p-1) interleaved, ZB-H1's
-(p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W))).
+(p-1)(F+B-W)/(vm(F+B+W)+(p-1)(F+B-W)) with a stage's mean action times).
 
 Every measurement runs once per round, rounds one after the other (a burst of load from
 elsewhere hits one repetition of each); the table shows medians over rounds of the median
@@ -56,7 +58,8 @@ from bench_launch import _env as launch_env, pipeline as launch, window_rate  # 
 
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV"]
-TWO_PER_RANK = ("Interleaved1F1B", "LoopedBFS", "ZBVZeroBubble", "DualPipeV")
+TWO_PER_RANK = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+                "DualPipeV")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 # the same schedule classes under `distgrad launch`, where linear weights' gradients of
 # B schedules wait for one product per weight (pipeline.defer_weight_grads)
@@ -125,7 +128,11 @@ def child_pipeline(framework, rank, name, port, args):
         torch.set_num_threads(1)
     dist = torch.distributed
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    options = {}
+    if framework == "distgrad":  # a loaded machine can leave a rank seconds without a core
+        from distgrad.distributed.rpc import RpcBackendOptions
+        options["pg_options"] = RpcBackendOptions(heartbeat_interval=1.0, heartbeat_timeout=30)
+    dist.init_process_group("gloo", rank=rank, world_size=2, **options)
     torch.manual_seed(0)
     n_stages = 4 if name in TWO_PER_RANK else 2
     parts = _cut(_model(torch, args.width, args.layers, args.classes), n_stages)
@@ -266,8 +273,8 @@ def textbook_bubble(name, micro, durations):
         def mean(kind):
             vals = [t for k, t in durations.items() if k.endswith(kind)]
             return statistics.mean(vals) if vals else 0.0
-        f, b, w = mean("F"), mean("I"), mean("W")
-        return (p - 1) * (f + b - w) / (micro * (f + b + w) + (p - 1) * (f + b - w))
+        f, b, w = mean("F"), mean("I"), mean("W")  # per stage (a v-th of a rank's layers)
+        return (p - 1) * (f + b - w) / (v * micro * (f + b + w) + (p - 1) * (f + b - w))
     return None
 
 
@@ -388,8 +395,13 @@ def main(argv=None):
     load_before = os.getloadavg()
     results = [[] for _ in todo]
     for _ in range(args.rounds):
-        for i, (_, measure) in enumerate(todo):
-            results[i].append(measure())
+        for i, (row, measure) in enumerate(todo):
+            try:
+                results[i].append(measure())
+            except (RuntimeError, subprocess.TimeoutExpired) as e:  # the others go on
+                print(f"{row['framework']} {row['what']}: {str(e)[-600:]}", file=sys.stderr)
+    todo, results = zip(*[(t, r) for t, r in zip(todo, results) if r]) if any(results) \
+        else ((), ())
     load_after = os.getloadavg()
     shutil.rmtree(workdir, ignore_errors=True)
     rows = []
