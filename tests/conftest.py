@@ -30,6 +30,18 @@ def pytest_collection_finish(session):
             yellow=True)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow run with ``-m slow`` only (pyproject.toml's marker): minutes of
+    CPU each (PyTorch's torchrun as an oracle, resumes across hosts), kept out of the
+    default run so that it stays within minutes on 2 cores."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="marked slow: run with -m slow")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)
+
+
 #: The suite's own modules that its workers may run (``tests/support``).
 SUPPORT_MODULES = ["support"]
 

@@ -91,3 +91,15 @@ def test_bench_profiler_prints_na_without_torch(tmp_path):
     (r,) = report["rows"]
     assert r["torch_ratio"] is None and r["torch_ratio_cpu"] is None
     assert r["profiled_us"] > 0 and r["ratio"] > 0 and r["ratio_cpu"] > 0
+
+
+def test_bench_pipelining_runs_a_schedule_without_torch(tmp_path):
+    out = _run_without_torch(tmp_path, "bench_pipelining.py", "--quick", "--schedule", "GPipe",
+                             "--micro", "2", "--launch", "")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert [r["what"] for r in report["rows"]] == ["one process, 1 BLAS thread",
+                                                   "one process, 2 BLAS threads",
+                                                   "GPipe, 2 micro-batches"]
+    gpipe = report["rows"][2]
+    assert gpipe["rate"] > 0 and 0 <= gpipe["bubble"] < 1 and \
+        gpipe["bubble_textbook"] == pytest.approx(1 / 3)

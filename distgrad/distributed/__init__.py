@@ -3,8 +3,9 @@
 Process groups and collectives (``init_process_group``, ``all_reduce``, ...) live in
 ``process_group.py``, ``collectives.py``, ``point_to_point.py`` and
 ``object_collectives.py``, the key-value stores in ``store.py`` and
-``file_store.py``; ``rpc`` is ``torch.distributed.rpc``. ``autograd``, ``optim`` and
-``nn`` load on first use. ``DistributedDataParallel`` is implemented in ``ddp.py``.
+``file_store.py``; ``rpc`` is ``torch.distributed.rpc``. ``autograd``, ``optim``,
+``nn`` and ``pipelining`` load on first use. ``DistributedDataParallel`` is implemented in
+``ddp.py``.
 """
 from . import rpc  # noqa: F401
 from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all,

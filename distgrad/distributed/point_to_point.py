@@ -8,7 +8,8 @@ from .collective_call import _Out, _flat, _group, _root, _tensor
 from .process_group import _world
 from .work import Work
 
-__all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
+__all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "isend_value",
+           "irecv_value"]
 
 
 def _peer(g, peer, group_peer, param, collective):
@@ -51,6 +52,20 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
     _tensor(tensor, "tensor")
     out = _Out(tensor, "irecv")
     return _p2p("recv", tensor, src, group, tag, group_src, out.flat, out.done)
+
+
+def isend_value(value, dst=None, group=None, tag=0, group_dst=None):
+    """distgrad's own: send ``value`` (arrays, lists of them, numbers, strings, None: what
+    the codec carries) to rank ``dst``; arrays keep their shapes and dtypes, so the receiver
+    (:func:`irecv_value`) needs no buffer of the right size, as :func:`irecv` does.
+    Pipelines send activations whose shapes change from step to step this way."""
+    return _p2p("send", None, dst, group, tag, group_dst, value)
+
+
+def irecv_value(src=None, group=None, tag=0, group_src=None):
+    """distgrad's own: receive what :func:`isend_value` sent with ``tag``; the returned
+    Work's ``result()[0]`` is the value (its arrays may be read-only views of the message)."""
+    return _p2p("recv", None, src, group, tag, group_src, None)
 
 
 def send(tensor, dst=None, group=None, tag=0, group_dst=None):

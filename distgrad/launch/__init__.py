@@ -12,7 +12,9 @@ Modules, from the outside in:
 - :mod:`.supervisor`  the process tree: start, watch, log, stop, restart
 - :mod:`.console`     merged logs, the progress bar, the loss curve
 - :mod:`.coordinator` rank 0: the training loop, evaluation, checkpoints, the trace
-- :mod:`.stage`       a worker's pipeline stage (called by the coordinator over RPC)
+- :mod:`.stage`       a worker's pipeline stages (called by the coordinator over RPC),
+                      run by ``distgrad.distributed.pipelining``'s schedules
+                      (:mod:`.stage_parts`: their channel, stage class and trace spans)
 - :mod:`.grid`        which stage of which replica each worker holds
 - :mod:`.replicas`    the replicas' process group and gradient averaging (DDP)
 - :mod:`.schedule`, :mod:`.data`, :mod:`.models`, :mod:`.hooks`, :mod:`.checkpoint`,

@@ -28,6 +28,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10: the backport has the same API
     import tomli as tomllib
 
+from .schedule import NAMES as SCHEDULES
+
 __all__ = ["ConfigError", "load_config", "from_dict", "parse_override", "SCHEMA",
            "describe_schema", "heartbeat_interval"]
 
@@ -186,18 +188,20 @@ SCHEMA = {
     "pipeline": {
         "balance": Field("int_list", low=1, doc="layers per stage (default: parameters "
                                                 "spread evenly)"),
-        "micro_batches": Field(int, 1, low=1, high=1024, doc="micro-batches per step (of "
-                                                             "each replica's shard; with "
-                                                             "one stage: gradient "
-                                                             "accumulation)"),
-        "schedule": Field(str, "gpipe", choices=("gpipe", "1f1b"),
-                          doc="order of forward and backward passes on each stage"),
+        "micro_batches": Field(int, 1, low=1, high=1024, doc="micro-batches per step (of each "
+                               "replica's shard; with one stage: gradient accumulation)"),
+        "schedule": Field(str, "gpipe", choices=SCHEDULES, doc="order of forward and backward "
+                          "passes: torch.distributed.pipelining's schedules in lower case (the "
+                          "zero-bubble ones split backward into the inputs' and weights' parts)"),
+        "virtual_stages": Field(int, low=1, high=64, doc="stages per worker (interleaved and V "
+                                "schedules; default 1): the model is cut into workers x these"),
         "defer_weight_grads": Field(bool, True, doc="a micro-batch's backward computes "
                                     "the gradients the stage before waits for; linear "
                                     "weights' gradients follow in one product per weight "
                                     "before the optimizer step (same results; keeps the "
                                     "stage's inputs until then). Not with model.aux_weight, "
-                                    "world.replicas > 1 or [offload]"),
+                                    "world.replicas > 1, [offload] or zero-bubble schedules "
+                                    "(their W passes split the backward per micro-batch)"),
     },
     "data": {
         "source": Field(str, required=True, doc="\"spirals\", \"gaussians\" or "
@@ -476,10 +480,11 @@ def _check_together(c, where):
         raise _error(where, "run.steps", "missing; give run.steps or run.epochs")
     stages, replicas = _check_grid(c["world"], where)
     balance = c["pipeline"].get("balance")
-    if balance is not None and len(balance) != stages:
-        raise _error(where, "pipeline.balance",
-                     f"gives {len(balance)} stages but the world has {stages} "
-                     f"(world.workers {c['world']['workers']} / world.replicas {replicas})")
+    if balance is not None and len(balance) != (cut := stages * c["pipeline"].get(
+            "virtual_stages", 1)):
+        raise _error(where, "pipeline.balance", f"gives {len(balance)} stages but the world has "
+                     f"{cut} (world.workers {c['world']['workers']} / world.replicas {replicas}"
+                     + (" x pipeline.virtual_stages)" if cut != stages else ")"))
     mb, batch = c["pipeline"]["micro_batches"], c["data"]["batch_size"]
     if batch % replicas:
         raise _error(where, "data.batch_size",

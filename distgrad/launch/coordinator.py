@@ -35,6 +35,7 @@ from distgrad.futures import wait_all
 
 from . import board as _board
 from . import checkpoint as ckpt
+from . import schedule as schedules
 from . import progress
 from . import stage as _stage
 from . import trace as _trace
@@ -48,6 +49,7 @@ __all__ = ["Coordinator", "StageFailure"]
 
 
 _FAILURE_NOTICE = 1.0  # s: how long a stage's word of the step that raised may take
+_NEIGHBOUR = "StageFailedError"  # the error of a stage whose neighbour failed first
 
 
 class StageFailure(Exception):
@@ -79,6 +81,10 @@ class Coordinator:
         self.trace = _trace.Recorder(bool(launch.get("trace")))
         self.timeout = config["world"]["rpc_timeout"]
         self.micro = config["pipeline"]["micro_batches"]
+        self.virtual = config["pipeline"].get("virtual_stages", 1)
+        last = self.grid.stages * self.virtual - 1  # the last stage: on the last rank, or
+        self.last_rank = next(r for r in range(self.grid.stages)  # the first (V schedules)
+                              if last in self._stages_of(r))
         self.seq = 0
         data = config["data"]
         train, held_out = split(self.plan.source(**data["kwargs"]), data["eval_fraction"],
@@ -122,9 +128,26 @@ class Coordinator:
         try:
             return wait_all(futures)
         except Exception:  # noqa: BLE001 - the first that failed names its stage
-            k, error = next((k, _error_of(f)) for k, f in enumerate(futures)
-                            if _error_of(f) is not None)
-            raise self._diagnose(k, error, step) from None
+            failed = self._failed(futures)
+            raise self._diagnose(*failed[0], step) from None
+
+    @staticmethod
+    def _failed(futures):
+        """``[(worker index, error)]`` of the futures that failed, a stage's own error
+        first: a stage whose neighbour failed raises too (StageFailedError), and may be
+        heard first; its neighbour's answer is given a moment to arrive."""
+        def failed():
+            errors = [(k, _error_of(f)) for k, f in enumerate(futures)]
+            errors = [(k, e) for k, e in errors if e is not None]
+            return sorted(errors, key=lambda ke: _NEIGHBOUR in (getattr(ke[1], "remote_type",
+                                                                        None) or ""))
+        errors = failed()
+        deadline = time.monotonic() + _FAILURE_NOTICE
+        while _NEIGHBOUR in (getattr(errors[0][1], "remote_type", None) or "") and \
+                time.monotonic() < deadline and not all(f.done() for f in futures):
+            next(f for f in futures if not f.done()).wait_done(0.05)
+            errors = failed()
+        return errors
 
     def _diagnose(self, stage, error, step):
         """Which worker is at fault: a probe finds a dead or stopped one within the
@@ -163,7 +186,10 @@ class Coordinator:
 
         def spec(w):
             replica, k = grid.place(w)
-            return ({"stage": k, "stages": stages, "layers": list(p.layers[k]),
+            parts = {str(s): list(p.layers[s]) for s in self._stages_of(k)}
+            return ({"stage": k, "stages": stages, "parts": parts,
+                     "num_stages": stages * self.virtual,
+                     "pipeline": [self.workers[grid.index(replica, r)] for r in range(stages)],
                      "worker": w, "replica": replica, "replicas": grid.replicas,
                      "store": [self.store.host, self.store.port] if self.store else None,
                      "heartbeat_timeout": world["heartbeat_timeout"],
@@ -193,13 +219,17 @@ class Coordinator:
         for w in range(len(self.workers)):
             replica, k = self.grid.place(w)
             n, xs, ys = per_replica[replica]
-            out.append((n, xs if k == 0 else None, ys if k == self.grid.stages - 1 else None))
+            out.append((n, xs if k == 0 else None, ys if k == self.last_rank else None))
         return out
+
+    def _stages_of(self, rank):
+        """The stages pipeline rank ``rank`` holds (``pipeline.virtual_stages`` of them)."""
+        return schedules.stage_indices(self.config["pipeline"]["schedule"], rank,
+                                       self.grid.stages, self.virtual)
 
     def _combine(self, results):
         """The last stages' results of every replica, as the whole batch's."""
-        last = [results[self.grid.index(r, self.grid.stages - 1)]
-                for r in range(self.grid.replicas)]
+        last = [results[self.grid.index(r, self.last_rank)] for r in range(self.grid.replicas)]
         # equal shards: the mean of the replicas' means (one replica: its loss, bit for bit)
         out = {"loss": sum(r["loss"] for r in last) / len(last),
                "correct": sum(r["correct"] for r in last), "count": sum(r["count"] for r in last)}
@@ -295,7 +325,7 @@ class Coordinator:
         seq = self._next_seq()
         results = self._gather(self._to_all(
             _stage.evaluate, lambda k: (seq, key, *arguments[k])), step_count - 1)
-        return [results[self.grid.index(r, self.grid.stages - 1)] for r in range(replicas)]
+        return [results[self.grid.index(r, self.last_rank)] for r in range(replicas)]
 
     def _log(self, record):
         self.metrics.write(json.dumps(record) + "\n")
@@ -417,9 +447,12 @@ class Coordinator:
     def _run(self):
         info = self._setup()
         stages = self.grid.stages
-        sizes = ", ".join(f"stage {k}: {i['parameters']:,}" for k, i in enumerate(info[:stages]))
+        held = [", ".join(map(str, self._stages_of(k))) for k in range(stages)]
+        sizes = ", ".join(f"stage{'s' if self.virtual > 1 else ''} {held[k]}: "
+                          f"{i['parameters']:,}" for k, i in enumerate(info[:stages]))
         copies = f" x {self.grid.replicas} replicas" if self.grid.replicas > 1 else ""
-        print(f"{stages} stage{'s' if stages > 1 else ''}{copies} ({sizes} parameters); steps "
+        n = stages * self.virtual
+        print(f"{n} stage{'s' if n > 1 else ''}{copies} ({sizes} parameters); steps "
               f"{self.start + 1}..{self.total}"
               + (f", resumed from {self.resume_from}" if self.resume_from else ""), flush=True)
         self._open_metrics()

@@ -18,6 +18,9 @@ backward passes sum them.
 
 Hooks see the whole model here, each stage only its own part in a pipeline: a
 clipping hook clips by the global norm here and per stage there.
+
+Each stage adds its micro-batches' gradients up in micro-batch order, as this loop does,
+in every schedule but Looped BFS, whose backward passes run in reverse (here too).
 """
 from contextlib import nullcontext
 
@@ -26,6 +29,7 @@ import distgrad
 from .data import Batches, micro_batches, split
 from .resolve import deferred_weights, plan
 from .losses import LOSSES, auxiliary_loss
+from .schedule import backward_reversed
 
 __all__ = ["train_in_one_process"]
 
@@ -45,6 +49,8 @@ def train_in_one_process(config, steps=None, on_step=None):
     optimizer = p.optimizer(model.parameters(), **p.optimizer_kwargs)
     loss_fn = LOSSES[config["model"]["loss"]]()
     count = config["pipeline"]["micro_batches"]
+    # the stages' order of backward passes, which is the order their gradients add up in
+    reverse = backward_reversed(config["pipeline"]["schedule"])
     losses = []
     aux_weight = config["model"]["aux_weight"]
     # as the stages do: linear weights' gradients once per step (plan.deferred_weight_names)
@@ -53,14 +59,20 @@ def train_in_one_process(config, steps=None, on_step=None):
         x, y = batches.batch(step)
         total = 0.0
         outputs = []
+        later = []  # losses whose backward runs after every forward (in reverse)
         with deferred:
             for xm, ym in zip(micro_batches(x, count), micro_batches(y, count)):
                 z = model(distgrad.from_numpy(xm))
                 loss = loss_fn(z, distgrad.from_numpy(ym)) * (len(ym) / len(y))
-                loss.backward(retain_graph=aux_weight > 0)
+                if reverse:
+                    later.append(loss)
+                else:
+                    loss.backward(retain_graph=aux_weight > 0)
                 total += loss.item()
                 if aux_weight:
                     outputs.append((z, len(ym)))
+            for loss in reversed(later):
+                loss.backward()
         if aux_weight:
             _auxiliary_backward(model, outputs, aux_weight, len(y))
         for hook, kwargs in p.hooks:

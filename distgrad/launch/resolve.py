@@ -17,6 +17,7 @@ import distgrad.optim
 
 from . import data as _data
 from . import models as _models
+from . import schedule as schedules
 from .config import ConfigError
 from .grid import Grid
 
@@ -104,13 +105,15 @@ class Plan:
         """The parameters whose gradients wait for the end of a step
         (``pipeline.defer_weight_grads``), by name (a stage's slice keeps the model's
         names); none where deferring would change a result: one micro-batch (nothing to
-        gain), a second backward over the graph (model.aux_weight), gradients averaged
+        gain), a zero-bubble schedule (its W passes defer them per micro-batch), a second
+        backward over the graph (model.aux_weight), gradients averaged
         during backward (replicas) or inputs offloaded (they would be kept). A weight with
         a gradient hook gets its gradient per micro-batch, as the hook sees it, in the
         stages and in the one-process run alike (the same sums, bit for bit)."""
         config, world = self.config, self.config["world"]
         pipeline = config["pipeline"]
         if not pipeline["defer_weight_grads"] or pipeline["micro_batches"] < 2 \
+                or schedules.split_backward(pipeline["schedule"]) \
                 or config["model"]["aux_weight"] or config["offload"] \
                 or world["strategy"] == "ddp" or (world.get("replicas") or 1) > 1:
             return []
@@ -159,8 +162,27 @@ class Plan:
         except TypeError as e:
             raise self.error(key, f"{e} {where}") from None
 
+    def _pipeline_stages(self):
+        """How many stages the model is cut into: workers per replica x virtual stages
+        (checked against the schedule; its constraints name their key)."""
+        pipe, world = self.config["pipeline"], self.config["world"]
+        stages, virtual = Grid.of(self.config).stages, pipe.get("virtual_stages", 1)
+        if world["strategy"] != "pipeline" and (virtual > 1 or
+                                                pipe["schedule"] not in ("gpipe", "1f1b")):
+            raise self.error("pipeline.schedule", "schedules other than gpipe and 1f1b, and "
+                             f"virtual stages, need world.strategy \"pipeline\", not "
+                             f"{world['strategy']!r}")
+        if virtual > 1 and stages == 1 and (world.get("replicas") or 1) > 1:
+            raise self.error("pipeline.virtual_stages", "replicas of a one-worker pipeline "
+                             "average through DDP, which wraps one stage: give each pipeline "
+                             "2 or more workers, or virtual_stages 1")
+        why = schedules.check(pipe["schedule"], stages, virtual, pipe["micro_batches"])
+        if why is not None:
+            raise self.error("pipeline.schedule", why)
+        return stages * virtual
+
     def _split(self):
-        model_cfg, stages = self.config["model"], Grid.of(self.config).stages
+        model_cfg, stages = self.config["model"], self._pipeline_stages()
         try:
             distgrad.manual_seed(self.config["run"]["seed"])
             model = self.factory(**model_cfg["kwargs"])

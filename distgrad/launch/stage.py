@@ -1,12 +1,14 @@
-"""The worker side of a launch: one pipeline stage per worker process.
+"""The worker side of a launch: its pipeline stages (one per worker, or
+``pipeline.virtual_stages`` of them for interleaved and V schedules).
 
 The coordinator calls these functions over RPC (they must be on the worker's
 allowlist: the launcher starts workers with ``--allow distgrad.launch.stage``).
-Each stage owns a slice of the model's layers and a local optimizer. Activations
-go straight from one stage to the next and gradients straight back, as
-one-way ``deliver`` calls; the coordinator only sends the steps' inputs (to the first
-stage) and targets (to the last), a run of steps per command (``progress.py``), and
-collects the losses.
+Each stage owns a slice of the model's layers and a local optimizer. The worker's
+stages run ``distgrad.distributed.pipelining``'s schedule classes (``pipeline.schedule``,
+see :mod:`.stage_parts`): activations go straight from one stage to the next and
+gradients straight back, as one-way ``deliver`` calls; the coordinator only sends the
+steps' inputs (to the first stage) and targets (to the last), a run of steps per command
+(``progress.py``), and collects the losses.
 
 Commands carry a sequence number and run strictly in that order, whatever order
 the RPC handler threads pick them up in, so the coordinator can send the next step
@@ -27,15 +29,17 @@ import time
 from contextlib import contextmanager, nullcontext
 
 import distgrad
+from distgrad import nn
+from distgrad.autograd import defer_weight_grads
 from distgrad.distributed import rpc
 from distgrad.rpc import current_agent
 
 from . import progress
 from .activations import checkpointed
 from .checkpoint import atomic_save, stage_path
-from .resolve import deferred_weights
 from .losses import LOSSES, add_micro_batch_loss
-from .schedule import SCHEDULES, forward_only, one_f_one_b
+from .schedule import schedule_class
+from .stage_parts import LaunchStage, RpcChannel, observer
 from .trace import Recorder, flow_id
 
 __all__ = ["setup", "step", "evaluate", "save", "clock", "finish", "deliver", "LOSSES"]
@@ -53,12 +57,23 @@ def build_module(spec):
     return (begin, end), checkpointed(full[begin:end], spec.get("checkpoint_activations", "none"))
 
 
+def build_modules(spec):
+    """``{stage index: (layers, module)}``: this worker's slices of the model ``spec``
+    describes (``spec["parts"]``: stage index -> layer range), from one build."""
+    distgrad.manual_seed(spec["seed"])
+    full = spec["factory"](**spec["factory_kwargs"])
+    mode = spec.get("checkpoint_activations", "none")
+    return {int(k): (tuple(layers), checkpointed(full[layers[0]:layers[1]], mode))
+            for k, layers in spec["parts"].items()}
+
+
 def stage_state(index, layers, step, module, optimizer):
     """What a stage's checkpoint file holds (the same for every strategy). ``param_names``
     names the optimizer's parameters by position (it is built on ``module.parameters()``),
     so the state can be read by name (``distgrad.launch.dcp_reader``)."""
     return {"stage": index, "layers": list(layers), "step": step,
-            "model": module.state_dict(), "optimizer": optimizer.state_dict(),
+            "model": module.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else {},
             "param_names": [name for name, _ in module.named_parameters()],
             "rng": distgrad.get_rng_state()}
 
@@ -123,8 +138,8 @@ class Inbox:
             if self._closed:
                 raise RuntimeError(f"stage stopped while waiting for {key} from {sender}: "
                                    f"{self._closed}")
-            raise TimeoutError(f"no {key[-1]} for micro-batch {key[1]} of step {key[0]} "
-                               f"from {sender} within {timeout} s")
+            raise TimeoutError(f"no message {key} (step, ...) from {sender} within "
+                               f"{timeout} s")
 
     def close(self, reason):
         with self._cond:
@@ -133,45 +148,57 @@ class Inbox:
 
 
 class Stage:
-    """A slice of the model, its optimizer and its place in the pipeline."""
+    """This worker's slices of the model (one per stage it holds: ``pipeline.virtual_stages``
+    of them), their optimizers, and the schedule that runs them with the other workers
+    of its pipeline."""
 
     def __init__(self, spec):
-        self.index, self.count = spec["stage"], spec["stages"]
-        # this worker's index among all workers (= the stage index without replicas):
-        # names its messages in traces
+        # this worker's index among all workers: names its messages in traces
         self.worker, self.replica = spec["worker"], spec["replica"]
-        self.prev, self.next = spec["prev"], spec["next"]
-        self.first, self.last = self.index == 0, self.index == self.count - 1
-        self.layers, self.module = build_module(spec)
-        self.optimizer = spec["optimizer"](self.module.parameters(), **spec["optimizer_kwargs"])
-        self.loss_fn = LOSSES[spec["loss"]]() if self.last else None
+        self.index = spec["stage"]  # its place in its pipeline (= its rank there)
+        self.count, self.num_stages = spec["stages"], spec["num_stages"]
+        self.timeout = spec["timeout"] or None
+        self.trace = Recorder(spec["trace"])
+        self.inbox = Inbox()
+        self.channel = RpcChannel(self.index, spec["pipeline"], self.inbox, deliver, self.worker,
+                                  self.timeout, self.trace)
+        self.parts = build_modules(spec)  # {stage index: (layers, module)}
+        self.optimizers = {k: spec["optimizer"](m.parameters(), **spec["optimizer_kwargs"])
+                           for k, (_, m) in self.parts.items()  # (a ReLU alone has none)
+                           if any(True for _ in m.parameters())}
+        self.loss_fn = LOSSES[spec["loss"]]()
         self.classify = spec["loss"] == "cross_entropy"
         self.hooks = list(spec["hooks"])
-        self.schedule = SCHEDULES[spec["schedule"]]
-        # This stage's activation offloading (the config's [offload] table): its forward
+        self.schedule_name = spec["schedule"]
+        modules = [m for _, m in self.parts.values()]
+        module = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
+        # This worker's activation offloading (the config's [offload] table): its forward
         # passes save tensors under these hooks; backward reads them back (ahead).
         self.offload = None
         if spec["offload"]:
             from distgrad.offload import hooks_from_config
             self.offload = hooks_from_config(spec["offload"], f"[offload] of stage {self.index}",
-                                             model=self.module)
-        self.timeout = spec["timeout"] or None
-        self.trace = Recorder(spec["trace"])
+                                             model=module)
         if self.offload is not None and self.trace.enabled:
             self.offload.observe_io(self._trace_offload_io)
-        self.inbox = Inbox()
         if spec["resume_from"]:
             self._load(spec["resume_from"])
         self.replicas = None
         if spec["replicas"] > 1:
             from .replicas import Replicas
-            self.replicas = Replicas(spec, self.module)
+            self.replicas = Replicas(spec, module)
             if self.replicas.ddp is not None:  # DDP averages in the backward after a forward
-                self.schedule = one_f_one_b    # one stage: F0 B0 F1 B1 ...
+                self.schedule_name = "1f1b"    # one stage: F0 B0 F1 B1 ...
         self.order = CommandOrder(f"stage {self.index}", self.timeout)
         # linear weights' gradients once per step, after the micro-batches' backward
         # passes have sent the stage before what it waits for (pipeline.defer_weight_grads)
-        self.deferred = deferred_weights(self.module, spec["deferred_weights"])
+        names = set(spec["deferred_weights"])
+        weights = [w for m in modules for n, w in m.named_parameters() if n in names]
+        self.deferred = defer_weight_grads(weights) if weights else None
+        self.stages = {k: LaunchStage(self, m, k, self.num_stages, self.channel)
+                       for k, (_, m) in self.parts.items()}
+        self.schedules = {}   # (micro-batches, train) -> schedule
+        self.out = None       # the step's loss and accuracy counts (the last stage's)
 
     def _trace_offload_io(self, kind, nbytes, start, end):
         # called from the tier's own threads (writes) and from backward (reads)
@@ -181,6 +208,35 @@ class Stage:
         """Run the body as command ``seq``, after every command before it."""
         return self.order.turn(seq)
 
+    @property
+    def last(self):
+        return self.num_stages - 1 in self.stages
+
+    @property
+    def first(self):
+        return 0 in self.stages
+
+    def _schedule(self, micro_batches, train):
+        """The schedule of a step of ``micro_batches`` (training) or of an evaluation batch
+        (forwards only, any number of micro-batches: Looped BFS's or ZB-V's placement)."""
+        key = (micro_batches, train)
+        if key not in self.schedules:
+            name = self.schedule_name
+            if not train:
+                name = "gpipe" if name in ("gpipe", "1f1b") else \
+                    "zbvzerobubble" if name in ("zbvzerobubble", "dualpipev") else "loopedbfs"
+            stages = [self.stages[k] for k in sorted(self.stages)]
+            made = schedule_class(name)(stages[0] if name in ("gpipe", "1f1b") else stages,
+                                        micro_batches, loss_fn=self._loss, scale_grads=False)
+            if self.trace.enabled:
+                made._action_observer = observer(self.trace, lambda: self.channel.step)
+            self.schedules[key] = made
+        return self.schedules[key]
+
+    def _loss(self, y, target):
+        return add_micro_batch_loss(self.out, self.loss_fn, y, target, self.out["count"],
+                                    self.classify)
+
     # -- passes --
     def run(self, key, micro_batches, inputs, targets, train):
         """One step (``train``) or one evaluation batch; ``key`` names it in messages.
@@ -189,19 +245,17 @@ class Stage:
         per micro-batch. Returns the last stage's loss and accuracy counts, and what
         the hooks reported.
         """
-        schedule = self.schedule if train else forward_only
-        order = schedule(self.index, self.count, micro_batches)
         total = sum(len(t) for t in targets) if self.last else 0
-        held = {}
-        out = {"loss": 0.0, "correct": 0, "count": total}
+        self.out = out = {"loss": 0.0, "correct": 0, "count": total}
+        schedule = self._schedule(micro_batches, train)
+        schedule._has_backward = train
+        schedule._prepare_stages()
+        self.channel.step = key
+        args = [(distgrad.from_numpy(x),) for x in inputs] if self.first else None
         deferred = self.deferred if train else None
         with distgrad.set_grad_enabled(train), deferred or nullcontext():
-            for kind, mb in order:
-                if kind == "F":
-                    held[mb] = self._forward(key, mb, micro_batches, inputs, targets, total,
-                                             out)
-                else:
-                    self._backward(key, mb, held.pop(mb))
+            schedule._step_microbatches(args, None, targets if self.last else None,
+                                        return_outputs=False)
             if deferred is not None:
                 with self.trace.span("weight gradients", step=key):
                     deferred.flush()
@@ -210,58 +264,26 @@ class Stage:
                 self.replicas.average_gradients()
         if train:
             for hook, kwargs in self.hooks:
-                for name, value in (hook(self.module, **kwargs) or {}).items():
-                    out[f"{name}.stage{self.index}"] = float(value)
+                for k, (_, module) in self.parts.items():
+                    for name, value in (hook(module, **kwargs) or {}).items():
+                        out[f"{name}.stage{k}"] = float(value)
             with self.trace.span("optimizer step", step=key):
-                self.optimizer.step()
-                self.optimizer.zero_grad()
+                for optimizer in self.optimizers.values():
+                    optimizer.step()
+                    optimizer.zero_grad()
         return out
-
-    def _forward(self, key, mb, count, inputs, targets, total, out):
-        model, sync = self.module, nullcontext()
-        if self.replicas is not None and distgrad.is_grad_enabled():
-            model, sync = self.replicas.forward_of(mb, count)
-        if self.first:
-            x = distgrad.from_numpy(inputs[mb])
-        else:
-            x = distgrad.from_numpy(self.inbox.take((key, mb, "act"), self.timeout, self.prev))
-            x.requires_grad_(distgrad.is_grad_enabled())
-        with self.trace.span("forward", step=key, micro_batch=mb), sync, \
-                self.offload if self.offload is not None else nullcontext():
-            y = model(x)
-            if self.last:
-                loss = add_micro_batch_loss(out, self.loss_fn, y, targets[mb], total,
-                                            self.classify)
-                return x, loss
-        self._send(self.next, "act", key, mb, y.detach().numpy())
-        return x, y
-
-    def _backward(self, key, mb, held):
-        x, y = held
-        grad = None if self.last else \
-            distgrad.from_numpy(self.inbox.take((key, mb, "grad"), self.timeout, self.next))
-        with self.trace.span("backward", step=key, micro_batch=mb):
-            y.backward(grad)  # the last stage holds the loss: no gradient to start from
-        if not self.first:
-            self._send(self.prev, "grad", key, mb, x.grad.numpy())
-
-    def _send(self, to, kind, key, mb, array):
-        """One-way (as distributed autograd ships gradients): ``deliver`` answers nothing,
-        so no reply crosses back and wakes this process mid-computation. A neighbour that
-        is gone is known here at once; one that dies later fails the stage waiting for
-        it, naming it, and the coordinator's probe finds it."""
-        self.trace.message("send", kind, flow_id(kind, key, mb, self.worker))
-        if not current_agent().notify(to, deliver, ((key, mb, kind), array, self.worker)):
-            raise RuntimeError(f"stage {self.index}: {to} is gone; the {kind} of micro-batch "
-                               f"{mb} of step {key} cannot be sent")
 
     # -- checkpoints --
     def state(self, step):
-        return stage_state(self.index, self.layers, step, self.module, self.optimizer)
+        """Each stage's checkpoint contents, by stage index."""
+        return {k: stage_state(k, layers, step, module, self.optimizers.get(k))
+                for k, (layers, module) in self.parts.items()}
 
     def _load(self, directory):
-        state = load_stage_state(directory, self.index, self.layers, self.module)
-        self.optimizer.load_state_dict(state["optimizer"])
+        for k, (layers, module) in self.parts.items():
+            state = load_stage_state(directory, k, layers, module)
+            if k in self.optimizers:
+                self.optimizers[k].load_state_dict(state["optimizer"])
 
     def close(self, reason):
         self.inbox.close(reason)
@@ -285,7 +307,8 @@ def setup(spec):
     if _stage is not None:
         _stage.close("replaced by a new setup")
     _stage = Stage(spec)
-    return {"parameters": sum(p.numel() for p in _stage.module.parameters()),
+    return {"parameters": sum(p.numel() for _, m in _stage.parts.values()
+                              for p in m.parameters()),
             "pid": os.getpid()}
 
 
@@ -335,7 +358,8 @@ def save(seq, directory, step_count):
     stage = _require()
     with stage.turn(seq), stage.trace.span("checkpoint", lane="steps", step=step_count):
         if stage.replica == 0:
-            atomic_save(stage.state(step_count), stage_path(directory, stage.index))
+            for k, state in stage.state(step_count).items():
+                atomic_save(state, stage_path(directory, k))
     return True
 
 
@@ -354,12 +378,15 @@ def finish(seq):
 
 
 @rpc.functions.never_blocks  # served where it arrives: no hand-off to a handler thread
-def deliver(key, array, sender):
-    """A neighbour's activation or gradient for ``key = (step, micro-batch, kind)``."""
+def deliver(key, value, sender):
+    """A neighbour's message ``value`` for ``key = (step, kind, stage, micro-batch)``: an
+    activation for stage ``stage``, a gradient of its outputs, or the schedule's first
+    handshake (see ``distgrad.distributed.pipelining``)."""
     stage = _require()
-    step_key, mb, kind = key
-    stage.trace.message("receive", kind, flow_id(kind, step_key, mb, sender))
-    stage.inbox.put((step_key, mb, kind), array)
+    step_key, kind, index, mb = key
+    if kind != "hello":
+        stage.trace.message("receive", kind, flow_id(kind, step_key, mb, index))
+    stage.inbox.put(tuple(key), value)
 
 
 def clock():
