@@ -246,7 +246,8 @@ class Host:
         reference (a module-level function of an importable module, this process's
         ``sys.path`` is the child's), ``args`` and the result as JSON."""
         ref = f"{fn.__module__}:{fn.__qualname__}" if callable(fn) else str(fn)
-        fd, result_path = tempfile.mkstemp(prefix="distgrad-hostcall-", suffix=".json")
+        fd, result_path = tempfile.mkstemp(prefix="call-", suffix=".json",
+                                           dir=self._hosts.calls_dir)
         os.close(fd)
         os.unlink(result_path)
         child_env = dict(os.environ if env is None else env)
@@ -344,7 +345,7 @@ class SimulatedHosts:
         self._procs = []
         self._lock = threading.Lock()
         self._record = {"owner": owner or (os.getpid() if guard else None), "namespaces": [],
-                        "shm": [], "etc": [], "root_link": None, "hosts": [],
+                        "shm": [], "etc": [], "tmp": [], "root_link": None, "hosts": [],
                         "caller_address": None, "bandwidth": bandwidth}
         self._closed = False
         self._guardian = None
@@ -353,6 +354,10 @@ class SimulatedHosts:
         try:
             self._subnet = _claim_subnet(self.prefix)
             self._record["subnet"] = str(self._subnet)
+            # results of Host.spawn's calls, removed with the hosts (a call whose result
+            # nobody reads, a bench stopped midway, leaves none behind)
+            self.calls_dir = tempfile.mkdtemp(prefix=f"distgrad-hostcalls-{self.prefix}-")
+            self._record["tmp"].append(self.calls_dir)
             self._save()
             if guard:
                 self._guardian = _start_guardian(self._record_path())
@@ -579,7 +584,7 @@ def _remove(record):
         _ip(["link", "del", record["root_link"]], check=False)
     for ns in reversed(namespaces):
         _ip(["netns", "del", ns], check=False)
-    for path in record.get("etc", []) + record.get("shm", []):
+    for path in record.get("etc", []) + record.get("shm", []) + record.get("tmp", []):
         shutil.rmtree(path, ignore_errors=True)
 
 

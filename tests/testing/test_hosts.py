@@ -131,8 +131,10 @@ def test_nothing_is_left_after_close_or_after_the_maker_is_killed(tmp_path):
         names = {h.netns for h in made} | {made.switch}
         shm = [h.shm_dir for h in made]
         sleeper = made[1].popen(["sleep", "60"])
+        unread = made[0].spawn(shm_files)  # a call whose result nobody reads
         assert names <= _namespaces()
     assert not names & _namespaces() and not any(os.path.exists(p) for p in shm)
+    assert unread.poll() is not None and not os.path.exists(made.calls_dir)
     assert sleeper.poll() is not None
     maker = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import json, sys
