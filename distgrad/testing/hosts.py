@@ -54,12 +54,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
+
+from .host_records import guard_in_background, ip as _ip, listed, registry_dir, remove, sweep
 
 __all__ = ["SimulatedHosts", "Host", "HostProcess", "HostCallError", "unavailable",
            "parse_rate", "sweep", "listed"]
 
-_REGISTRY_ROOTS = ("/run/distgrad-hosts",)
 _SHM_ROOT = "/dev/shm"
 _PR_SET_PDEATHSIG = 1
 _counter = iter(range(1, 1 << 30))
@@ -108,27 +108,6 @@ def unavailable():
 def _next_id():
     with _counter_lock:
         return next(_counter)
-
-
-def _ip(args, netns=None, check=True, input=None):
-    cmd = ["ip"] + (["-n", netns] if netns else []) + list(args)
-    done = subprocess.run(cmd, capture_output=True, text=True, input=input, timeout=30)
-    if check and done.returncode != 0:
-        raise OSError(f"simulated hosts: `{' '.join(cmd)}` failed: {done.stderr.strip()}")
-    return done
-
-
-def _registry_dir():
-    for root in _REGISTRY_ROOTS:
-        try:
-            os.makedirs(root, exist_ok=True)
-            if os.access(root, os.W_OK):
-                return root
-        except OSError:
-            continue
-    root = os.path.join(tempfile.gettempdir(), "distgrad-hosts")
-    os.makedirs(root, exist_ok=True)
-    return root
 
 
 # ---------------------------------------------------------------------- one host
@@ -360,7 +339,7 @@ class SimulatedHosts:
             self._record["tmp"].append(self.calls_dir)
             self._save()
             if guard:
-                self._guardian = _start_guardian(self._record_path())
+                self._guardian = guard_in_background(self._record_path())
             self._build(n, private_shm, ipv6, attach_caller)
         except BaseException:
             self.close()
@@ -368,7 +347,7 @@ class SimulatedHosts:
 
     # -- building
     def _record_path(self):
-        return os.path.join(_registry_dir(), f"{self.prefix}.json")
+        return os.path.join(registry_dir(), f"{self.prefix}.json")
 
     def _save(self):
         path = self._record_path()
@@ -438,7 +417,7 @@ class SimulatedHosts:
     def existing(cls, prefix):
         """The hosts made earlier under ``prefix`` (by ``distgrad hosts up``), to run
         commands on; closing them removes them."""
-        path = os.path.join(_registry_dir(), f"{prefix}.json")
+        path = os.path.join(registry_dir(), f"{prefix}.json")
         try:
             with open(path) as fh:
                 record = json.load(fh)
@@ -451,6 +430,7 @@ class SimulatedHosts:
         self._procs, self._lock, self._record = [], threading.Lock(), record
         self._closed, self._guardian = False, None
         self.caller_address = record.get("caller_address")
+        self.calls_dir = (record.get("tmp") or [tempfile.gettempdir()])[0]
         self.hosts = [Host(self, i, *h) for i, h in enumerate(record.get("hosts", []))]
         return self
 
@@ -515,7 +495,7 @@ class SimulatedHosts:
         for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(10)
-        _remove(self._record)
+        remove(self._record)
         with contextlib.suppress(OSError):
             os.unlink(self._record_path())
         if self._guardian is not None:
@@ -550,7 +530,7 @@ def _claim_subnet(prefix):
     routes) use: only hosts attached to the caller's namespace could clash, but a distinct
     subnet each keeps addresses telling in logs."""
     used = set()
-    root = _registry_dir()
+    root = registry_dir()
     for name in os.listdir(root):
         if name.endswith(".json"):
             with contextlib.suppress(OSError, ValueError):
@@ -564,88 +544,3 @@ def _claim_subnet(prefix):
         if str(net) not in used and str(net.network_address)[:-2] not in routes:
             return net
     raise OSError("simulated hosts: no free subnet in 10.200.0.0/13")
-
-
-# ---------------------------------------------------------------------- cleaning up
-def _remove(record):
-    """Remove what ``record`` lists: processes in its namespaces first, then the rest."""
-    namespaces = record.get("namespaces", [])
-    for _ in range(3):
-        pids = []
-        for ns in namespaces:
-            pids += _ip(["netns", "pids", ns], check=False).stdout.split()
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-        time.sleep(0.05)
-    if record.get("root_link"):
-        _ip(["link", "del", record["root_link"]], check=False)
-    for ns in reversed(namespaces):
-        _ip(["netns", "del", ns], check=False)
-    for path in record.get("etc", []) + record.get("shm", []) + record.get("tmp", []):
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def listed():
-    """The prefixes of the simulated hosts on this machine."""
-    return sorted(n[:-5] for n in os.listdir(_registry_dir()) if n.endswith(".json"))
-
-
-def sweep(prefix=None):
-    """Remove the simulated hosts whose owner is gone (or, with ``prefix``, those hosts,
-    whoever made them). Returns the prefixes removed."""
-    root = _registry_dir()
-    removed = []
-    for name in sorted(os.listdir(root)):
-        if not name.endswith(".json"):
-            continue
-        path = os.path.join(root, name)
-        try:
-            with open(path) as fh:
-                record = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        owner = record.get("owner")
-        mine = prefix is not None and name[:-5] == prefix
-        if mine or (prefix is None and owner is not None and not _alive(owner)):
-            _remove(record)
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            removed.append(name[:-5])
-    return removed
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _start_guardian(record_path):
-    """A process that waits for EOF on a pipe from this one, then removes what the record
-    lists: the hosts go also when this process is killed."""
-    return subprocess.Popen([sys.executable, "-c",
-                             "import sys; from distgrad.testing.hosts import _guard; "
-                             "_guard(sys.argv[1])", record_path],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-
-
-def _guard(record_path):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.stdin.buffer.read()  # returns at EOF: the owner closed the pipe or died
-    try:
-        with open(record_path) as fh:
-            record = json.load(fh)
-    except (OSError, ValueError):
-        return  # the owner cleaned up
-    _remove(record)
-    with contextlib.suppress(OSError):
-        os.unlink(record_path)

@@ -61,7 +61,11 @@ def run(args, parser):
         return 0
     if args.action == "list":
         for prefix in simulated.listed():
-            _describe(simulated.SimulatedHosts.existing(prefix))
+            try:
+                made = simulated.SimulatedHosts.existing(prefix)
+            except LookupError:
+                continue  # removed since it was listed (by its owner, at the same time)
+            _describe(made)
         return 0
     if args.action == "down":
         removed = simulated.sweep(prefix=args.name)
