@@ -2,7 +2,8 @@
 an error naming the key, the file and the line (or the command-line override)."""
 import pytest
 
-from distgrad.launch.config import ConfigError, key_lines, load_config, parse_override
+from distgrad.launch.config import ConfigError, load_config, parse_override
+from distgrad.launch.config_lines import key_lines
 from distgrad.launch.resolve import plan
 from distgrad.launch.command import _prepare
 
