@@ -43,7 +43,7 @@ By hand (the namespaces stay until ``down``)::
     distgrad hosts down
 """
 import contextlib
-import ctypes
+import functools
 import ipaddress
 import json
 import os
@@ -56,12 +56,12 @@ import tempfile
 import threading
 
 from .host_records import guard_in_background, ip as _ip, listed, registry_dir, remove, sweep
+from ..utils.processes import die_with_parent
 
 __all__ = ["SimulatedHosts", "Host", "HostProcess", "HostCallError", "unavailable",
            "parse_rate", "sweep", "listed"]
 
 _SHM_ROOT = "/dev/shm"
-_PR_SET_PDEATHSIG = 1
 _counter = iter(range(1, 1 << 30))
 _counter_lock = threading.Lock()
 
@@ -282,14 +282,8 @@ class Host:
 
 
 def _die_with(owner):
-    def preexec():
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != owner:
-            os._exit(1)
-    return preexec
+    # (a preexec_fn: runs in the child before exec, with the parent's pid as it was)
+    return functools.partial(die_with_parent, owner)
 
 
 # ---------------------------------------------------------------------- the hosts

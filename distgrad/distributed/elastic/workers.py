@@ -5,7 +5,7 @@ the agents of other nodes) and reported (torchrun's :class:`ChildFailedError`).
 A worker runs in a session of its own (a signal to the agent's terminal does not reach
 it twice) and dies with its agent, also when the agent is killed (``PR_SET_PDEATHSIG``).
 """
-import ctypes
+import functools
 import json
 import os
 import signal
@@ -15,9 +15,9 @@ import sys
 import time
 from datetime import datetime
 
-__all__ = ["ChildFailedError", "SignalException", "Failure", "WorkerGroup", "assign_ranks"]
+from ...utils.processes import die_with_parent
 
-_PR_SET_PDEATHSIG = 1
+__all__ = ["ChildFailedError", "SignalException", "Failure", "WorkerGroup", "assign_ranks"]
 
 
 class ChildFailedError(Exception):
@@ -150,15 +150,8 @@ def command(args, local_rank):
 
 
 def _die_with_agent(agent_pid):
-    def preexec():
-        if sys.platform.startswith("linux"):
-            try:
-                ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            except (OSError, AttributeError):
-                pass
-        if os.getppid() != agent_pid:
-            os._exit(1)
-    return preexec
+    # (a preexec_fn: runs in the child before exec, with the parent's pid as it was)
+    return functools.partial(die_with_parent, agent_pid)
 
 
 class WorkerGroup:
