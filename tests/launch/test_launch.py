@@ -18,7 +18,8 @@ pytest.importorskip("msgpack")
 import distgrad  # noqa: E402
 from distgrad.launch import checkpoint as ckpt  # noqa: E402
 
-from launch_support import FAULTY, assert_all_gone, kill_mid_run, reference  # noqa: E402
+from launch_support import (DETECT_FAST, FAULTY, assert_all_gone, kill_mid_run,  # noqa: E402
+                            reference)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -147,7 +148,8 @@ def test_ctrl_c_checkpoints_at_a_step_boundary_and_leaves_no_process(launcher, t
 @STRATEGIES
 def test_a_stopped_worker_is_detected_within_the_heartbeat_bound(launcher, tiny_config,
                                                                  strategy):
-    launch = launcher(tiny_config, *strategy, "run.steps=100000", "run.log_every=1000")
+    launch = launcher(tiny_config, *strategy, "run.steps=100000", "run.log_every=1000",
+                      DETECT_FAST)
     launch.wait_for_steps(3)
     pids = launch.pids()
     os.kill(pids[1], signal.SIGSTOP)

@@ -12,7 +12,7 @@ pytest.importorskip("zmq")
 
 from hosts_support import (PORT, HostRun, assert_nothing_left, base_env,  # noqa: E402
                            host_dir, launch_on, read_losses, run_dir, tiny, wait_for_steps)
-from launch_support import reference  # noqa: E402
+from launch_support import DETECT_FAST, reference  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,7 +31,8 @@ def test_a_lost_host_is_named_with_its_ranks_and_nothing_is_left(simulated_hosts
     places = {0: 0, 1: 0, 2: 1, 3: 1}
     runs = [launch_on(hosts[node], tmp_path, dict(env, **_env(rank, 4)), config,
                       "world.workers=3", "run.steps=100000", "run.log_every=1000",
-                      "run.max_restarts=1", "world.rpc_timeout=120", label=f"rank{rank}")
+                      "run.max_restarts=1", "world.rpc_timeout=120", DETECT_FAST,
+                      label=f"rank{rank}")
             for rank, node in places.items()]
     wait_for_steps(host_dir(tmp_path, hosts[0]), 5, runs, timeout=150)
     hosts[lost].link_down()  # unreachable at once, as a machine that lost power or its switch

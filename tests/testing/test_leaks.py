@@ -21,8 +21,8 @@ KEEP = []
 def start_thread():
     threading.Thread(target=time.sleep, args=(5,), name="leaky-thread", daemon=True).start()
 
-def start_child():
-    KEEP.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+def start_child():  # (its sleep outlives a test on a loaded machine: the check kills it)
+    KEEP.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]))
 
 def open_file(path):
     KEEP.append(open(path, "w"))
@@ -73,7 +73,7 @@ def test_thread_in_the_test_process(rpc_world):
 
 def test_child_and_file_in_the_test_process(rpc_world, tmp_path):
     rpc_world(1)
-    KEEP.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+    KEEP.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]))
     KEEP.append(open(tmp_path / "g.txt", "w"))
 
 class Spy:
@@ -118,7 +118,7 @@ def test_each_kind_of_leak_fails_the_test_naming_it(example):
         "test_spmd_leak"])
     result.stdout.fnmatch_lines_random([
         "*- worker1: thread 'leaky-thread' is still running",
-        "*- worker1: child process * (*python* -c import time; time.sleep(30)) is still there "
+        "*- worker1: child process * (*python* -c import time; time.sleep(300)) is still there "
         "(killed now)",
         "*- worker1: file descriptor * (*/f.txt) is still open",
         "*- worker1: distributed autograd context(s) * are still alive",
