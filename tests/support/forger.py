@@ -93,3 +93,11 @@ def handler_threads():
     """(threads of the handler pool now, the most it ever had)."""
     pool = current_agent().pool
     return pool._threads, pool.peak
+
+
+def set_share(n):
+    """Make every peer's share of this process's handler threads ``n`` (a test's small
+    world has shares of hundreds); returns the old share."""
+    gate = current_agent().lifecycle.dispatcher.gate
+    old, gate.serving = gate.serving, n
+    return old
