@@ -45,24 +45,59 @@ def send_forged(dst, kind, src, target, args=(), extra=None, identity=None, mid=
         ctx.destroy(linger=0)
 
 
-def hold_identity(dst, identity, seconds):
-    """Connect to rank ``dst`` with routing ``identity`` (another rank's, say) as this
-    process, and keep the connection for ``seconds``: a member trying to take over
-    another's connection."""
-    import time
+_held = {}
+
+
+def take_identity(dst, identity, mid=78):
+    """Connect to rank ``dst`` as this process (its credential) presenting routing
+    ``identity`` (another rank's, say: a member trying to take over another's connection),
+    wait until the handshake succeeded and send a CALL of ``add`` claiming the rank in
+    front of ``identity`` on it; the socket stays until :func:`give_identity_back`."""
     transport = current_agent().transport
     ctx = zmq.Context()
+    s = member_socket(ctx, transport, dst, identity)
+    monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     try:
-        s = member_socket(ctx, transport, dst, identity)
-        end = time.monotonic() + seconds
-        received = 0
-        while time.monotonic() < end:
-            if s.poll(50):
-                s.recv_multipart()
-                received += 1
+        if not monitor.poll(10000):
+            raise TimeoutError(f"no handshake with rank {dst} within 10 s")
+    finally:
+        s.disable_monitor()
+        monitor.close(linger=0)
+    claimed = int(identity.split(b":")[0]) if identity[:1].isdigit() else 0
+    s.send_multipart([wire.pack_header(wire.Kind.CALL, mid, claimed),
+                      call_body("support.rpc_funcs:add", (1, 2))])
+    _held[dst] = (ctx, s)
+    return True
+
+
+def give_identity_back(dst):
+    """Close the socket :func:`take_identity` made; return the messages that came on it."""
+    ctx, s = _held.pop(dst)
+    try:
+        received = []
+        while s.poll(0):
+            frames = s.recv_multipart()
+            kind, mid, _, _, _ = wire.unpack_header(frames[0])
+            received.append([kind, mid])
         return received
     finally:
         ctx.destroy(linger=0)
+
+
+def calls_beside_a_taker(dst, dst_name, taker, n=200):
+    """On the member whose connection is at stake: call ``dst`` from this thread, have
+    ``taker`` (a member's name) connect to ``dst`` presenting this thread's socket's own
+    identity while ``n`` calls are in flight on it, make ``n`` more, and return the
+    results of all of them and what came on the taker's socket."""
+    from distgrad.distributed import rpc
+    from support.rpc_funcs import add
+    assert rpc.rpc_sync(dst_name, add, (0, 0)) == 0
+    identity = current_agent().transport._tls.socks[dst].identity
+    futures = [rpc.rpc_async(dst_name, add, (i, i)) for i in range(n)]
+    took = rpc.rpc_sync(taker, take_identity, (dst, identity))
+    futures += [rpc.rpc_async(dst_name, add, (i, i)) for i in range(n, 2 * n)]
+    results = [f.wait(30) for f in futures]
+    return identity.decode(), took, results, rpc.rpc_sync(taker, give_identity_back, (dst,))
 
 
 def flood(dst, bodies, timeout=30.0):
