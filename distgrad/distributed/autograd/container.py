@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -44,8 +45,14 @@ _counter = itertools.count(1)
 _lock = threading.Lock()
 _contexts = {}
 _introduced = collections.Counter()     # peer rank -> live contexts its messages created
-_released = collections.OrderedDict()  # recently released ids: late messages are ignored
-_RELEASED_KEPT = 100_000
+# Recently released ids (id -> when), so that late messages of a released context are
+# ignored instead of making it anew. Remembered for a while, not forever: a count alone
+# (100,000 ids, about 16 MB) took a soak at 170 steps/s ten minutes to fill, every
+# process growing ~1.6 MB a minute until then.
+_released = collections.OrderedDict()
+_RELEASED_KEPT = 100_000  # at most this many ids
+_RELEASED_FOR = 120.0     # seconds an id is kept (at least twice the RPC timeout)
+_clock = time.monotonic
 
 
 class _TLS(threading.local):
@@ -177,14 +184,26 @@ def new_context():
     return cid
 
 
+def _released_for():
+    """Seconds a released context id is remembered: a late message of it arrives within
+    the RPC timeout of its release, or its sender gave up on it long before."""
+    a = _agent()
+    timeout = (a.options.rpc_timeout or 0.0) if a is not None else 0.0
+    return max(_RELEASED_FOR, 2 * timeout)
+
+
 def release_local(context_id):
     """Forget ``context_id`` here; return its context (or None if unknown/released)."""
     with _lock:
         ctx = _contexts.pop(context_id, None)
         if ctx is not None and ctx.introduced_by is not None:
             _introduced[ctx.introduced_by] -= 1
-        _released[context_id] = True
-        while len(_released) > _RELEASED_KEPT:
+        now = _clock()
+        _released.pop(context_id, None)
+        _released[context_id] = now  # oldest first
+        forget_before = now - _released_for()
+        while _released and (len(_released) > _RELEASED_KEPT
+                             or next(iter(_released.values())) < forget_before):
             _released.popitem(last=False)
     if ctx is not None:
         with ctx.lock:
