@@ -171,7 +171,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from distgrad.distributed import TCPStore
-    from distgrad.multiprocessing.lifetime import reap
+    from distgrad.utils.processes import reap
     from distgrad.rpc.credentials import SECRET_ENV, new_world_secret
 
     root = tempfile.mkdtemp(prefix="bench-dcp-", dir=args.dir)

@@ -1,143 +1,103 @@
-"""``torchrun`` on one machine: ``python -m distgrad.distributed.run`` (and, under
+"""``torchrun``: ``python -m distgrad.distributed.run`` (and, under
 ``python -m distgrad.compat.as_torch``, ``python -m torch.distributed.run`` or the
-``torchrun`` script itself).
+``torchrun`` script itself), on one node or several.
 
 ::
 
     python -m distgrad.distributed.run --nproc-per-node 2 train.py --epochs 3
     python -m distgrad.distributed.run --standalone --nproc-per-node 4 -m mypkg.train
-    python -m distgrad.distributed.run --nproc-per-node 2 --max-restarts 3 train.py
+    # on each of 2 hosts (R = 0, 1): the static rendezvous at host0's --master-port
+    python -m distgrad.distributed.run --nnodes 2 --node-rank R --nproc-per-node 2 \
+        --master-addr host0 --master-port 29500 train.py
+    # elastic: 2 to 3 nodes, a lost one restarts the world with the rest
+    python -m distgrad.distributed.run --nnodes 2:3 --nproc-per-node 2 --max-restarts 3 \
+        --rdzv-backend c10d --rdzv-endpoint host0:29400 --rdzv-id job7 train.py
 
-It starts ``--nproc-per-node`` copies of the training script (``python -u
+Each agent starts ``--nproc-per-node`` copies of the training script (``python -u
 SCRIPT``, ``python -u -m MODULE`` with ``-m``, or the command itself with
-``--no-python``), each with the environment torchrun gives its workers:
-``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
-``ROLE_RANK``, ``ROLE_NAME``, ``ROLE_WORLD_SIZE``, ``GROUP_WORLD_SIZE``,
-``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
+``--no-python``), each with the environment torchrun gives its workers: ``RANK``
+(the ranks of a node follow those of the nodes before it, so nodes may run different
+numbers of workers), ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``, ``ROLE_RANK``, ``ROLE_NAME``, ``ROLE_WORLD_SIZE``,
+``GROUP_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
 ``TORCHELASTIC_RESTART_COUNT``/``TORCHELASTIC_MAX_RESTARTS``,
-``TORCHELASTIC_ERROR_FILE``, ``OMP_NUM_THREADS=1`` unless set (with
-torchrun's warning), and ``DISTGRAD_WORLD_SECRET``: the world's secret, made by the
-agent unless it has one (kept across restarts), so the world admits only its workers. The arguments are torchrun's, with its ``PET_*``
-environment fallbacks.
+``TORCHELASTIC_ERROR_FILE``, ``OMP_NUM_THREADS=1`` unless set (with torchrun's
+warning), and ``DISTGRAD_WORLD_SECRET``. The arguments are torchrun's, with its
+``PET_*`` environment fallbacks.
 
-Where it meets: ``--master-addr``/``--master-port`` (29500) with the default
-static rendezvous, the ``--rdzv-endpoint`` with ``--rdzv-backend=c10d``, a free
-port with ``--standalone`` (or an endpoint port of 0). This agent keeps no store
-of its own (``TORCHELASTIC_USE_AGENT_STORE=False``): rank 0 serves the store at
-``MASTER_PORT``, as under PyTorch's ``torch.distributed.launch``.
+One node (``--nnodes 1``): the workers meet at ``--master-addr``/``--master-port``
+(29500), the ``--rdzv-endpoint`` with ``--rdzv-backend=c10d``, or a free port with
+``--standalone``; the agent makes the world secret unless it has one (kept across
+restarts).
 
-It watches the workers: when one fails, the others get the signal torchrun
-sends (SIGTERM), then SIGKILL after ``--shutdown-timeout`` (30 s), and the whole
-group starts again while ``--max-restarts`` allow (``TORCHELASTIC_RESTART_COUNT``
-counts the attempts). The last failure is raised as :class:`ChildFailedError`
-(exit status 1) with torchrun's report. A signal to the agent (SIGINT, SIGTERM,
-...) goes to the workers the same way. Workers die with the agent, also when it
-is killed.
+Several nodes: the agents meet first, in a store (``distgrad.distributed.TCPStore``)
+that one of them serves: node 0's at ``--master-addr:--master-port`` with the static
+rendezvous (every node gives ``--node-rank``; the world forms when all ``--nnodes``
+joined), the agent on the ``--rdzv-endpoint``'s host with ``--rdzv-backend c10d``
+(``--nnodes MIN:MAX``: the world forms with MAX nodes, or with MIN and no newcomer for
+``last_call_timeout``; a node that comes later makes the running world start again with
+it, as torchrun's ``num_nodes_waiting``). Each round's group rank 0 picks the workers'
+``MASTER_PORT`` on its host (``MASTER_ADDR``: ``--master-addr`` when static, else that
+host's address), and the workers meet on a store of their own
+(``TORCHELASTIC_USE_AGENT_STORE=False``, as torchrun's with
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): the agents' store speaks distgrad's
+protocol, not c10d's, so torchrun's ``MASTER_PORT`` (the agents' store) is not handed on.
+The world secret is not made here: give every host the same ``DISTGRAD_WORLD_SECRET``,
+or ``DISTGRAD_WORLD_SECRET_FILE`` (a file only its owner can read). With it the agents'
+store is authenticated and encrypted (CURVE keys derived from it; the secret never
+crosses the wire) and the workers get it; an agent with another secret is refused,
+naming the store's host. Without one the launch works and warns once (the warning of
+a world without a secret; ``DISTGRAD_REQUIRE_SECRET=1`` makes it an error).
 
-What it does not do, and says so when asked: more than one node (start one
-``distgrad`` process group per machine with ``init_method`` instead, or use
-PyTorch's torchrun), ``--run-path``, log redirection (``--redirects``,
-``--tee``, ``--local-ranks-filter``, duplicate filters), custom log specs, NUMA
-binding, event log handlers other than ``null``, elastic membership changes.
+It watches the workers, and with several nodes the other nodes (heartbeats in the
+store): when a worker fails on any node, or a node's agent stops heartbeating (its
+host is lost: ``keep_alive_interval`` x ``keep_alive_max_attempt``, 5 s x 3), every
+agent stops its workers (the signal torchrun sends, SIGTERM, then SIGKILL after
+``--shutdown-timeout``, 30 s) and the world starts again while ``--max-restarts``
+allow, all agents agreeing on ``TORCHELASTIC_RESTART_COUNT`` (the count lives in the
+store). A static world waits for a lost node to come back (the ``timeout`` of
+``--rdzv-conf``, 600 s); an elastic one goes on with the nodes left if they are at
+least MIN, and otherwise fails after ``join_timeout`` with
+:class:`RendezvousTimeoutError` naming the nodes lost. The last failure is raised as
+:class:`ChildFailedError` (exit status 1) with torchrun's report, on every node, with
+the failure that ended the world first. A signal to an agent (SIGINT, SIGTERM, ...)
+goes to its workers the same way and ends the round for the other nodes. Workers die
+with their agent, also when it is killed. Bad input is refused naming the node, host
+and address: nodes that disagree on ``--nnodes`` or ``--max-restarts``, two agents
+with one ``--node-rank``, a rendezvous host that does not resolve or where nothing
+answers within the rendezvous timeout.
+
+What it does not do, and says so when asked: ``--run-path``, log redirection
+(``--redirects``, ``--tee``, ``--local-ranks-filter``, duplicate filters), custom log
+specs, NUMA binding, event log handlers other than ``null``, rendezvous backends other
+than ``static`` and ``c10d`` (etcd), a file store for ``c10d``, a health-check server
+or watchdog timers. The agent that serves the store is the job's: when its host is
+lost the others fail, naming it (as torchrun's).
 """
 import argparse
-import ctypes
-import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import time
 import uuid
-from datetime import datetime
 
+from ..rpc.credentials import member_secret
+from ..utils import world_secret
 from ..utils.ports import free_port
 from ..utils.tempdirs import owned_tempdir, remove_path
-from ..utils.world_secret import SECRET_ENV, for_children
+from .elastic.agent import run_agent
+from .elastic.rendezvous.api import RendezvousError
+from .elastic.rendezvous.handler import Rendezvous, Settings
+from .elastic.rendezvous.local import LocalRendezvous
+from .elastic.rendezvous.rendezvous_store import parse_endpoint
+from .elastic.workers import ChildFailedError, SignalException
 
 __all__ = ["main", "run", "get_args_parser", "parse_args", "ChildFailedError",
            "SignalException"]
 
 _DEFAULT_SHUTDOWN_TIMEOUT = 30.0
-_PR_SET_PDEATHSIG = 1
+_C10D_PORT = 29400     # torchrun's default port of a c10d endpoint
 
 
-class ChildFailedError(Exception):
-    """A worker failed after every allowed restart (torchrun's exception of that name)."""
-
-    def __init__(self, name, failures):
-        self.name = name
-        self.failures = failures  # [_Failure], the first observed first
-        super().__init__(self.format_msg())
-
-    def get_first_failure(self):
-        """(rank, failure) of the first failure observed (PyTorch's method)."""
-        root = self.failures[0]
-        return root.rank, root
-
-    def format_msg(self, boarder_delim="=", section_delim="-"):
-        width = 60
-        root, *others = self.failures
-        lines = [boarder_delim * width, f"{self.name} FAILED", section_delim * width,
-                 "Failures:"]
-        lines += [_format_failure(i + 1, f) for i, f in enumerate(others)] or \
-            ["  <NO_OTHER_FAILURES>"]
-        lines += [section_delim * width, "Root Cause (first observed failure):",
-                  _format_failure(0, root), boarder_delim * width]
-        return "\n" + "\n".join(lines)
-
-
-class SignalException(Exception):
-    """The agent got a signal it handles (``--signals-to-handle``); the workers were stopped."""
-
-    def __init__(self, msg, sigval):
-        super().__init__(msg)
-        self.sigval = sigval
-
-
-class _Failure:
-    def __init__(self, rank, local_rank, pid, exitcode, error_file):
-        self.rank, self.local_rank, self.pid = rank, local_rank, pid
-        self.exitcode, self.error_file = exitcode, error_file
-        self.time = datetime.now().strftime("%Y-%m-%d_%H:%M:%S")
-        self.message = _error_file_message(error_file)
-
-
-def _error_file_message(path):
-    """The message a worker's ``@record`` (PyTorch's error handler) wrote, if any."""
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-        message = data.get("message", data)
-        if isinstance(message, dict):
-            return str(message.get("extraInfo", {}).get("py_callstack")
-                       or message.get("message", ""))
-        return str(message)
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _format_failure(index, f):
-    if f.exitcode < 0:
-        try:
-            exit_text = f"{f.exitcode} (pid: {f.pid}) {signal.Signals(-f.exitcode).name}"
-        except ValueError:
-            exit_text = f"{f.exitcode} (pid: {f.pid})"
-    else:
-        exit_text = f"{f.exitcode} (pid: {f.pid})"
-    written = f.message is not None
-    trace = f.message if written else \
-        "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
-    return "\n".join([f"[{index}]:", f"  time      : {f.time}",
-                      f"  host      : {socket.getfqdn()}",
-                      f"  rank      : {f.rank} (local_rank: {f.local_rank})",
-                      f"  exitcode  : {exit_text}",
-                      f"  error_file: {f.error_file if written else '<N/A>'}",
-                      f"  traceback : {trace}"])
-
-
-# ---------------------------------------------------------------------- arguments
 class _Env(argparse.Action):
     """torchrun's ``env`` action: the default comes from ``PET_<NAME>`` when it is set."""
 
@@ -166,10 +126,10 @@ class _CheckEnv(argparse.Action):
 def get_args_parser():
     """torchrun's command line (same names, defaults and ``PET_*`` fallbacks)."""
     p = argparse.ArgumentParser(description="Torch Distributed Elastic Training Launcher "
-                                            "(distgrad: one node)")
+                                            "(distgrad)")
     p.add_argument("--nnodes", action=_Env, type=str, default="1:1",
                    help="Number of nodes, or the range of nodes in form "
-                        "<minimum_nodes>:<maximum_nodes>; distgrad runs one.")
+                        "<minimum_nodes>:<maximum_nodes>.")
     p.add_argument("--nproc-per-node", "--nproc_per_node", action=_Env, type=str, default="1",
                    help="Number of workers per node; supported values: [auto, cpu, int].")
     p.add_argument("--rdzv-backend", "--rdzv_backend", action=_Env, type=str,
@@ -179,8 +139,9 @@ def get_args_parser():
     p.add_argument("--rdzv-id", "--rdzv_id", action=_Env, type=str, default="none",
                    help="User-defined group id.")
     p.add_argument("--rdzv-conf", "--rdzv_conf", action=_Env, type=str, default="",
-                   help="Additional rendezvous configuration (<key1>=<value1>,...); one "
-                        "node needs none of it.")
+                   help="Additional rendezvous configuration (<key1>=<value1>,...): "
+                        "timeout (static), join_timeout, last_call_timeout, close_timeout, "
+                        "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host.")
     p.add_argument("--standalone", action=_CheckEnv,
                    help="Meet on a free port of this machine (rdzv settings are ignored).")
     p.add_argument("--max-restarts", "--max_restarts", action=_Env, type=int, default=0,
@@ -213,13 +174,14 @@ def get_args_parser():
     p.add_argument("--duplicate-stderr-filters", "--duplicate_stderr_filters", action=_Env,
                    type=str, default="", help="Not supported by distgrad.")
     p.add_argument("--node-rank", "--node_rank", type=int, action=_Env, default=0,
-                   help="Rank of the node (0: distgrad runs one).")
+                   help="Rank of the node for multi-node distributed training (static).")
     p.add_argument("--master-addr", "--master_addr", default="127.0.0.1", type=str,
                    action=_Env, help="Address of the master node (static rendezvous).")
     p.add_argument("--master-port", "--master_port", default=None, type=int, action=_Env,
                    help="Port on the master node (static rendezvous); defaults to 29500.")
     p.add_argument("--local-addr", "--local_addr", default=None, type=str, action=_Env,
-                   help="Address of the local node (unused on one node).")
+                   help="Address of the local node: what the other nodes reach it at (default: "
+                        "its address toward the rendezvous host).")
     p.add_argument("--logs-specs", "--logs_specs", default=None, type=str,
                    help="Not supported by distgrad.")
     p.add_argument("--numa-binding", "--numa_binding", type=str, default=None,
@@ -239,29 +201,40 @@ def get_args_parser():
     return p
 
 
+
 def parse_args(args):
     return get_args_parser().parse_args(args)
+
+
+def _nnodes(text):
+    """(min, max) of ``--nnodes`` (``N`` or ``MIN:MAX``)."""
+    nodes = text.split(":")
+    try:
+        min_nodes, max_nodes = int(nodes[0]), int(nodes[-1])
+    except ValueError:
+        raise ValueError(f'--nnodes={text} is not in "MIN:MAX" format') from None
+    if len(nodes) > 2:
+        raise ValueError(f'--nnodes={text} is not in "MIN:MAX" format')
+    if not 0 < min_nodes <= max_nodes:
+        raise ValueError(f"--nnodes={text}: min_nodes must be > 0 and <= max_nodes")
+    return min_nodes, max_nodes
 
 
 def _unsupported(args):
     """The first option asking for what this launcher does not do, with why; None if all
     is supported."""
-    nodes = args.nnodes.split(":")
-    try:
-        max_nodes = int(nodes[-1])
-        min_nodes = int(nodes[0])
-    except ValueError:
-        return f'--nnodes={args.nnodes} is not in "MIN:MAX" format'
-    if len(nodes) > 2 or not 0 < min_nodes <= max_nodes:
-        return f"--nnodes={args.nnodes}: min_nodes must be > 0 and <= max_nodes"
-    if max_nodes != 1:
-        return (f"--nnodes={args.nnodes}: distgrad.distributed.run starts the workers of one "
-                "node; for several machines give each process RANK/WORLD_SIZE and a shared "
-                "init_method (or use PyTorch's torchrun)")
+    min_nodes, max_nodes = _nnodes(args.nnodes)
+    several = max_nodes > 1
     checks = [
-        (args.node_rank != 0, f"--node-rank={args.node_rank}: there is one node, rank 0"),
         (args.rdzv_backend not in ("static", "c10d"),
-         f"--rdzv-backend={args.rdzv_backend}: one node meets with 'static' or 'c10d'"),
+         f"--rdzv-backend={args.rdzv_backend}: distgrad's agents meet with 'static' or 'c10d'"),
+        (several and args.standalone, "--standalone runs one node; for several, give "
+                                      "--rdzv-backend c10d --rdzv-endpoint HOST:PORT"),
+        (not several and args.node_rank != 0,
+         f"--node-rank={args.node_rank}: with --nnodes {args.nnodes} there is one node, rank 0"),
+        (several and args.rdzv_backend == "static" and not 0 <= args.node_rank < max_nodes,
+         f"--node-rank={args.node_rank} is out of range for --nnodes {args.nnodes} "
+         f"(0..{max_nodes - 1})"),
         (args.run_path, "--run-path: run the script as a process (drop --run-path)"),
         (args.redirects != "0" or args.tee != "0",
          "--redirects/--tee: the workers write to this process's stdout and stderr"),
@@ -296,121 +269,67 @@ def _local_world_size(nproc_per_node):
 
 
 def _meeting_point(args):
-    """(MASTER_ADDR, MASTER_PORT, run id) of this launch."""
+    """(MASTER_ADDR, MASTER_PORT, run id) of a one-node launch."""
     if args.standalone:
         return "127.0.0.1", free_port("127.0.0.1"), str(uuid.uuid4())
     if args.rdzv_backend == "c10d" and args.rdzv_endpoint:
-        host, _, port = args.rdzv_endpoint.rpartition(":")
-        if not host:
-            host, port = args.rdzv_endpoint, "29400"  # torchrun's c10d default port
-        host = host.strip("[]")
-        port = int(port)
+        host, port = parse_endpoint(args.rdzv_endpoint, _C10D_PORT)
         if host in ("localhost", ""):
             host = "127.0.0.1"
         return host, port or free_port(host), args.rdzv_id
     if args.rdzv_endpoint:
-        host, _, port = args.rdzv_endpoint.rpartition(":")
-        return host.strip("[]"), int(port), args.rdzv_id
+        host, port = parse_endpoint(args.rdzv_endpoint, args.master_port or 29500)
+        return host, port, args.rdzv_id
     return args.master_addr, args.master_port or 29500, args.rdzv_id
 
 
-def _command(args, local_rank):
-    """The command of the worker of ``local_rank``. The legacy launcher (``launch.py``,
-    ``use_env`` False) passes ``--local-rank=<local rank>`` before the script's arguments,
-    as torchrun's ``config_from_args`` does."""
-    if args.no_python:
-        command = [args.training_script]
-    else:
-        command = [os.environ.get("PYTHON_EXEC", sys.executable), "-u"] + \
-            (["-m"] if args.module else []) + [args.training_script]
-    if not getattr(args, "use_env", True):
-        command.append(f"--local-rank={local_rank}")
-    return command + list(args.training_script_args)
+def _rendezvous_conf(text):
+    """``key=value,...`` of ``--rdzv-conf`` (torchrun's format and errors)."""
+    conf = {}
+    for item in filter(None, (kv.strip() for kv in text.strip().split(","))):
+        key, _, value = item.partition("=")
+        if not key.strip():
+            raise ValueError("The rendezvous configuration string must be in format "
+                             "<key1>=<value1>,...,<keyN>=<valueN>.")
+        if not value.strip():
+            raise ValueError(f"The rendezvous configuration option '{key.strip()}' must have "
+                             "a value specified.")
+        conf[key.strip()] = value.strip()
+    return conf
 
 
-def _die_with_agent(agent_pid):
-    def preexec():
-        if sys.platform.startswith("linux"):
-            try:
-                ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            except (OSError, AttributeError):
-                pass
-        if os.getppid() != agent_pid:
-            os._exit(1)
-    return preexec
+def _settings(args, min_nodes, max_nodes):
+    conf = _rendezvous_conf(args.rdzv_conf)
+    if args.rdzv_backend == "static":
+        endpoint = args.rdzv_endpoint or f"{args.master_addr}:{args.master_port or 29500}"
+        host, port = parse_endpoint(endpoint, -1)
+        if port == -1:
+            raise ValueError(f"Port is absent in endpoint: {endpoint}. Try launching with "
+                             "--master-port")
+        return Settings("static", max_nodes, max_nodes, args.node_rank, args.rdzv_id,
+                        (host, port), args.max_restarts, conf, master_addr=host)
+    if args.node_rank != 0:
+        _log(f"node_rank is only used for static rdzv_backend. It will be ignored for "
+             f"rdzv_backend={args.rdzv_backend}.")
+    return Settings("c10d", min_nodes, max_nodes, -1, args.rdzv_id,
+                    parse_endpoint(args.rdzv_endpoint, _C10D_PORT), args.max_restarts, conf)
 
 
-class _Group:
-    """The workers of one attempt: started together, watched, stopped together."""
-
-    def __init__(self, args, nproc, addr, port, run_id, attempt, error_dir, secret):
-        self.procs, self.error_files = [], []
-        base = dict(os.environ)
-        if secret is not None:
-            base[SECRET_ENV] = secret
-        for local_rank in range(nproc):
-            error_file = os.path.join(error_dir, f"attempt_{attempt}", str(local_rank),
-                                      "error.json")
-            os.makedirs(os.path.dirname(error_file), exist_ok=True)
-            env = dict(base)
-            env.update({
-                "LOCAL_RANK": "0" if args.virtual_local_rank else str(local_rank),
-                "RANK": str(local_rank), "GROUP_RANK": "0", "ROLE_RANK": str(local_rank),
-                "ROLE_NAME": args.role, "LOCAL_WORLD_SIZE": str(nproc),
-                "WORLD_SIZE": str(nproc), "GROUP_WORLD_SIZE": "1",
-                "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-                "TORCHELASTIC_RESTART_COUNT": str(attempt),
-                "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
-                "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
-                    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-                "TORCHELASTIC_ERROR_FILE": error_file,
-            })
-            self.error_files.append(error_file)
-            try:
-                self.procs.append(subprocess.Popen(_command(args, local_rank), env=env,
-                                                   start_new_session=True,
-                                                   preexec_fn=_die_with_agent(os.getpid())))
-            except BaseException:
-                self.stop(signal.SIGTERM, 0.0)
-                raise
-
-    def poll(self):
-        """(all exited successfully, [failures in the order found])."""
-        failures = []
-        for local_rank, proc in enumerate(self.procs):
-            code = proc.poll()
-            if code is not None and code != 0:
-                failures.append(_Failure(local_rank, local_rank, proc.pid, code,
-                                         self.error_files[local_rank]))
-        done = all(p.poll() == 0 for p in self.procs)
-        return done, failures
-
-    def stop(self, sig, grace):
-        """Send ``sig`` to every live worker's session, SIGKILL after ``grace`` s, reap."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                _signal_session(proc, sig)
-        deadline = time.monotonic() + grace
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:  # killed below
-                pass
-        for proc in self.procs:
-            if proc.poll() is None:
-                _signal_session(proc, signal.SIGKILL)
-            proc.wait()
+class _AgentOptions:
+    """What ``member_secret`` asks of options (an agent has no RPC options)."""
+    world_secret = None
+    mechanism = "plain"
 
 
-def _signal_session(proc, sig):
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
+def _shared_secret(args, world_nodes):
+    """The world secret every node's agent must have been given (text), or None after the
+    warning of a world without a secret (an error under DISTGRAD_REQUIRE_SECRET=1)."""
+    secret = world_secret.current()
+    if secret is None:
+        member_secret(_AgentOptions, f"the torchrun agent of node rank {args.node_rank}"
+                      if args.rdzv_backend == "static" else "this torchrun agent",
+                      world_nodes, error=RendezvousError)
+    return secret
 
 
 def _shutdown_timeout(args):
@@ -424,11 +343,12 @@ def _log(message):
 
 
 def run(args):
-    """Launch and watch the workers of ``args`` (a parsed command line); raises
+    """Launch and watch this node's workers of ``args`` (a parsed command line); raises
     :class:`ChildFailedError` when they fail for good."""
     why = _unsupported(args)
     if why is not None:
         raise ValueError(f"distgrad.distributed.run: {why}")
+    min_nodes, max_nodes = _nnodes(args.nnodes)
     nproc = _local_world_size(args.nproc_per_node)
     if nproc < 1:
         raise ValueError(f"--nproc-per-node must be at least 1, not {nproc}")
@@ -439,56 +359,40 @@ def run(args):
              "variable for optimal performance in your application as needed. \n"
              "*****************************************")
         os.environ["OMP_NUM_THREADS"] = "1"
-    addr, port, run_id = _meeting_point(args)
-    secret = for_children()  # one per launch: its restarts keep it
     grace = _shutdown_timeout(args)
     handled = [getattr(signal, name.strip()) for name in args.signals_to_handle.split(",")
                if name.strip() and hasattr(signal, name.strip())]
-    if args.log_dir:  # kept, as torchrun keeps its log directory
-        error_dir = os.path.join(args.log_dir, f"{run_id}_{uuid.uuid4().hex[:8]}")
-        os.makedirs(error_dir)
-    else:             # removed at the end, or swept if this process is killed
-        error_dir = owned_tempdir("distgrad-torchrun-")
 
     def on_signal(signum, frame):
         raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signum)
 
+    if max_nodes == 1:
+        master = _meeting_point(args)
+        run_id = master[2]
+    else:
+        settings = _settings(args, min_nodes, max_nodes)
+        run_id = args.rdzv_id
     previous = {s: signal.signal(s, on_signal) for s in handled}
-    group = None
+    error_dir = None
     try:
-        for attempt in range(args.max_restarts + 1):
-            group = _Group(args, nproc, addr, port, run_id, attempt, error_dir, secret)
-            while True:
-                done, failures = group.poll()
-                if done:
-                    return
-                if failures:
-                    break
-                time.sleep(args.monitor_interval)
-            group.stop(signal.SIGTERM, grace)
-            left = args.max_restarts - attempt
-            if left:
-                _log(f"[{args.role}] worker group FAILED ({_describe(failures[0])}); "
-                     f"{left}/{args.max_restarts} attempts left, restarting the worker group")
-                continue
-            raise ChildFailedError(os.path.basename(args.training_script), failures)
-    except SignalException as e:
-        if group is not None:
-            group.stop(e.sigval, grace)
-        raise
-    except BaseException:
-        if group is not None:
-            group.stop(signal.SIGTERM, grace)
-        raise
+        if args.log_dir:  # kept, as torchrun keeps its log directory
+            error_dir = os.path.join(args.log_dir, f"{run_id}_{uuid.uuid4().hex[:8]}")
+            os.makedirs(error_dir)
+        else:             # removed at the end, or swept if this process is killed
+            error_dir = owned_tempdir("distgrad-torchrun-")
+        if max_nodes == 1:
+            secret = world_secret.for_children()  # one per launch: its restarts keep it
+            rendezvous = LocalRendezvous(master[:2], run_id, nproc, args.role,
+                                         args.max_restarts)
+        else:
+            secret = _shared_secret(args, max_nodes)
+            rendezvous = Rendezvous(settings, nproc, args.role, secret, args.local_addr)
+        run_agent(args, rendezvous, nproc, error_dir, secret, grace)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        if not args.log_dir:
+        if error_dir is not None and not args.log_dir:
             remove_path(error_dir)
-
-
-def _describe(failure):
-    return f"local rank {failure.local_rank} exited with {failure.exitcode}"
 
 
 def main(args=None):

@@ -305,9 +305,9 @@ class _StoreServer:
 
     accepts = "array"
 
-    def __init__(self, host, port):
+    def __init__(self, host, port, curve=None):
         try:
-            self.point = MeetingPoint.acquire(_bind_address(host, port),
+            self.point = MeetingPoint.acquire(_bind_address(host, port), curve=curve,
                                               max_message=_MAX_VALUE + 2 * _MAX_KEY + 1024,
                                               bind_error=_store_bind_error)
         except RendezvousError as e:
@@ -394,10 +394,13 @@ class _OwnedSocket:
 
     __slots__ = ("sock",)
 
-    def __init__(self, address):
+    def __init__(self, address, curve=None):
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.linger = 0
         self.sock.ipv6 = 1
+        if curve is not None:  # the server's pair is the world's: holding it is the credential
+            self.sock.curve_serverkey = self.sock.curve_publickey = curve[0]
+            self.sock.curve_secretkey = curve[1]
         self.sock.connect(address)
 
     def __del__(self):
@@ -417,11 +420,15 @@ class TCPStore(Store):
     With ``world_size`` and ``wait_for_workers``, the master's constructor waits
     until that many stores (itself included) have connected. ``multi_tenant``
     lets several master stores of one process share the server at one address.
+    ``curve`` (distgrad only): a CURVE key pair (public, secret; Z85) that the server
+    and all its clients hold, and nobody else: the connections are encrypted and a
+    process without the pair is not answered (the torchrun agents' store derives it
+    from the world secret, ``elastic/rendezvous/rendezvous_store.py``).
     """
 
     def __init__(self, host_name, port, world_size=None, is_master=False,
                  timeout=_DEFAULT_TIMEOUT, wait_for_workers=True, multi_tenant=False,
-                 master_listen_fd=None, use_libuv=True):
+                 master_listen_fd=None, use_libuv=True, *, curve=None):
         super().__init__(timeout)
         if not isinstance(host_name, str) or not host_name:
             raise TypeError("TCPStore(): host_name must be a non-empty str")
@@ -440,13 +447,14 @@ class TCPStore(Store):
                     shared.users += 1
                     self._server = shared
                 else:
-                    self._server = _StoreServer(host_name, port)
+                    self._server = _StoreServer(host_name, port, curve)
                     if multi_tenant:
                         _servers[(host_name, self._server.port)] = self._server
             port = self._server.port
         elif port == 0:
             raise ValueError("TCPStore(): a client (is_master=False) needs the master's port")
         self.port = port
+        self._curve = curve
         self._address = addresses.endpoint(host_name, port)
         self._call("hello")
         if is_master and wait_for_workers and world_size:
@@ -471,7 +479,7 @@ class TCPStore(Store):
     def _socket(self):
         owned = getattr(self._local, "owned", None)
         if owned is None:
-            owned = self._local.owned = _OwnedSocket(self._address)
+            owned = self._local.owned = _OwnedSocket(self._address, self._curve)
         return owned.sock
 
     def _call(self, op, *args):

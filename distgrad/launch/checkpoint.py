@@ -27,6 +27,9 @@ def atomic_save(obj, path):
     """``distgrad.save(obj, path)``, but readers see the old file or the whole new one."""
     path = os.fspath(path)
     directory = os.path.dirname(path) or "."
+    # a stage on another host than the coordinator's writes to a disk of its own, where
+    # nobody made the step's directory
+    os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:

@@ -103,8 +103,24 @@ def _prepare(args):
     config = load_config(args.config, args.overrides)
     resolved = plan(config, lambda key, message: error_for(args.config, key, message,
                                                            args.overrides))
-    layout = environment.detect(config["world"]["workers"], force_local=args.local)
+    layout = environment.detect(config["world"]["workers"], force_local=args.local,
+                                port=config["world"]["rendezvous_port"])
+    _check_restarts(config, layout)
     return config, resolved, layout
+
+
+def _check_restarts(config, layout):
+    """Under torchrun its agent restarts a failed world (its --max-restarts), and each
+    restart continues from the last checkpoint: run.max_restarts may not promise more
+    restarts than the agent makes."""
+    wanted = config["run"]["max_restarts"]
+    if layout.engine_restarts is None:
+        return
+    if wanted > layout.engine_restarts:
+        raise ValueError(f"run.max_restarts={wanted}, but torchrun restarts this launch at most "
+                         f"{layout.engine_restarts} times (TORCHELASTIC_MAX_RESTARTS): under "
+                         f"torchrun its agent restarts the world; give it --max-restarts "
+                         f"{wanted}, or run.max_restarts={layout.engine_restarts}")
 
 
 def _blas_threads(config, layout):
@@ -125,6 +141,8 @@ def run(args, parser=None):
         sys.path.insert(0, os.getcwd())  # user modules named in the config
     try:
         config, resolved, layout = _prepare(args)
+        meeting = None if layout.local else environment.check_addresses(
+            layout, layout.bind_addr or config["world"]["bind_addr"])
     except (ConfigError, ValueError) as e:
         return _fail(e)
     if args.check:
@@ -134,8 +152,26 @@ def run(args, parser=None):
               f"{layout.kind} launch of {layout.world_size} processes", file=sys.stderr)
         return 0
     console = Console(show=args.show, progress=not args.no_progress)
+    if meeting:
+        console.note(meeting)
+    if layout.group_size < layout.world_size:
+        console.note(f"{layout.kind}'s group has {layout.group_size} processes for a world of "
+                     f"{layout.world_size}: this one starts {_span(layout.ranks)}")
+    if layout.agent_store:  # the run's name and where rank 0 listens, via torchrun's store
+        try:
+            environment.torchrun_rendezvous(layout,
+                                            timeout=config["world"]["rendezvous_timeout"])
+        except Exception as e:  # noqa: BLE001 - the store's errors: RuntimeError and kin
+            console.close()
+            print(f"distgrad launch: error: torchrun's store at {os.environ.get('MASTER_ADDR')}:"
+                  f"{os.environ.get('MASTER_PORT')} did not give the rendezvous: {e}",
+                  file=sys.stderr)
+            return 1
+    # a restart by the engine (torchrun's agent) continues the run from its last checkpoint
+    again = layout.restart > 0
     try:
-        where = resume.place(config, resolved, resume=args.resume or config["run"]["resume"],
+        where = resume.place(config, resolved,
+                             resume=args.resume or config["run"]["resume"] or again,
                              run_dir=args.run_dir, run_id=layout.run_id, note=console.note)
     except resume.ResumeError as e:
         return _fail(e)
@@ -145,9 +181,6 @@ def run(args, parser=None):
                      f"config asks for (give more run.steps to go on); nothing to do")
         print(f"run directory: {run_dir}", flush=True)
         return 0
-    if layout.kind == "torchrun":
-        layout.rendezvous = environment.torchrun_rendezvous(
-            layout.ranks[0], timeout=config["world"]["rendezvous_timeout"])
     launch = {"version": __version__, "command": sys.argv, "config_file":
               os.path.abspath(args.config), "overrides": list(args.overrides),
               "config": config, "trace": os.path.abspath(args.trace) if args.trace else None}
@@ -165,6 +198,14 @@ def run(args, parser=None):
                 signal.signal(s, supervisor.on_signal)
             supervisor.start(resume_from, attempt)
             outcome = supervisor.run()
+            if outcome.failed and not layout.local and restarts and 0 in layout.ranks \
+                    and layout.engine_restarts is None:
+                outcome.message += (f"; not restarted (run.max_restarts={restarts}): the "
+                                    f"launchers of this {layout.kind} launch start only their own "
+                                    f"ranks and cannot restart the world on what remains; "
+                                    f"start it again with --resume (it continues from its last "
+                                    f"checkpoint), or run it under torchrun with --max-restarts "
+                                    f"and an elastic --nnodes MIN:MAX")
             if outcome.failed and attempt < restarts and layout.local and not supervisor.signals:
                 found = ckpt.latest(run_dir)
                 resume_from = found[0] if found else None
@@ -192,7 +233,11 @@ def _replicas(config):
 
 
 def _span(ranks):
-    return f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
 
 
 def _report(outcome, run_dir, records, console, plot_loss, coordinator_here):

@@ -141,8 +141,7 @@ SCHEMA = {
                                                     "\"pipeline\": world.workers / replicas "
                                                     "stages (default 1), \"ddp\": every "
                                                     "worker is one (default world.workers)"),
-        "transport": Field(str, "ipc", choices=("ipc", "tcp"), doc="worker endpoints: unix "
-                                                                   "sockets or TCP"),
+        "transport": Field(str, "ipc", choices=("ipc", "tcp"), doc="endpoints: unix sockets or TCP"),
         "bind_addr": Field(str, "auto", doc="address TCP endpoints bind to; auto: this "
                                             "host's address toward the rendezvous host "
                                             "(127.0.0.1 for a launch on one machine), unless "
@@ -159,8 +158,10 @@ SCHEMA = {
         "heartbeat_timeout": Field(float, 3.0, low=0.2, doc="seconds of silence after which "
                                                             "a process is declared dead "
                                                             "(and how soon a hang is found)"),
-        "rendezvous_timeout": Field(float, 60.0, low=0.1, doc="seconds for every process to "
-                                                              "join"),
+        "rendezvous_timeout": Field(float, 60.0, low=0.1, doc="seconds for all to join"),
+        "rendezvous_port": Field(int, 0, low=0, high=65535, doc="where rank 0 serves the "
+                                 "rendezvous unless MASTER_PORT says (Slurm, mpirun, torchrun's "
+                                 "agent store); 0: from the job id, or a free port"),
         "simulated_link": Field(str, doc="a network between hosts, simulated on this machine: "
                                          "every message between processes is held as if it "
                                          "crossed a link of '<latency> <bandwidth>', e.g. "

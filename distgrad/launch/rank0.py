@@ -17,6 +17,8 @@ from distgrad.utils.processes import die_with_parent
 from .autograd_strategy import AutogradCoordinator
 from .config import heartbeat_interval
 from .coordinator import Coordinator, StageFailure
+from .environment import own_address
+from .placement import HOSTS, Placement
 from .rundir import FAILURE, LAUNCH, write_json
 
 __all__ = ["STRATEGIES", "main"]
@@ -41,6 +43,35 @@ def _options(world):
         allowed_modules=("distgrad.launch.progress",))  # the stages' step reports
 
 
+def _placement(run_dir, world, workers):
+    """Where every process runs (``hosts.json``), asked once the world has formed."""
+    here = own_address(world["init_method"], world.get("bind_addr") or "auto")
+    placement = Placement.gather(workers, here, world["config"]["rpc_timeout"])
+    write_json(os.path.join(run_dir, HOSTS), placement.to_json())
+    return placement
+
+
+def _name_the_host(record, placement, world):
+    """A worker that stopped answering is reported with its host, and as the host when
+    none of the host's other workers answers either."""
+    address = placement.host_of(record["rank"])
+    if address is not None:
+        record = dict(record, on=placement.label(address))
+    lost = placement.lost_host(record["rank"], world["config"]["heartbeat_timeout"] + 2.0)
+    if lost is not None:
+        record["host"] = lost
+    return record
+
+
+def _what_failed(record):
+    lost = record.get("host")
+    if lost is None:
+        return f"{record['worker']} ({record['place']}) failed"
+    ranks = lost["ranks"]
+    return f"{lost['label']} is lost (rank{'s' if len(ranks) > 1 else ''} " \
+           f"{', '.join(map(str, ranks))})"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -57,14 +88,22 @@ def main(argv=None):
     coordinator = STRATEGIES[launch["config"]["world"]["strategy"]](run_dir, launch)
     for sig in (signal.SIGTERM, signal.SIGINT):  # stop at the next step boundary
         signal.signal(sig, lambda *_: coordinator.stop_requested.set())
-    rpc.init_rpc("coordinator", rank=0, world_size=len(coordinator.workers) + 1,
-                 rpc_backend_options=_options(world))
+    try:
+        rpc.init_rpc("coordinator", rank=0, world_size=len(coordinator.workers) + 1,
+                     rpc_backend_options=_options(world))
+    except rpc.RpcError as e:  # the world did not form: say why in one line, no traceback
+        print(f"the world did not form: {e}", file=sys.stderr, flush=True)
+        return 1
+    placement = _placement(run_dir, world, coordinator.workers) if world.get("hosts") else None
     try:
         result = coordinator.run()
     except StageFailure as f:
-        write_json(os.path.join(run_dir, FAILURE), f.record)
-        print(f"stopping: {f.record['worker']} ({f.record['place']}) failed at step "
-              f"{f.record['step']}: {f.record['message']}", file=sys.stderr, flush=True)
+        record = f.record
+        if placement is not None and record["reason"] == "unreachable":
+            record = _name_the_host(record, placement, world)
+        write_json(os.path.join(run_dir, FAILURE), record)
+        print(f"stopping: {_what_failed(record)} at step {record['step']}: "
+              f"{record['message']}", file=sys.stderr, flush=True)
         rpc.shutdown(graceful=False)
         return 1
     rpc.shutdown(graceful=True)

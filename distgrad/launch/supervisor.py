@@ -14,6 +14,7 @@ the step, its exit status, and the root cause (the traceback the coordinator
 collected, or the end of that process's log).
 """
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -135,7 +136,8 @@ class Supervisor:
         if 0 in self.layout.ranks:
             launch = dict(self.launch, resume_from=resume_from, attempt=attempt,
                           world={"init_method": rendezvous, "workers": workers,
-                                 "bind_addr": bind, "transport": self.transport})
+                                 "bind_addr": bind, "transport": self.transport,
+                                 "hosts": not self.layout.local})
             write_json(os.path.join(self.run_dir, LAUNCH), launch)
         try:
             for rank in self.layout.ranks:
@@ -168,6 +170,8 @@ class Supervisor:
             cmd += ["--cpus", format_cpus(self.cores[rank])]
         for module in self.worker_modules:
             cmd += ["--allow", module]
+        if not self.layout.local:  # the coordinator asks where each worker runs
+            cmd += ["--allow", "distgrad.launch.placement"]
         return cmd
 
     def _environment(self):
@@ -393,17 +397,33 @@ class Supervisor:
         if report:  # the coordinator found a stage at fault (and then left the world, which
             # may have ended the other workers before the coordinator itself was seen to exit)
             step = report["step"]
+            host = report.get("host")
+            if host:  # every rank there stopped answering at once
+                ranks = ", ".join(f"{w} (rank {r})" for w, r in zip(host["workers"],
+                                                                    host["ranks"]))
+                message = f"host {host['label']} is lost: {ranks} stopped answering at " \
+                          f"step {step}"
+                return Outcome(1, message, report.get("message", ""), step=step)
             if report["reason"] == "unreachable":
                 how = "stopped answering" + (" (its process was stopped, state T)"
                                              if self.states.get(report["worker"]) == "T" else "")
             else:
                 how = f"failed: {report['message'].splitlines()[0] if report['message'] else ''}"
-            message = f"{report['worker']} (rank {report['rank']}, {report['place']}) {how} at " \
-                      f"step {step}"
+            on = f", on {report['on']}" if report.get("on") else ""
+            message = f"{report['worker']} (rank {report['rank']}, {report['place']}{on}) " \
+                      f"{how} at step {step}"
             cause = report.get("traceback") or report.get("message", "")
             return Outcome(1, message, cause, step=step)
+        lost = None if 0 in self.layout.ranks else _lost_coordinator(first.log.name)
+        if lost:  # rank 0's host is gone, or unreachable from here
+            where = f" on {self.layout.host}" if self.layout.host else ""
+            return Outcome(exit_code(first.status), f"{first.describe()} lost the coordinator "
+                           f"(rank 0){where}: {lost.partition('unreachable: ')[2]}", lost)
         step = self._last_step() + 1
-        message = f"{first.describe()} {describe_status(first.status)} at step {step}"
+        # only the coordinator's launcher follows the steps (the others may be elsewhere)
+        at = "" if 0 not in self.layout.ranks else \
+            f" at step {step}" if self.live else " before training started"
+        message = f"{first.describe()} {describe_status(first.status)}{at}"
         return Outcome(exit_code(first.status), message, _log_tail(first.log.name), step=step)
 
 
@@ -420,6 +440,19 @@ def _set_aside_result(run_dir):
             os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+_LOST_COORDINATOR = re.compile(r"worker 'coordinator' \(rank 0\) is unreachable: [^\n]*")
+
+
+def _lost_coordinator(path):
+    """The line of a worker's log that says it lost the coordinator (None: it did not)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            found = _LOST_COORDINATOR.search(fh.read())
+    except OSError:
+        return None
+    return found and found.group(0)
 
 
 def _log_tail(path, lines=25):

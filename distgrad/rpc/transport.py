@@ -294,6 +294,11 @@ class Transport:
         r.router_mandatory = 1
         r.router_handover = 0
         r.maxmsgsize = self.options.max_message_size
+        # peers that all connect at once (an all-to-all of 64 ranks: 63 peers' threads) can
+        # overflow libzmq's default queue of 100; the kernel then drops their attempts,
+        # which come back only after SYN retries (1 s, 3 s) and read as peers that never
+        # answered
+        r.backlog = 4096
         r.ipv6 = is_ipv6(address)
         r.bind(address)
         return r.last_endpoint.decode()

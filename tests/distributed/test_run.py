@@ -1,4 +1,4 @@
-"""``distgrad.distributed.run`` (torchrun on one node): ``python -m torch.distributed.run``
+"""``distgrad.distributed.run`` (torchrun) on one node: ``python -m torch.distributed.run``
 under as_torch, the workers' environment compared with real torchrun's, restarts and
 failures, and distgrad workers under a real torchrun (its agent's store)."""
 import importlib.util
@@ -130,9 +130,13 @@ def test_a_failed_worker_restarts_the_group_and_a_last_failure_is_reported(tmp_p
     assert "rank      : 1 (local_rank: 1)" in err and "exitcode  : 3" in err
 
 
-def test_what_one_node_cannot_do_is_refused_by_name(tmp_path):
+def test_what_the_launcher_cannot_do_is_refused_by_name(tmp_path):
     (tmp_path / "noop.py").write_text("")
-    for extra, words in ((["--nnodes", "2"], "one node"), (["--run-path"], "--run-path"),
+    for extra, words in ((["--nnodes", "2", "--standalone"], "--standalone runs one node"),
+                         (["--nnodes", "2", "--node-rank", "2"], "out of range"),
+                         (["--rdzv-backend", "etcd"], "'static' or 'c10d'"),
+                         (["--nnodes", "2:1"], "min_nodes must be > 0 and <= max_nodes"),
+                         (["--run-path"], "--run-path"),
                          (["--redirects", "3"], "--redirects"),
                          (["--nproc-per-node", "gpu"], "Cuda is not available")):
         code, _, err = _launch([sys.executable, "-m", "distgrad.distributed.run"] + extra +

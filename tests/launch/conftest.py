@@ -51,3 +51,11 @@ def launcher(tmp_path):
             launch.proc.kill()
             launch.proc.wait()
     kill_recorded(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _slow_only_when_selected(request):
+    """Tests marked slow run with ``-m slow`` only (pyproject.toml's marker)."""
+    if request.node.get_closest_marker("slow") and \
+            "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("marked slow: run with -m slow")

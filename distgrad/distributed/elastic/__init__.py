@@ -1,2 +1,4 @@
-"""``torch.distributed.elastic``: what distgrad's one-node launcher (``distributed/run.py``)
-shares with it, its workers' error reports (``elastic.multiprocessing.errors``)."""
+"""``torch.distributed.elastic``: the parts of distgrad's torchrun (``distributed/run.py``):
+its agent's loop (``agent``), a node's workers (``workers``), how the agents of several
+nodes meet (``rendezvous``), and the workers' error reports
+(``elastic.multiprocessing.errors``)."""

@@ -13,6 +13,15 @@ except ImportError as e:
         "pip install 'distgrad[tensorboard]' (or pip install tensorboard)",
         name="tensorboard") from e
 
+if getattr(tensorboard, "__file__", None) is None:
+    # A directory named tensorboard on sys.path (a log directory in the working directory,
+    # a test folder) imports as an empty namespace package: that is not the package.
+    raise ModuleNotFoundError(
+        "distgrad.utils.tensorboard needs the tensorboard package, which is not installed: "
+        f"'import tensorboard' found only the directory {list(tensorboard.__path__)}, "
+        "not the package; pip install 'distgrad[tensorboard]' (or pip install tensorboard)",
+        name="tensorboard")
+
 
 def _version(text):
     return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())

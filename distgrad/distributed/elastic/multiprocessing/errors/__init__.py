@@ -27,7 +27,7 @@ import time
 import traceback
 import warnings
 
-from ....run import ChildFailedError
+from ...workers import ChildFailedError
 
 __all__ = ["ChildFailedError", "record", "ErrorHandler", "get_error_handler"]
 
