@@ -10,10 +10,11 @@ def call_body(target, args=(), kwargs=None, remote=None):
     return msgpack.packb([target, list(args), kwargs or {}, remote])
 
 
-def member_socket(ctx, transport, dst, identity=None, credential=True):
+def member_socket(ctx, transport, dst, identity=None, credential=True, events=0):
     """A DEALER of ``ctx`` connected to rank ``dst`` of ``transport``'s world, presenting
     that transport's credential (unless ``credential`` is False), with routing
-    ``identity`` if given."""
+    ``identity`` if given. With ``events``: ``(socket, monitor)``, the monitor of those
+    events attached before it connects (else the first ones may pass unseen)."""
     s = ctx.socket(zmq.DEALER)
     s.linger = 0
     if identity is not None:
@@ -21,8 +22,9 @@ def member_socket(ctx, transport, dst, identity=None, credential=True):
     if credential:
         for option, value in transport.client_options(dst).items():
             setattr(s, option, value)
+    monitor = s.get_monitor_socket(events) if events else None
     s.connect(transport.endpoints[dst])
-    return s
+    return (s, monitor) if events else s
 
 
 def send_forged(dst, kind, src, target, args=(), extra=None, identity=None, mid=77,
@@ -55,11 +57,14 @@ def take_identity(dst, identity, mid=78):
     front of ``identity`` on it; the socket stays until :func:`give_identity_back`."""
     transport = current_agent().transport
     ctx = zmq.Context()
-    s = member_socket(ctx, transport, dst, identity)
-    monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    s, monitor = member_socket(ctx, transport, dst, identity,
+                               events=zmq.EVENT_HANDSHAKE_SUCCEEDED)
     try:
-        if not monitor.poll(10000):
-            raise TimeoutError(f"no handshake with rank {dst} within 10 s")
+        if not monitor.poll(20000):
+            raise TimeoutError(f"no handshake with rank {dst} within 20 s")
+    except BaseException:
+        ctx.destroy(linger=0)
+        raise
     finally:
         s.disable_monitor()
         monitor.close(linger=0)
