@@ -64,3 +64,19 @@ def test_bench_dcp_prints_na_without_torch(tmp_path):
     assert [r["op"] for r in report["rows"]] == ["save", "load"]
     assert all(r["torch_s"] is None and r["distgrad_s"] > 0 and r["numpy_s"] > 0
                for r in report["rows"])
+
+
+def test_soak_prints_memory_per_process_per_period_and_where_it_grew():
+    # two periods of 3 s with allocation tracing: exit status 1 only says a target was not
+    # met (steps/s of so short a run on a busy machine is noise), not that it failed
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "soak.py"), "--minutes", "0.1",
+                           "--period", "3", "--trace", "3"],
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode in (0, 1), proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    report = json.loads(lines[-1])
+    assert report["bench"] == "soak" and len(report["periods"]) >= 2
+    assert set(report["periods"][0]["stats"]) == {"worker0", "worker1", "worker2"}
+    for w in ("worker0", "worker1", "worker2"):
+        assert f"{w}, allocations that grew after the first period:" in proc.stdout
+    assert any(line.startswith("slowest period") for line in lines)
