@@ -31,6 +31,8 @@ from distgrad.autograd._internal import (Node, current_graph_task, array_of, gra
 from distgrad._tensor import Tensor
 from distgrad.rpc import current_agent, entry_point, interceptors
 
+from .released import ReleasedIds
+
 __all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id", "running_pass",
            "get_context", "install", "scope", "admit_context", "add_extension", "backward_starts",
            "backward_ends",
@@ -45,14 +47,10 @@ _counter = itertools.count(1)
 _lock = threading.Lock()
 _contexts = {}
 _introduced = collections.Counter()     # peer rank -> live contexts its messages created
-# Recently released ids (id -> when), so that late messages of a released context are
-# ignored instead of making it anew. Remembered for a while, not forever: a count alone
-# (100,000 ids, about 16 MB) took a soak at 170 steps/s ten minutes to fill, every
-# process growing ~1.6 MB a minute until then.
-_released = collections.OrderedDict()
+# Recently released ids, so that late messages of a released context are ignored instead
+# of making it anew; remembered for a while, not forever (released.py).
 _RELEASED_KEPT = 100_000  # at most this many ids
 _RELEASED_FOR = 120.0     # seconds an id is kept (at least twice the RPC timeout)
-_clock = time.monotonic
 
 
 class _TLS(threading.local):
@@ -192,19 +190,16 @@ def _released_for():
     return max(_RELEASED_FOR, 2 * timeout)
 
 
+_released = ReleasedIds(_released_for, _RELEASED_KEPT, time.monotonic)
+
+
 def release_local(context_id):
     """Forget ``context_id`` here; return its context (or None if unknown/released)."""
     with _lock:
         ctx = _contexts.pop(context_id, None)
         if ctx is not None and ctx.introduced_by is not None:
             _introduced[ctx.introduced_by] -= 1
-        now = _clock()
-        _released.pop(context_id, None)
-        _released[context_id] = now  # oldest first
-        forget_before = now - _released_for()
-        while _released and (len(_released) > _RELEASED_KEPT
-                             or next(iter(_released.values())) < forget_before):
-            _released.popitem(last=False)
+        _released.add(context_id)
     if ctx is not None:
         with ctx.lock:
             passes = list(ctx.passes.values())
