@@ -103,3 +103,19 @@ def test_bench_pipelining_runs_a_schedule_without_torch(tmp_path):
     gpipe = report["rows"][2]
     assert gpipe["rate"] > 0 and 0 <= gpipe["bubble"] < 1 and \
         gpipe["bubble_textbook"] == pytest.approx(1 / 3)
+
+
+def test_soak_prints_memory_per_process_per_period_and_where_it_grew():
+    # two periods of 3 s with allocation tracing: exit status 1 only says a target was not
+    # met (steps/s of so short a run on a busy machine is noise), not that it failed
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "soak.py"), "--minutes", "0.1",
+                           "--period", "3", "--trace", "3"],
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode in (0, 1), proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    report = json.loads(lines[-1])
+    assert report["bench"] == "soak" and len(report["periods"]) >= 2
+    assert set(report["periods"][0]["stats"]) == {"worker0", "worker1", "worker2"}
+    for w in ("worker0", "worker1", "worker2"):
+        assert f"{w}, allocations that grew after the first period:" in proc.stdout
+    assert any(line.startswith("slowest period") for line in lines)

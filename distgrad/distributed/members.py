@@ -9,17 +9,19 @@ made by whoever starts the world) an entry proves its writer holds it (an HMAC o
 entry, the secret never in the store), so a process without the secret that reaches the
 store while the world forms cannot slip its own entry in: the ranks refuse it, naming
 it. A private ``FileStore`` needs no secret (only its owner can write the file); a store
-on a socket without one is closed once the world formed, and says so once (as
-``init_rpc`` does; ``DISTGRAD_REQUIRE_SECRET=1`` makes it an error).
+on a socket without one is closed once the world formed, and its rank 0 says so once
+(:func:`warn_if_open`, as ``init_rpc``'s does; not where only this host reaches it);
+``DISTGRAD_REQUIRE_SECRET=1`` makes it an error on every rank.
 """
 import msgpack
 
-from distgrad.rpc.credentials import SECRET_ENV, member_secret, prove, proven, world_secret
+from distgrad.rpc.credentials import (SECRET_ENV, member_secret, prove, proven,
+                                      warn_open_world, world_secret)
 from distgrad.utils import file_table
 
 from .errors import DistError
 
-__all__ = ["secret_for", "entry", "admitted"]
+__all__ = ["secret_for", "entry", "admitted", "warn_if_open"]
 
 _WHAT = "process group member"
 
@@ -31,6 +33,20 @@ def secret_for(options, store, rank, world_size):
     if path is not None and file_table.is_private(path):
         return world_secret(options)  # the file's owner alone writes entries: none needed
     return member_secret(options, f"process group rank {rank}", world_size, error=DistError)
+
+
+def warn_if_open(options, store, rank, world_size, secret, endpoints):
+    """Rank 0 of a process group that formed without a secret says so, once
+    (``credentials.warn_open_world``), unless its store is a private file. Where the ranks
+    met is the address ``store`` listens on when this process serves it (else not known);
+    ``endpoints`` are the ranks'."""
+    path = getattr(store, "path", None)
+    if rank != 0 or secret is not None or (path is not None and file_table.is_private(path)):
+        return
+    # an entry's endpoint names the addresses it listens on, then what identifies its host
+    listening = [a for ep in endpoints for a in ep.split() if "://" in a]
+    warn_open_world("process group rank 0", world_size, getattr(store, "served_at", None),
+                    listening, options.mechanism)
 
 
 def entry(rank, world_size, endpoint, verifier, secret):

@@ -316,7 +316,9 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             mine = members.entry(rank, world_size, comm.bind(), comm.verifier, secret)
             entries = _meet(pg_store, rank, world_size, mine, timeout_s,
                             getattr(own_store, "path", None))
-            comm.connect(*members.admitted(entries, world_size, secret))
+            endpoints, verifiers = members.admitted(entries, world_size, secret)
+            comm.connect(endpoints, verifiers)
+            members.warn_if_open(comm.options, store, rank, world_size, secret, endpoints)
         _world.comm, _world.rank, _world.size = comm, rank, world_size
         _world.store, _world.own_store = store, own_store
         _world.backend, _world.timeout = name, timeout_s

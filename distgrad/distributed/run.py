@@ -80,8 +80,8 @@ import signal
 import sys
 import uuid
 
-from ..rpc.credentials import member_secret
-from ..utils import world_secret
+from ..rpc.credentials import member_secret, warn_open_world
+from ..utils import addresses, world_secret
 from ..utils.ports import free_port
 from ..utils.tempdirs import owned_tempdir, remove_path
 from .elastic.agent import run_agent
@@ -322,14 +322,26 @@ class _AgentOptions:
 
 
 def _shared_secret(args, world_nodes):
-    """The world secret every node's agent must have been given (text), or None after the
-    warning of a world without a secret (an error under DISTGRAD_REQUIRE_SECRET=1)."""
+    """The world secret every node's agent must have been given (text), or None (an error
+    under DISTGRAD_REQUIRE_SECRET=1; the agent that serves the store warns:
+    :func:`_warn_if_open`)."""
     secret = world_secret.current()
     if secret is None:
         member_secret(_AgentOptions, f"the torchrun agent of node rank {args.node_rank}"
                       if args.rdzv_backend == "static" else "this torchrun agent",
                       world_nodes, error=RendezvousError)
     return secret
+
+
+def _warn_if_open(rendezvous, secret, world_nodes):
+    """Without a secret, the agent that serves the rendezvous store says so, once for the
+    job (not every node's agent), unless the store is on this host's loopback."""
+    if secret is None and rendezvous.served:
+        s = rendezvous.settings
+        who = (f"the torchrun agent of node rank {s.node_rank}" if s.backend == "static"
+               else "the torchrun agent that serves the rendezvous store")
+        warn_open_world(who, world_nodes, addresses.endpoint(s.host, s.port), (),
+                        _AgentOptions.mechanism)
 
 
 def _shutdown_timeout(args):
@@ -387,6 +399,7 @@ def run(args):
         else:
             secret = _shared_secret(args, max_nodes)
             rendezvous = Rendezvous(settings, nproc, args.role, secret, args.local_addr)
+            _warn_if_open(rendezvous, secret, max_nodes)
         run_agent(args, rendezvous, nproc, error_dir, secret, grace)
     finally:
         for s, handler in previous.items():

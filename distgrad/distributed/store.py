@@ -460,6 +460,12 @@ class TCPStore(Store):
         if is_master and wait_for_workers and world_size:
             self._wait_members(world_size)
 
+    @property
+    def served_at(self):
+        """The endpoint this store's server listens on when this process serves it (the
+        master), else None."""
+        return self._server.point.address if self._server is not None else None
+
     def _wait_members(self, world_size):
         deadline = time.monotonic() + self._timeout
         while int(self._call("add", _MEMBERS_KEY, 0)) < world_size:

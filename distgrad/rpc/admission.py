@@ -1,23 +1,60 @@
 """The ZAP side of a world (RFC 27): which rank, if any, a connection's credentials prove,
-and the handler socket libzmq asks, served by the transport's I/O thread.
+and the handler socket libzmq asks, served by the transport's I/O thread; and which
+routing identities a rank's connections may present.
 
 Connections are authenticated, not messages (see ``credentials.py``): once admitted, a
 connection's messages carry the rank it was admitted as (its ``User-Id``), and
-:meth:`ZapHandler.impostor` says when a message's header claims another.
+:meth:`ZapHandler.impostor` says when a message's header claims another, or when its
+connection presents a routing identity that is not of that rank's form.
+
+Routing identities: each socket a process connects to a peer presents one of its own,
+``b"<rank>:<24 random hex digits>"`` (:func:`new_identity`), drawn for that socket alone,
+so an identity a peer sees is never presented to any other process and cannot be
+guessed; its liveness connections present none (the router numbers them). The identity
+cannot be bound in the ZAP answer itself: RFC 27 means its identity frame to be the
+client's, but libzmq (4.3.5) puts the *server* socket's own routing identity there, and
+asks before the client's metadata (which carries its identity) has arrived. So it is
+bound in two places instead: routers never hand an identity over to a newer connection
+(``ROUTER_HANDOVER`` off: a second connection presenting an identity in use is never
+read, so it takes nothing over), and every message of a connection whose identity is
+neither router-numbered nor of its admitted rank's form is refused.
 """
 import hashlib
 import hmac
 import logging
+import os
+import re
 
 import zmq
 from zmq.utils import z85
 
-__all__ = ["Admission", "ZapHandler", "ZAP_ENDPOINT"]
+__all__ = ["Admission", "ZapHandler", "ZAP_ENDPOINT", "new_identity", "own_identity",
+           "router_numbered"]
 
 log = logging.getLogger("distgrad.rpc")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler
 _BATCH = 64  # requests answered before the I/O thread looks at its other sockets
+_TAG_BYTES = 12  # random bytes of a routing identity (hex: 24 digits)
+_TAG = re.compile(rb"[0-9a-f]{%d}" % (2 * _TAG_BYTES))
+
+
+def new_identity(rank):
+    """A fresh routing identity for a socket of rank ``rank``: ``b"<rank>:<hex>"``."""
+    return b"%d:%s" % (rank, os.urandom(_TAG_BYTES).hex().encode())
+
+
+def own_identity(ident, rank):
+    """Whether routing identity ``ident`` has the form of rank ``rank``'s sockets'."""
+    prefix = b"%d:" % rank
+    return len(ident) == len(prefix) + 2 * _TAG_BYTES and ident.startswith(prefix) \
+        and _TAG.fullmatch(ident, len(prefix)) is not None
+
+
+def router_numbered(ident):
+    """Whether ``ident`` is one the router made up (its client presented none): libzmq's
+    start with a zero byte, which no socket of a world presents."""
+    return ident[:1] == b"\0"
 
 
 class Admission:
@@ -110,11 +147,18 @@ class ZapHandler:
 
     def impostor(self, frames, src):
         """Why the message ``frames`` (as the router received them) may not claim rank
-        ``src`` (None: it may): its connection was admitted as another rank."""
+        ``src`` (None: it may): its connection was admitted as another rank, or presents a
+        routing identity that is not of ``src``'s form (another rank's, say: a member
+        trying to pass for another at a third)."""
         try:
             user = frames[1].get("User-Id")
         except zmq.ZMQError:  # admitted by no ZAP handler
             user = None
-        if user == self._user_ids[src]:
+        if user != self._user_ids[src]:
+            return (f"it claims to come from rank {src}, but its connection was admitted as "
+                    f"rank {user}")
+        ident = frames[0].bytes
+        if router_numbered(ident) or own_identity(ident, src):
             return None
-        return f"it claims to come from rank {src}, but its connection was admitted as rank {user}"
+        return (f"its connection was admitted as rank {src} but presents the routing identity "
+                f"{ident[:40]!r}, which is not of the form of rank {src}'s sockets")

@@ -24,25 +24,27 @@ is (``utils/world_secret.py``), never crosses the wire: a registration proves it
 the secret with an HMAC over its own content, and the rendezvous proves the same over
 the table it answers with. A world without a secret is still closed once it formed (no
 connection is admitted without a registered credential), but while it forms anyone who
-reaches the rendezvous may register (a rank claimed twice abandons the world): a member
-joining one is warned once (:func:`member_secret`), or refused with
-``DISTGRAD_REQUIRE_SECRET=1``.
+reaches the rendezvous may register (a rank claimed twice abandons the world): its rank 0
+warns once it formed (:func:`warn_open_world`; not where only this host can reach it),
+and every member refuses it with ``DISTGRAD_REQUIRE_SECRET=1``.
 """
 import hashlib
 import hmac
+import os
 import secrets
-import threading
+import sys
 import warnings
 
 import msgpack
 import zmq
 
+from ..utils.addresses import reached_from_this_host_only
 from ..utils.world_secret import (REQUIRE_ENV, SECRET_ENV, current, joined_without_secret,
                                   new_world_secret, required)
 from .errors import RpcError
 
 __all__ = ["SECRET_ENV", "REQUIRE_ENV", "MECHANISMS", "Credential", "world_secret",
-           "member_secret", "new_world_secret", "prove", "proven"]
+           "member_secret", "warn_open_world", "new_world_secret", "prove", "proven"]
 
 #: How a connection is authenticated; "none" only when authentication is turned off.
 MECHANISMS = ("none", "plain", "curve")
@@ -57,28 +59,49 @@ def world_secret(options):
 _HOW = (f"give every process of the world the same {SECRET_ENV} (python -c \"import secrets; "
         "print(secrets.token_hex(32))\"), or start the world with `distgrad launch`, `python -m "
         "distgrad.distributed.run` or distgrad.multiprocessing.spawn, which make one")
-_warned = threading.Event()
 
 
 def member_secret(options, who, world_size, secret=None, error=RpcError):
     """The secret ``who`` joins its world with (bytes): :func:`world_secret`, else ``secret``
     (found elsewhere: a ``file://`` rendezvous file hands one). Without one it raises
-    ``error`` (:class:`RpcError`) under ``DISTGRAD_REQUIRE_SECRET=1``, else warns once per
-    process (not for a world of one, which nobody else can join): PyTorch's users start
-    ranks by hand, and such worlds keep working, but not silently."""
+    ``error`` (:class:`RpcError`) under ``DISTGRAD_REQUIRE_SECRET=1``, else returns None:
+    PyTorch's users start ranks by hand, and such worlds keep working, but not silently
+    (rank 0 says so once the world formed: :func:`warn_open_world`)."""
     secret = world_secret(options) or secret
     if secret is not None:
         return secret
     if required():
         raise error(f"{who} has no world secret and {REQUIRE_ENV} is set: {_HOW}")
     joined_without_secret()
-    if options.mechanism != "none" and world_size > 1 and not _warned.is_set():
-        _warned.set()
-        warnings.warn(f"{who} joins a world without a secret: while it forms, any process "
-                      f"that reaches its rendezvous can join it as a member. To close it, "
-                      f"{_HOW}; {REQUIRE_ENV}=1 makes this an error.", UserWarning,
-                      stacklevel=4)
     return None
+
+
+def warn_open_world(who, world_size, meeting, endpoints, mechanism):
+    """Rank 0 (``who``) of a world of ``world_size`` that formed without a secret warns,
+    once for the world, that anyone who reached it while it formed could have joined:
+    unless nobody else can join anyway (a world of one, authentication off) or every
+    address it was reached at (``meeting``: where the ranks met, a rendezvous or a store,
+    None if not known; the members' ``endpoints``) is this host's loopback or an ipc
+    path, where only processes of this host reach it."""
+    if mechanism == "none" or world_size <= 1:
+        return
+    if all(reached_from_this_host_only(a) for a in (meeting, *endpoints)):
+        return
+    where = f" at {meeting}" if meeting else ""
+    warnings.warn(f"{who} formed a world of {world_size} processes without a secret: while "
+                  f"it formed, any process that reached it{where} could have joined it as a "
+                  f"member. To close it, {_HOW}; {REQUIRE_ENV}=1 makes this an error.",
+                  UserWarning, stacklevel=_first_caller_outside())
+
+
+def _first_caller_outside():
+    """The ``stacklevel`` of the caller's first frame outside distgrad: the program's call
+    that formed the world (``init_rpc``, ``init_process_group``)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def prove(secret, what, content):

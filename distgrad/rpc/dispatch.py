@@ -176,6 +176,23 @@ class Dispatcher:
         if now:
             self._start(request, frames, size)
 
+    @property
+    def next_check(self):
+        """When :meth:`on_tick` has gate work to do (a peer's full share may have stalled)."""
+        return self.gate.next_check
+
+    def on_tick(self, now):
+        """(I/O thread) A peer whose full share of handler threads made no progress gets
+        its waiting requests started past the share, or answered with why not
+        (``quota.py``)."""
+        if now < self.gate.next_check:
+            return
+        ready, refused = self.gate.stalled(now)
+        for (request, _, _), error in refused:
+            self.stats["refused_over_quota"] += 1
+            self.reply_error(request, error)
+        self._start_all(ready)
+
     def _start(self, request, frames, size):
         self.stats["handoffs"] += 1
         self.pool.submit(self._serve_gated, request, frames, size)

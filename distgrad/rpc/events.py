@@ -117,10 +117,11 @@ class Events:
     # ------------------------------------------------------------------ time
     def next_deadline(self):
         return min(self.caller.next_deadline, self.owner.next_expiry,
-                   self.bookkeeping.next_due)
+                   self.bookkeeping.next_due, self.dispatcher.next_check)
 
     def on_tick(self, now):
         self.caller.expire(now)
+        self.dispatcher.on_tick(now)
         if now >= self.owner.next_expiry:
             self.owner.expire(now)
         if self.same_host.has_releases():  # segments this process no longer maps: to lenders

@@ -23,7 +23,8 @@ from ..utils.tempdirs import owned_tempdir
 from .barrier import ShutdownBarrier
 from .caller import Caller
 from .contexts import MessageContexts
-from .credentials import Credential, member_secret, new_world_secret, world_secret
+from .credentials import (Credential, member_secret, new_world_secret, warn_open_world,
+                          world_secret)
 from .dispatch import Dispatcher, run_later
 from .errors import RpcError, RpcTimeoutError, WorkerUnreachableError
 from .events import Events
@@ -79,6 +80,7 @@ class Lifecycle:
         self._ipc_dir = None
         self._rendezvous = None
         self._published = None                    # (file, address) rank 0 wrote for file://
+        self._secret = None                       # the world's secret, if it has one
 
     # ------------------------------------------------------------------ start
     def start(self, rendezvous_server=None):
@@ -93,6 +95,10 @@ class Lifecycle:
         self.stats = t.stats
         try:
             table = self._register(t, rendezvous_server)
+            if self.rank == 0 and self._secret is None:
+                warn_open_world(f"{self.name!r} (rank 0)", self.world_size,
+                                self._rendezvous and self._rendezvous.address,
+                                [ep for _, _, ep, _ in table], opts.mechanism)
             self.members = Members(table)
             self.pool = HandlerPool(min(opts.num_worker_threads, 4), name=f"rpc-{self.name}")
             self._make_parts(events)
@@ -129,8 +135,8 @@ class Lifecycle:
             endpoint = _advertised(endpoint, here)
         curve = None if opts.curve_public_key is None else (opts.curve_public_key,
                                                             opts.curve_secret_key)
-        secret = member_secret(opts, f"{self.name!r} (rank {self.rank})", self.world_size,
-                               handed)
+        secret = self._secret = member_secret(opts, f"{self.name!r} (rank {self.rank})",
+                                              self.world_size, handed)
         if server is None and self.rank == 0:
             bind = addresses.endpoint(here.bind, 0) if rendezvous_file else address
             server = RendezvousServer(t.ctx, bind, curve, secret)

@@ -3,11 +3,13 @@ connection events of the transport's dealers.
 
 Liveness does not need the GIL: ZeroMQ's own ZMTP heartbeats
 (``HEARTBEAT_IVL``/``_TIMEOUT``/``_TTL``) are answered by libzmq's I/O thread, so
-a process busy in Python or in a long C call stays alive to its peers. (Not a
-connection that drops meanwhile: admitting it again is ZAP, in Python, so it waits
-for the busy process's I/O thread and reads as a death after ``grace``. Drops take a
-libzmq thread unscheduled for the ZMTP timeout, 2 s with the default options.) What
-this side sees through a dealer's monitor:
+a process busy in Python or in a long C call stays alive to its peers. A connection
+that drops meanwhile (a network blip; a peer that was itself stopped past the bound) is
+admitted again only by ZAP, in Python, so its reconnection waits for the busy process's
+GIL, as a stopped process's would wait forever; while it waits, this side asks the
+peer's ZeroMQ directly (``greeting.py``: libzmq's own thread greets every connection)
+and waits as long as it answers, however long the GIL is held. What this side sees
+through a dealer's monitor:
 
 * a killed peer: the connection drops and reconnecting is refused at once, so
   it is reported dead within ~0.2 s;
@@ -15,8 +17,9 @@ this side sees through a dealer's monitor:
   ``heartbeat_timeout - grace``, the connection drops, and the reconnection
   never completes its handshake: reported dead after ``heartbeat_timeout``;
 * a peer that drops its connection but comes back within ``grace`` (a process
-  resumed after a stop reconnects at once) is never reported at all; one that
-  comes back later is reported alive again.
+  resumed after a stop reconnects at once), or whose ZeroMQ greets a probe every
+  ``grace`` until it does (a process holding its GIL), is never reported at all; one
+  that comes back later is reported alive again.
 
 A process that leaves sends LEAVE first, so its peers report a clean departure,
 not a death; the calls still pending to it fail ``grace`` later, since the replies
@@ -32,6 +35,8 @@ import time
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
+
+from .greeting import GreetingProbe
 
 __all__ = ["PeerLiveness"]
 
@@ -75,6 +80,11 @@ class PeerLiveness:
         self._host = {}            # rank -> its host
         self.monitors = {}         # monitor socket -> the rank its dealer goes to
         self._monitor_of = {}      # rank -> its monitor socket
+        #: rank -> how often it answered again after being reported down (read by any
+        #: thread: the transport replaces its sockets to a peer that came back)
+        self.revivals = {}
+        self._endpoints = {}       # rank -> its endpoint (for greeting probes)
+        self._probes = {}          # rank -> GreetingProbe while its reconnection waits
 
     def set_hosts(self, hosts):
         """The host of each rank (``hosts[rank]``; None: unknown or this machine's), so
@@ -96,14 +106,17 @@ class PeerLiveness:
         ivl, timeout, ttl = self._hb_data if carries_messages else self._hb
         sock.heartbeat_ivl, sock.heartbeat_timeout, sock.heartbeat_ttl = ivl, timeout, ttl
 
-    def watch(self, dealer, rank):
-        """Follow the connection events of ``dealer`` (to ``rank``), a connection that
-        carries no messages; call before it connects. Another process is on probation until
-        its handshake succeeds: reported dead if that takes ``heartbeat_timeout``, unless
-        its host accepted the connection meanwhile (see ``on_monitor``)."""
+    def watch(self, dealer, rank, endpoint=None):
+        """Follow the connection events of ``dealer`` (to ``rank`` at ``endpoint``), a
+        connection that carries no messages; call before it connects. Another process is on
+        probation until its handshake succeeds: reported dead if that takes
+        ``heartbeat_timeout``, unless its host accepted the connection meanwhile (see
+        ``on_monitor``)."""
         mon = dealer.get_monitor_socket(_MONITORED)
         self.monitors[mon] = rank
         self._monitor_of[rank] = mon
+        if endpoint is not None:
+            self._endpoints[rank] = endpoint
         if rank != self.rank:
             self._suspect[rank] = time.monotonic() + self.options.heartbeat_timeout
             self._probation.add(rank)
@@ -134,6 +147,15 @@ class PeerLiveness:
             if mon is not None:
                 self.on_monitor(mon)
             if r in self._suspect and now >= self._suspect[r]:
+                probe = self._probes.pop(r, None)
+                if probe is not None and probe.answered():
+                    # its ZeroMQ runs: a process that holds its GIL admits the reconnection
+                    # when it lets go; ask again a grace later
+                    self._suspect[r] = now + self.grace
+                    self._probe(r)
+                    continue
+                if probe is not None:
+                    probe.close()
                 self._expire_silent(r)
         for r, (deadline, why) in list(self._leaving.items()):
             if now >= deadline:
@@ -181,15 +203,19 @@ class PeerLiveness:
                 continue
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._suspect.pop(rank, None)
+                self._end_probe(rank)
                 self._refused.pop(rank, None)
                 self._silent.discard(rank)
                 self._probation.discard(rank)
                 if rank in self._down:
+                    self.revivals[rank] = self.revivals.get(rank, 0) + 1
                     del self._down[rank]
                     self.handlers.on_peer_up(rank)
             elif event == zmq.EVENT_DISCONNECTED:
                 if rank not in self._down:
                     self._suspect.setdefault(rank, time.monotonic() + self.grace)
+                    if rank not in self._probation:
+                        self._probe(rank)
             elif event == zmq.EVENT_CONNECTED:
                 self._refused.pop(rank, None)
                 if rank in self._probation and rank in self._suspect:
@@ -210,7 +236,24 @@ class PeerLiveness:
                     self._peer_down(rank, "its process is gone (connection refused)",
                                     left=False)
 
+    def _probe(self, rank):
+        """Ask ``rank``'s ZeroMQ whether it runs (read when its deadline passes)."""
+        endpoint = self._endpoints.get(rank)
+        if endpoint is not None and rank not in self._probes:
+            self._probes[rank] = GreetingProbe(endpoint)
+
+    def _end_probe(self, rank):
+        probe = self._probes.pop(rank, None)
+        if probe is not None:
+            probe.close()
+
+    def close(self):
+        """Close what this side still asks (the transport closes the monitors)."""
+        for rank in list(self._probes):
+            self._end_probe(rank)
+
     def _peer_down(self, rank, why, left):
+        self._end_probe(rank)
         if left:
             self._left.add(rank)
         elif rank in self._down:

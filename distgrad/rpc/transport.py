@@ -51,7 +51,6 @@ told it is leaving (a LEAVE, as a process that closes sends one).
 """
 import collections
 import errno
-import itertools
 import logging
 import os
 import threading
@@ -62,7 +61,7 @@ import zmq
 from ..utils.addresses import endpoint_host, is_ipv6
 from ..utils.lifetimes import join_all
 from . import wire
-from .admission import ZapHandler
+from .admission import ZapHandler, new_identity, own_identity, router_numbered
 from .credentials import Credential
 from .errors import ProtocolError, describe_exception
 from .link import SimulatedLink, parse_link
@@ -137,11 +136,6 @@ def _recv_frames(sock):
     return frames
 
 
-def _sent_by(ident, rank):
-    """Whether routing identity ``ident`` is one of ``rank``'s own sockets'."""
-    return ident == b"%d" % rank or ident.startswith(b"%d:" % rank)
-
-
 class _Wake:
     """Wakes the I/O thread (work was queued for its ``on_tick``): edge-safe (the I/O
     thread clears it before it looks at the work) and never blocking the signaller."""
@@ -178,7 +172,11 @@ class _Wake:
 class _ThreadSockets(dict):
     """A thread's own sockets (peer rank -> DEALER), closed when the thread ends (its
     thread-local storage dies with it, on that thread). What they still hold leaves
-    within the linger."""
+    within the linger. ``revival[rank]``: the peer's revivals when its socket was made."""
+
+    def __init__(self):
+        super().__init__()
+        self.revival = {}
 
     def __del__(self):
         for s in self.values():
@@ -215,9 +213,6 @@ class Transport:
         self.credential = credential or Credential("none")
         self._verifiers = None
         self.zap = None            # the context's ZAP handler (admission.py), made at bind
-        # routing identities nobody else can guess: a member cannot take over another's
-        # connection (a ROUTER hands an identity over to its newest connection)
-        self._tag = b"" if self.credential.mechanism == "none" else os.urandom(6).hex().encode()
         self.ctx = zmq.Context()
         self.stats = collections.Counter()
         self._on_system = getattr(handlers, "on_system_request", None)
@@ -225,7 +220,6 @@ class Transport:
         self._relayed = collections.deque()  # (rank, frames) the I/O thread sends for others
         self._wake = _Wake()
         self._tls = threading.local()      # .socks: the calling thread's own sockets
-        self._own_ids = itertools.count(1)  # routing identities of own sockets
         self._io_ident = None               # thread id of the I/O thread, once running
         self._one_core = False              # the process runs on one core (set at connect)
         # a network between hosts, simulated: messages from others are held on arrival
@@ -242,6 +236,7 @@ class Transport:
         self.dealers = {}          # rank -> liveness DEALER (I/O thread), made on first need
         self._dealer_rank = {}     # liveness DEALER -> rank
         self._io_socks = {}        # rank -> the I/O thread's own DEALER (messages it sends)
+        self._io_revival = {}      # rank -> its revivals when that DEALER was made
         self._to_watch = collections.deque()  # ranks other threads started talking to
         self._poller = None
         self._first_watched = ()
@@ -282,17 +277,22 @@ class Transport:
     def bind(self, address):
         """Bind the router (``tcp://host:0`` or ``ipc://path``); return the real endpoint.
 
-        A peer's dealer always has the same identity (its rank); when it reconnects (after
-        a stop, a network blip) while this side still holds the old connection, the new
-        one must take the identity over, or every reply to that peer goes to the dead
-        connection and is lost (ZeroMQ's default keeps the old one)."""
+        The router never hands an identity over to a newer connection (ZeroMQ's default):
+        a connection presenting an identity in use is never read, so a member that learnt
+        another's identity cannot take its connection over (``admission.py``). Handing
+        over served replies sent back on the connection a request came on; replies now
+        travel from the callee's own socket to the caller's router, and the router
+        answers only clients of another kind and refusals. A socket that reconnects
+        presents its identity again, but only after its connection dropped for want of
+        heartbeats, which the router's side (the socket's TTL) sees no later; liveness
+        connections present no identity at all (the router numbers them)."""
         if self.credential.mechanism != "none" and self.zap is None:
             # bound before the router: libzmq refuses PLAIN clients while no handler is
             self.zap = ZapHandler(self.ctx, self.name, self.credential.mechanism,
                                   self.world_size)
         r = self.router = self.socket(zmq.ROUTER, server=True)
         r.router_mandatory = 1
-        r.router_handover = 1
+        r.router_handover = 0
         r.maxmsgsize = self.options.max_message_size
         # peers that all connect at once (an all-to-all of 64 ranks: 63 peers' threads) can
         # overflow libzmq's default queue of 100; the kernel then drops their attempts,
@@ -330,13 +330,19 @@ class Transport:
         ``dst`` (made on first use). No thread hand-off. Returns False if it could not be
         sent (this side is closing, or the peer is gone)."""
         own = threading.get_ident() != self._io_ident
+        revivals = self.liveness.revivals
         if not own:
-            sock = self._io_socks.get(dst) or self.io_socket(dst)
+            sock = self._io_socks.get(dst)
+            if sock is None or (revivals and self._io_revival.get(dst) != revivals.get(dst)):
+                sock = self.io_socket(dst)
         else:
             socks = getattr(self._tls, "socks", None)
             if socks is None:
                 socks = self._tls.socks = _ThreadSockets()
             sock = socks.get(dst)
+            if sock is not None and revivals and socks.revival.get(dst) != revivals.get(dst):
+                self._drop_stale(socks, dst)
+                sock = None
             if sock is None:
                 if self._closed.is_set() or self._stop:
                     self.stats["send_failed"] += 1
@@ -344,6 +350,7 @@ class Transport:
                 if len(socks) >= OWN_SOCKETS_PER_THREAD:
                     return self._relay(dst, frames)
                 sock = socks[dst] = self._own_socket(dst)
+                socks.revival[dst] = revivals.get(dst)
         try:
             send_frames(sock, frames)
         except zmq.ZMQError as e:  # closing, or a peer that vanished: an expected event
@@ -360,6 +367,15 @@ class Transport:
             # first; with nothing else to run here this returns at once.
             os.sched_yield()
         return True
+
+    def _drop_stale(self, socks, dst):
+        """Drop the calling thread's socket to ``dst``, which came back after it was
+        reported down: that socket's connection may have dropped meanwhile, and one it made
+        again would present its identity while ``dst`` still holds the old connection,
+        which is never handed over (``bind``). A new socket has an identity of its own.
+        What the old one still held belonged to calls that failed when ``dst`` went down."""
+        socks.pop(dst).close(linger=0)
+        socks.revival.pop(dst, None)
 
     def _relay(self, dst, frames):
         """Have the I/O thread send a message of a thread that talks to more peers than it
@@ -381,7 +397,7 @@ class Transport:
         from this thread to ``src``'s router when ``ident`` is one of ``src``'s own sockets
         (the normal case, no hand-off), else back on that connection (through the outbox:
         only the I/O thread may use the router)."""
-        if ident is not None and _sent_by(ident, src):
+        if ident is not None and own_identity(ident, src):
             return self.send(src, frames)
         if threading.get_ident() == self._io_ident:
             self._send_router(ident, frames)
@@ -402,9 +418,9 @@ class Transport:
 
     def _own_socket(self, dst):
         s = self.socket(zmq.DEALER, peer=dst)
-        # a distinct identity per connection (the router would hand one identity over to
-        # the newest connection); the rank in front names the sender in logs
-        s.identity = b"%d:%s%d" % (self.rank, self._tag, next(self._own_ids))
+        # an identity of its own, shown to ``dst`` alone (admission.py); the rank in front
+        # tells ``dst`` to reply to this process's router
+        s.identity = new_identity(self.rank)
         s.ipv6 = is_ipv6(self.endpoints[dst])
         s.connect(self.endpoints[dst])
         if dst not in self.dealers and dst != self.rank:  # a peer we start talking to
@@ -413,10 +429,16 @@ class Transport:
         return s
 
     def io_socket(self, dst):
-        """The I/O thread's own socket to ``dst`` (I/O thread only), made on first use."""
+        """The I/O thread's own socket to ``dst`` (I/O thread only), made on first use, and
+        made anew once ``dst`` came back after it was reported down (see ``_drop_stale``)."""
         sock = self._io_socks.get(dst)
+        revival = self.liveness.revivals.get(dst)
+        if sock is not None and self._io_revival.get(dst) != revival:
+            sock.close(linger=0)
+            sock = None
         if sock is None:
             sock = self._io_socks[dst] = self._own_socket(dst)
+            self._io_revival[dst] = revival
             self._watch(dst)
         return sock
 
@@ -425,9 +447,10 @@ class Transport:
         connection events (``liveness.py``) and whatever stray arrives on it."""
         if r in self.dealers or r == self.rank or self._poller is None:
             return
+        # no identity: one it presented again after a drop could meet its old connection,
+        # not yet dropped on the peer's side, and would never be read (no handover)
         d = self.socket(zmq.DEALER, peer=r, carries_messages=False)
-        d.identity = b"%d:%s" % (self.rank, self._tag) if self._tag else b"%d" % self.rank
-        monitor = self.liveness.watch(d, r)
+        monitor = self.liveness.watch(d, r, self.endpoints[r])
         d.ipv6 = is_ipv6(self.endpoints[r])
         d.connect(self.endpoints[r])
         self.dealers[r] = d
@@ -598,9 +621,8 @@ class Transport:
         elif kind == Kind.SYSTEM and self._on_system is not None:
             self._on_system(frames[0].bytes, mid, src, extra, segments, frames[2:])
         elif kind in (Kind.RELEASE, Kind.LEAVE) and self.zap is None \
-                and not _sent_by(frames[0].bytes, src):
-            # one-way messages come from the peer's own sockets, whose identities begin
-            # with its rank
+                and not (own_identity(ident := frames[0].bytes, src) or router_numbered(ident)):
+            # one-way messages come from the peer's own sockets or its liveness connection
             self.drop(f"{Kind.NAMES[kind]} claiming rank {src} from another connection")
         elif kind == Kind.RELEASE:
             h.on_release(src, segments)
@@ -641,6 +663,7 @@ class Transport:
         # let the last replies (router) and LEAVE (dealers) out; a LEAVE to a peer that is
         # already gone would wait for the whole linger, so the dealers' is short
         linger = 1000 if self._announce is not None else 0
+        self.liveness.close()
         for s in [*self.liveness.monitors, self.router, self.zap and self.zap.socket]:
             if s is not None and not s.closed:
                 s.close(linger=linger)

@@ -28,7 +28,8 @@ import socket
 import struct
 
 __all__ = ["Choice", "choose", "resolve", "route_source", "interface_address", "endpoint",
-           "host_port", "endpoint_host", "diagnose", "is_ipv6", "is_loopback", "is_wildcard", "is_local", "listen_address",
+           "host_port", "endpoint_host", "diagnose", "is_ipv6", "is_loopback", "is_wildcard", "is_local",
+           "listen_address", "reached_from_this_host_only",
            "host_address", "AddressError", "OVERRIDES"]
 
 #: environment variables, in the order they win, for each purpose
@@ -57,6 +58,21 @@ def is_loopback(ip):
     try:
         return ipaddress.ip_address(ip).is_loopback
     except ValueError:
+        return False
+
+
+def reached_from_this_host_only(address):
+    """Whether a server at ``address`` (an endpoint, ``ipc://``, ``tcp://host:port``, or a
+    host) can be reached from this host only: an ipc path, or a loopback address. None (not
+    known) is not."""
+    if not address:
+        return False
+    if address.startswith(("ipc://", "inproc://")):
+        return True
+    try:
+        host = host_port(address)[0] if address.startswith("tcp://") else address
+        return is_loopback(resolve(host))
+    except (AddressError, OSError, ValueError):
         return False
 
 

@@ -131,14 +131,37 @@ def test_a_member_cannot_speak_as_another_rank(rpc_world):
     assert rpc.rpc_sync("worker1", f.add, (2, 3)) == 5
 
 
-def test_a_member_cannot_take_over_another_members_connection(rpc_world):
-    rpc_world(2)
-    hold = f"{forger.__name__}:hold_identity"
-    holders = [rpc.rpc_async("worker2", hold, (1, identity, 2.0))
-               for identity in (b"0", b"0:1", b"0:2")]
-    results = [rpc.rpc_async("worker1", f.add, (i, i)) for i in range(200)]
-    assert [r.wait(20) for r in results] == [2 * i for i in range(200)]
-    assert [h.wait(20) for h in holders] == [0, 0, 0]   # nothing meant for rank 0 went to them
+def test_a_member_cannot_take_over_another_members_connection_at_a_third(rpc_world):
+    # worker2 learns the routing identity of worker1's socket to worker3 (here: handed to
+    # it; no member sees another's identity to a third) and connects to worker3 presenting
+    # it while worker1's calls are in flight: its connection is never read, nothing of
+    # worker1's is lost (with ROUTER_HANDOVER it took the identity over and calls were lost)
+    rpc_world(3)
+    identity, took, results, received = rpc.rpc_sync(
+        "worker1", forger.calls_beside_a_taker, (3, "worker3", "worker2"), timeout=60)
+    assert identity.startswith("1:") and took
+    assert results == [2 * i for i in range(400)]
+    assert received == []   # no reply meant for worker1, and its forged call never served
+    assert rpc.rpc_sync("worker3", f.agent_stats).get("handler_errors", 0) == 0
+
+
+@pytest.mark.parametrize("identity", [b"1:" + b"ab" * 12, b"1:" + b"0" * 24, b"1", b"0:x",
+                                      b"2", b"2:short", b"2:" + b"AB" * 12, b"worker2"])
+def test_a_connection_whose_identity_is_not_its_ranks_is_refused(rpc_world, identity):
+    # another rank's identity prefix whatever the tag, or any identity not of the form of
+    # worker2's own sockets: each of its calls is refused, on the connection it came on
+    rpc_world(3)
+    answer = rpc.rpc_sync("worker2", forger.send_forged,
+                          (3, wire.Kind.CALL, 2, f"{f.add.__module__}:add", [1, 2], None, identity))
+    assert answer is not None and answer[:2] == [wire.Kind.ERROR, 77], answer
+    assert answer[2][0] == "ProtocolError"
+    assert "presents the routing identity" in answer[2][2] and \
+        "not of the form of rank 2's sockets" in answer[2][2]
+    # a connection without an identity (the router numbers it) is served on it
+    answer = rpc.rpc_sync("worker2", forger.send_forged,
+                          (3, wire.Kind.CALL, 2, f"{f.add.__module__}:add", [1, 2]))
+    assert answer[:2] == [wire.Kind.REPLY, 77] and answer[2] == 3
+    assert rpc.rpc_sync("worker3", f.add, (2, 3)) == 5
 
 
 def test_without_authentication_a_world_still_works(rpc_world):

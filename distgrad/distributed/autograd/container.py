@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -30,6 +31,8 @@ from distgrad.autograd._internal import (Node, array_of, current_graph_task, gra
                                          task_extension)
 from distgrad._tensor import Tensor
 from distgrad.rpc import current_agent, entry_point, interceptors
+
+from .released import ReleasedIds
 
 __all__ = ["DistAutogradContext", "SendNode", "RecvNode", "current_context_id", "running_pass",
            "get_context", "install", "scope", "admit_context", "add_extension", "backward_starts",
@@ -45,8 +48,10 @@ _counter = itertools.count(1)
 _lock = threading.Lock()
 _contexts = {}
 _introduced = collections.Counter()     # peer rank -> live contexts its messages created
-_released = collections.OrderedDict()  # recently released ids: late messages are ignored
-_RELEASED_KEPT = 100_000
+# Recently released ids, so that late messages of a released context are ignored instead
+# of making it anew; remembered for a while, not forever (released.py).
+_RELEASED_KEPT = 100_000  # at most this many ids
+_RELEASED_FOR = 120.0     # seconds an id is kept (at least twice the RPC timeout)
 
 
 class _TLS(threading.local):
@@ -178,15 +183,24 @@ def new_context():
     return cid
 
 
+def _released_for():
+    """Seconds a released context id is remembered: a late message of it arrives within
+    the RPC timeout of its release, or its sender gave up on it long before."""
+    a = _agent()
+    timeout = (a.options.rpc_timeout or 0.0) if a is not None else 0.0
+    return max(_RELEASED_FOR, 2 * timeout)
+
+
+_released = ReleasedIds(_released_for, _RELEASED_KEPT, time.monotonic)
+
+
 def release_local(context_id):
     """Forget ``context_id`` here; return its context (or None if unknown/released)."""
     with _lock:
         ctx = _contexts.pop(context_id, None)
         if ctx is not None and ctx.introduced_by is not None:
             _introduced[ctx.introduced_by] -= 1
-        _released[context_id] = True
-        while len(_released) > _RELEASED_KEPT:
-            _released.popitem(last=False)
+        _released.add(context_id)
     if ctx is not None:
         with ctx.lock:
             passes = list(ctx.passes.values())
