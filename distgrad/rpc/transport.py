@@ -64,15 +64,16 @@ from . import wire
 from .admission import ZapHandler, new_identity, own_identity, router_numbered
 from .credentials import Credential
 from .errors import ProtocolError, describe_exception
+from .frames import frames_nbytes, recv_frames, send_frames
 from .link import SimulatedLink, parse_link
 from .liveness import PeerLiveness
+from .wakeup import Wakeup
 
-__all__ = ["Transport", "send_frames", "frames_nbytes"]
+__all__ = ["Transport"]
 
 log = logging.getLogger("distgrad.rpc")
 Kind = wire.Kind
 
-_ZERO_COPY_MIN = 1 << 16  # below this, copying is cheaper than pyzmq's zero-copy bookkeeping
 _BATCH = 64               # messages taken from one socket before looking at the others
 _LEAVE_LINGER = 100       # ms a LEAVE may take to reach a live peer when we close
 _OWN_LINGER = 1000        # ms a thread's last messages may take to leave after it ends
@@ -87,86 +88,7 @@ WATCH_ALL_UP_TO = 16
 #: (a handler pool that answered everyone of 1,000 ranks would otherwise hold 16,000).
 OWN_SOCKETS_PER_THREAD = 16
 
-
-def _received_frame(a):
-    """The zmq.Frame whose whole buffer array ``a`` views, if any: re-sending the Frame
-    shares the message by reference count instead of registering a new zero-copy buffer."""
-    b = a.base
-    while b is not None and hasattr(b, "base") and not isinstance(b, memoryview):
-        b = b.base
-    if isinstance(b, memoryview) and isinstance(b.obj, zmq.Frame) and b.nbytes == a.nbytes:
-        return b.obj
-    return None
-
-
-_SNDMORE, _NOBLOCK, _POLLIN, _EVENTS = (int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.POLLIN),
-                                        int(zmq.EVENTS))  # plain ints: enum arithmetic is slow
-
-
-def send_frames(sock, frames, flags=0):
-    """Send a multipart message; large buffers go zero-copy."""
-    last = len(frames) - 1
-    for i, f in enumerate(frames):
-        copy = True
-        if type(f) is zmq.Frame:
-            copy = False
-        elif not isinstance(f, bytes) and f.nbytes >= _ZERO_COPY_MIN:
-            received = _received_frame(f)
-            if received is not None:
-                f = received
-            copy = False
-        sock.send(f, flags | _SNDMORE if i < last else flags, copy=copy)
-
-
-def frames_nbytes(frames):
-    """Bytes of a message's frames (bytes, arrays or zmq Frames)."""
-    n = 0
-    for f in frames:
-        n += len(f) if type(f) is bytes or type(f) is zmq.Frame else f.nbytes
-    return n
-
-
-def _recv_frames(sock):
-    """One waiting multipart message as zmq Frames (the caller knows one is waiting)."""
-    f = sock.recv(_NOBLOCK, copy=False)
-    frames = [f]
-    while f.more:
-        f = sock.recv(0, copy=False)
-        frames.append(f)
-    return frames
-
-
-class _Wake:
-    """Wakes the I/O thread (work was queued for its ``on_tick``): edge-safe (the I/O
-    thread clears it before it looks at the work) and never blocking the signaller."""
-
-    def __init__(self):
-        if hasattr(os, "eventfd"):
-            self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            self._w = self.fd
-        else:  # pragma: no cover - not Linux
-            self.fd, self._w = os.pipe()
-            os.set_blocking(self.fd, False)
-            os.set_blocking(self._w, False)
-
-    def signal(self):
-        try:
-            os.write(self._w, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-        except OSError:  # full (the reader will wake anyway) or closed (shut down)
-            pass
-
-    def clear(self):
-        try:
-            os.read(self.fd, 4096)
-        except (BlockingIOError, OSError):
-            pass
-
-    def close(self):
-        for fd in {self.fd, self._w}:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+_POLLIN, _EVENTS = int(zmq.POLLIN), int(zmq.EVENTS)  # plain ints: enum arithmetic is slow
 
 
 class _ThreadSockets(dict):
@@ -218,7 +140,7 @@ class Transport:
         self._on_system = getattr(handlers, "on_system_request", None)
         self._outbox = collections.deque()  # (router identity, frames) for the I/O thread
         self._relayed = collections.deque()  # (rank, frames) the I/O thread sends for others
-        self._wake = _Wake()
+        self._wake = Wakeup()
         self._tls = threading.local()      # .socks: the calling thread's own sockets
         self._io_ident = None               # thread id of the I/O thread, once running
         self._one_core = False              # the process runs on one core (set at connect)
@@ -579,7 +501,7 @@ class Transport:
             # asking is cheaper than the exception an empty socket raises
             if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
-            frames = _recv_frames(sock)
+            frames = recv_frames(sock)
             if len(frames) < header_at + 2:
                 self.drop(f"{len(frames)} frames")
                 continue
