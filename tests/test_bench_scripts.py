@@ -91,3 +91,18 @@ def test_bench_profiler_prints_na_without_torch(tmp_path):
     (r,) = report["rows"]
     assert r["torch_ratio"] is None and r["torch_ratio_cpu"] is None
     assert r["profiled_us"] > 0 and r["ratio"] > 0 and r["ratio_cpu"] > 0
+
+
+def test_bench_hosts_runs_on_two_simulated_hosts(tmp_path):
+    """Its quickest case: an all_reduce of 1 MB between 2 simulated hosts, distgrad and
+    the raw pyzmq floor (PyTorch hidden), one round; needs network namespaces."""
+    from distgrad.testing.hosts import unavailable
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    out = _run_without_torch(tmp_path, "bench_hosts.py", "--quick")
+    report = json.loads(out.strip().splitlines()[-1])
+    rows = {r["which"]: r for r in report["rows"]}
+    assert set(rows) == {"distgrad", "zmq"}, out
+    assert all(r["seconds"] > 0 and r["of_link"] > 0 for r in rows.values())
+    assert "all_reduce at 1 Gbit/s" in out and "PyTorch is not installed" in out
