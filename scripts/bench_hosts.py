@@ -97,7 +97,7 @@ def _swap_child(rank, addr, port, nbytes, reps):
     import zmq
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
-    sock.linger = 0
+    sock.linger = 60_000  # the last message may still be leaving when the peer's arrived
     sock.rcvtimeo = sock.sndtimeo = 120_000
     if rank == 0:
         sock.bind(f"tcp://{addr}:{port}")
@@ -305,6 +305,9 @@ def measure(bandwidth, args, have_torch):
                 for i, (row, fn) in enumerate(todo):
                     try:
                         results[i].append(fn())
+                        # as it goes, so a long run that is stopped still says something
+                        print(f"bench_hosts: {bandwidth}, {row['what']}: {results[i][-1]}",
+                              file=sys.stderr, flush=True)
                     except Exception as e:  # noqa: BLE001 - one candidate's failure is a row
                         errors[i] = f"{type(e).__name__}: {e}"
                         print(f"bench_hosts: {row['what']} at {bandwidth} failed: {e}",
