@@ -22,9 +22,10 @@ SCRIPT = textwrap.dedent("""
                                 world_size=2, pg_options=options)
         t = distgrad.ones(1 << 18)   # 1 MB: one message each way
         t0 = time.perf_counter()
-        dist.all_reduce(t)
+        for _ in range(3):
+            dist.all_reduce(t)
         took = time.perf_counter() - t0
-        assert float(t[0]) == 2.0
+        assert float(t[0]) == 8.0
         if rank == 0:
             print(took)
         dist.destroy_process_group()
@@ -42,8 +43,10 @@ def test_an_all_reduce_over_a_simulated_link_takes_its_delay(tmp_path):
                           text=True, timeout=100)
     assert done.returncode == 0, done.stderr
     # a lower bound only (the machine may be slow, never faster than the link): the
-    # peer's half cannot arrive before 300 ms
-    assert float(done.stdout.split()[-1]) >= 0.3, done.stdout
+    # peer sends its part of the k-th all_reduce once it has this rank's part of the
+    # one before, so three in a row take two crossings of the link at least, whenever
+    # the peer started (one alone could meet a part the peer sent before this rank began)
+    assert float(done.stdout.split()[-1]) >= 0.6, done.stdout
 
 
 def test_a_malformed_link_is_refused_by_name():
