@@ -337,7 +337,7 @@ def _table(rows, mb):
     lines = []
     for bw in dict.fromkeys(r["bandwidth"] for r in rows):
         here = [r for r in rows if r["bandwidth"] == bw and "error" not in r]
-        lines += [f"  FAILED: {r['what']} at {bw}: {r['error'][:200]}" for r in rows
+        lines += [f"  FAILED: {r['what']} at {bw}: {r['error'].splitlines()[0][:160]}" for r in rows
                   if r["bandwidth"] == bw and "error" in r]
         lines.append(f"\n2 hosts at {bw} (tbf), {DELAY} simulated delay on distgrad's messages")
         lines.append(f"  {f'all_reduce, {mb} MB' if here[0].get('which') else '':58s}"
