@@ -119,3 +119,18 @@ def test_soak_prints_memory_per_process_per_period_and_where_it_grew():
     for w in ("worker0", "worker1", "worker2"):
         assert f"{w}, allocations that grew after the first period:" in proc.stdout
     assert any(line.startswith("slowest period") for line in lines)
+
+
+def test_bench_hosts_runs_on_two_simulated_hosts(tmp_path):
+    """Its quickest case: an all_reduce of 1 MB between 2 simulated hosts, distgrad and
+    the raw pyzmq floor (PyTorch hidden), one round; needs network namespaces."""
+    from distgrad.testing.hosts import unavailable
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    out = _run_without_torch(tmp_path, "bench_hosts.py", "--quick")
+    report = json.loads(out.strip().splitlines()[-1])
+    rows = {r["which"]: r for r in report["rows"]}
+    assert set(rows) == {"distgrad", "zmq"}, out
+    assert all(r["seconds"] > 0 and r["of_link"] > 0 for r in rows.values())
+    assert "all_reduce at 1 Gbit/s" in out and "PyTorch is not installed" in out

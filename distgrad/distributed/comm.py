@@ -144,14 +144,17 @@ class Communicator:
     :class:`PointToPoint` (``p2p``), and routes their messages to them."""
 
     def __init__(self, rank, world_size, heartbeat_interval=0.5, heartbeat_timeout=3.0,
-                 address=None):
+                 address=None, simulated_link=None):
         self.rank, self.world_size = rank, world_size
         # where to bind and what to advertise (utils/addresses.py; None: loopback)
         self.address = address or addresses.choose(None, "pg", env={})
         self.options = RpcBackendOptions(heartbeat_interval=heartbeat_interval,
                                          heartbeat_timeout=heartbeat_timeout,
                                          bind_addr=self.address.bind,
-                                         shm_threshold=_SHM_THRESHOLD)
+                                         shm_threshold=_SHM_THRESHOLD,
+                                         # the transport holds peers' messages as a link
+                                         # between hosts would (rpc/link.py)
+                                         simulated_link=simulated_link)
         # authenticated as an RPC world: members only, each as its own rank (members.py)
         self.transport = Transport(f"pg-rank{rank}", rank, world_size, self.options, self,
                                    Credential(self.options.mechanism))
@@ -208,7 +211,7 @@ class Communicator:
         """Connect to every rank at ``addresses``, admitting only connections that present
         the credential ``verifiers`` check, each as its rank."""
         self.shm = SameHost(_SHM_THRESHOLD, self.options.shm_pool_bytes, self.transport.wake,
-                            enabled=self.world_size > 1)
+                            enabled=self.world_size > 1 and not self.options.simulated_link)
         self.callbacks = HandlerPool(1, name=f"pg-callbacks-{self.rank}")
         self.transport.connect([self._choose(a) for a in addresses], verifiers)
 

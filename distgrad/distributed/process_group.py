@@ -311,7 +311,8 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             comm = _comm.Communicator(rank, world_size, heartbeat_interval=interval,
                                       heartbeat_timeout=getattr(pg_options, "heartbeat_timeout",
                                                                 max(3.0, 4 * interval)),
-                                      address=_own_address(host))
+                                      address=_own_address(host),
+                                      simulated_link=getattr(pg_options, "simulated_link", None))
             secret = members.secret_for(comm.options, store, rank, world_size)
             mine = members.entry(rank, world_size, comm.bind(), comm.verifier, secret)
             entries = _meet(pg_store, rank, world_size, mine, timeout_s,

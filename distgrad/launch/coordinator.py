@@ -193,6 +193,7 @@ class Coordinator:
                      "worker": w, "replica": replica, "replicas": grid.replicas,
                      "store": [self.store.host, self.store.port] if self.store else None,
                      "heartbeat_timeout": world["heartbeat_timeout"],
+                     "simulated_link": world.get("simulated_link"),
                      "rendezvous_timeout": world["rendezvous_timeout"],
                      "prev": self.workers[w - 1] if k else None,
                      "next": self.workers[w + 1] if k + 1 < stages else None,

@@ -63,7 +63,8 @@ class Replicas:
             "gloo", store=self._store, rank=spec["worker"], world_size=grid.workers,
             timeout=datetime.timedelta(seconds=timeout),
             pg_options=RpcBackendOptions(heartbeat_interval=heartbeat_interval(hb),
-                                         heartbeat_timeout=hb))
+                                         heartbeat_timeout=hb,
+                                         simulated_link=spec.get("simulated_link")))
         self.ddp = self.group = None
         if grid.stages == 1:
             self.ddp = DistributedDataParallel(module)
