@@ -178,8 +178,10 @@ _PROGRAM = textwrap.dedent("""
         t = torch.tensor([float(rank + 1)])
         dist.all_reduce(t)
         y = rpc.rpc_sync(f"w{(rank + 1) % world_size}", double, args=(t,))
-        # one string, one write: the three processes share the pipe, unbuffered
-        print(f"RESULT {rank} {t.item()} {y.item()}", flush=True)
+        # one write of the line and its newline (print writes them apart, and unbuffered
+        # the three processes sharing the pipe can interleave them)
+        sys.stdout.write(f"RESULT {rank} {t.item()} {y.item()}\\n")
+        sys.stdout.flush()
         rpc.shutdown()
         dist.destroy_process_group()
 

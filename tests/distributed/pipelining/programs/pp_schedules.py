@@ -10,6 +10,7 @@ Weights and data come from a seeded NumPy generator, so both frameworks start eq
 """
 import json
 import os
+import sys
 import tempfile
 
 import numpy as np
@@ -87,9 +88,12 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {name: run(name, rank, world) for name in SCHEDULES + ["csv"]}
-    dist.barrier()
+    for turn in range(world):  # one rank at a time: the ranks share one pipe, and a line
+        if turn == rank:       # longer than the pipe's atomic write would interleave
+            sys.stdout.write("RESULT " + json.dumps({"rank": rank, "results": results}) + "\n")
+            sys.stdout.flush()
+        dist.barrier()
     dist.destroy_process_group()
-    print("RESULT " + json.dumps({"rank": rank, "results": results}), flush=True)
 
 
 if __name__ == "__main__":
