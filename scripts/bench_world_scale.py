@@ -58,6 +58,9 @@ def torch_chain_step(x, k, n):
     return y if k == n - 1 else rpc.rpc_sync(f"w{k + 1}", torch_chain_step, (y, k + 1, n))
 
 
+_HEARTBEAT_ENV = "BENCH_WORLD_SCALE_HEARTBEAT_TIMEOUT"
+
+
 def member(rank, n, master, port, library, started):
     """One process of the world; what it measured (times are wall-clock seconds since
     ``started``, the time the bench began starting processes)."""
@@ -76,6 +79,8 @@ def member(rank, n, master, port, library, started):
         import distgrad.distributed.rpc as rpc
         step = chain_step
         options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=120)
+        if os.environ.get(_HEARTBEAT_ENV):  # --heartbeat-timeout
+            options.heartbeat_timeout = float(os.environ[_HEARTBEAT_ENV])
     t["imported"] = time.time() - started
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR=master,
                       MASTER_PORT=str(port))
@@ -199,7 +204,11 @@ def main():
     p.add_argument("--sizes", default="8,16,32,64")
     p.add_argument("--torch-sizes", default="8,16")
     p.add_argument("--hosts", type=int, default=4, help="simulated hosts (0: this host only)")
+    p.add_argument("--heartbeat-timeout", type=float, default=None,
+                   help="distgrad's heartbeat bound (default: RpcBackendOptions')")
     args = p.parse_args()
+    if args.heartbeat_timeout is not None:
+        os.environ[_HEARTBEAT_ENV] = str(args.heartbeat_timeout)  # the members inherit it
     sizes = [int(s) for s in args.sizes.split(",") if s]
     torch_sizes = [int(s) for s in args.torch_sizes.split(",") if s]
     try:
