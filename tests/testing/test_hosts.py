@@ -162,9 +162,10 @@ def test_the_command_line_makes_lists_runs_on_and_removes_hosts():
         pytest.skip(why)
     name = f"dgcli{os.getpid()}"
 
-    def cli(*args):
+    def cli(*args):  # owned by this process: swept later if it dies before `down`
         return subprocess.run([sys.executable, "-m", "distgrad", "hosts", *args],
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, DISTGRAD_HOSTS_OWNER=str(os.getpid())))
     try:
         up = cli("up", "2", "--name", name, "--ipv6")
         assert up.returncode == 0, up.stderr
