@@ -26,6 +26,7 @@ step (:mod:`distgrad.launch.replicas`) and only replica 0 writes checkpoints.
 import os
 import threading
 import time
+import weakref
 from contextlib import contextmanager, nullcontext
 
 import distgrad
@@ -45,6 +46,7 @@ from .trace import Recorder, flow_id
 __all__ = ["setup", "step", "evaluate", "save", "clock", "finish", "deliver", "LOSSES"]
 
 _stage = None  # this worker's Stage, made by setup()
+_listening = weakref.WeakSet()  # the RPC agents that tell _peer_gone of peers gone
 
 
 def build_module(spec):
@@ -118,12 +120,17 @@ class CommandOrder:
 
 
 class Inbox:
-    """Tensors sent by the neighbouring stages, taken by key in schedule order."""
+    """Tensors sent by the neighbouring stages, taken by key in schedule order. A take
+    from a neighbour that the RPC layer reports gone fails at once: the message it waits
+    for may have been lost with the neighbour's host, and the coordinator, whose calls to
+    that neighbour may all have been answered already, learns of the loss from this
+    stage's error instead of its RPC timeout."""
 
     def __init__(self):
         self._items = {}
         self._cond = threading.Condition()
         self._closed = None
+        self._gone = {}  # sender name -> why the RPC layer reported it gone
 
     def put(self, key, value):
         with self._cond:
@@ -132,14 +139,24 @@ class Inbox:
 
     def take(self, key, timeout, sender):
         with self._cond:
-            self._cond.wait_for(lambda: key in self._items or self._closed, timeout)
-            if key in self._items:
+            self._cond.wait_for(lambda: key in self._items or self._closed
+                                or sender in self._gone, timeout)
+            if key in self._items:  # it came before its sender went: still good
                 return self._items.pop(key)
             if self._closed:
                 raise RuntimeError(f"stage stopped while waiting for {key} from {sender}: "
                                    f"{self._closed}")
+            if sender in self._gone:
+                raise RuntimeError(f"{sender} is unreachable while this stage waits for its "
+                                   f"message {key} (step, ...): {self._gone[sender]}")
             raise TimeoutError(f"no message {key} (step, ...) from {sender} within "
                                f"{timeout} s")
+
+    def sender_gone(self, sender, why):
+        """The RPC layer reported ``sender`` dead or gone (why: ``why``)."""
+        with self._cond:
+            self._gone[sender] = why
+            self._cond.notify_all()
 
     def close(self, reason):
         with self._cond:
@@ -292,6 +309,23 @@ class Stage:
             self.replicas = None
 
 
+def watch_neighbours():
+    """Have this process's RPC agent tell the stage of the moment when a peer is gone
+    (once per agent)."""
+    agent = current_agent()
+    if agent not in _listening:
+        agent.add_peer_listener(_peer_gone)
+        _listening.add(agent)
+
+
+def _peer_gone(rank, why, left):
+    """A peer died or left (on an RPC handler thread): a stage waiting for its message
+    stops waiting."""
+    stage = _stage
+    if stage is not None:
+        stage.inbox.sender_gone(current_agent().worker_info(rank).name, why)
+
+
 def _require():
     if _stage is None:
         raise RuntimeError("this worker has no pipeline stage: the coordinator calls "
@@ -307,6 +341,7 @@ def setup(spec):
     if _stage is not None:
         _stage.close("replaced by a new setup")
     _stage = Stage(spec)
+    watch_neighbours()
     return {"parameters": sum(p.numel() for _, m in _stage.parts.values()
                               for p in m.parameters()),
             "pid": os.getpid()}
