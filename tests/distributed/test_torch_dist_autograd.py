@@ -19,6 +19,8 @@ across ``rpc.shutdown()``, and a second RPC world in one process hangs in its sh
 On distgrad the ranks run under ``python -m distgrad.compat.as_torch`` and a world
 serves test after test (its test module reloaded in between, so its globals start
 fresh), until a test fails or does not shut down cleanly; then a new world starts.
+Every case runs on distgrad in every run; on PyTorch, four do (:data:`ON_TORCH_ALWAYS`)
+and the rest with ``-m slow``.
 """
 import importlib.metadata
 import json
@@ -289,11 +291,20 @@ def worlds(tmp_path_factory):
     w.close()
 
 
+# Every case runs on distgrad. On PyTorch, what a case's passing there shows (that the
+# harness loads PyTorch's file and runs it as PyTorch does) a few cases show in every run;
+# the whole set on PyTorch runs with ``-m slow`` (it tests PyTorch, not us: ~70 s).
+ON_TORCH_ALWAYS = {_DIST + "test_backward_simple", _DIST + "test_backward_rref_nested",
+                   _DIST + "test_trainer_ps", _SPARSE + "test_backward_simple_sparse"}
+
+
 def _cases(backend):
     for test in TESTS:
         marks = []
         if backend == "distgrad" and test in XFAIL_ON_DISTGRAD:
             marks.append(pytest.mark.xfail(strict=True, reason=XFAIL_ON_DISTGRAD[test]))
+        if backend == "torch" and test not in ON_TORCH_ALWAYS:
+            marks.append(pytest.mark.slow)
         yield pytest.param(backend, test, marks=marks, id=f"{backend}-{test.split('.')[1]}")
 
 
