@@ -35,8 +35,8 @@ import threading
 
 import numpy as np
 
-__all__ = ["register", "encode", "decode", "dumps", "loads", "CodecError", "INLINE_MAX",
-           "MAX_DEPTH"]
+__all__ = ["register", "encode", "decode", "dumps", "loads", "CodecError",
+           "UnknownExtensionError", "INLINE_MAX", "MAX_DEPTH"]
 
 #: Arrays smaller than this ride inside the body (as msgpack bin) instead of in a
 #: buffer of their own: for tiny arrays a frame costs more than copying the bytes.
@@ -56,6 +56,15 @@ _BUILTIN_CODES = frozenset((EXT_ARRAY, EXT_TUPLE, EXT_COMPLEX, EXT_NPSCALAR, EXT
 class CodecError(ValueError):
     """Data that cannot be decoded (malformed, truncated, over a limit) or encoded
     within the limits."""
+
+
+class UnknownExtensionError(CodecError):
+    """An extension code that no type registered (in this process, so far): the module
+    that registers it may not be imported yet."""
+
+    def __init__(self, code):
+        super().__init__(f"unknown extension type {code}")
+        self.code = code
 
 
 class _Handler:
@@ -350,7 +359,7 @@ class Decoder:
             return int(data.decode())
         if code == EXT_SET:
             return set(self.unpack(data))
-        raise CodecError(f"unknown extension type {code}")
+        raise UnknownExtensionError(code)
 
 
 def decode(body, buffers=(), context=None, max_size=None):

@@ -25,7 +25,8 @@ import logging
 import traceback
 
 from . import interceptors, wire
-from .errors import BackpressureError, ProtocolError, RefusedCallError, describe_exception
+from .errors import (BackpressureError, ProtocolError, RefusedCallError, UnknownTypeError,
+                     describe_exception)
 from .quota import PeerGate
 from ..futures import Future
 
@@ -283,7 +284,17 @@ class Dispatcher:
     def _decode(self, req, frames):
         ctx = self.contexts.decode(req.src, req.segments)
         try:
-            msg = wire.decode(frames[0].buffer, frames[1:], ctx)
+            try:
+                msg = wire.decode(frames[0].buffer, frames[1:], ctx)
+            except UnknownTypeError:
+                # a type registered by the module of the function called (or one it
+                # imports), not imported here yet: import it, as the call would, if it is
+                # allowed (else the refusal says so), and decode once more
+                target = wire.first_item(frames[0].buffer)
+                if target is None or target.startswith("@"):
+                    raise
+                self.allowlist.resolve(target)
+                msg = wire.decode(frames[0].buffer, frames[1:], ctx)
         finally:
             self.contexts.settle(req.src, req.segments, ctx)
         if type(msg) is not list or len(msg) != 4:

@@ -33,6 +33,10 @@ class ProtocolError(RpcError):
     """A message could not be decoded (malformed, truncated, oversized, unknown version)."""
 
 
+class UnknownTypeError(ProtocolError):
+    """A message holds a value of a type this process has not registered (yet)."""
+
+
 class RefusedCallError(RpcError, PermissionError):
     """The callable named by a request is not on the worker's allowlist."""
 

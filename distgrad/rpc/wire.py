@@ -14,9 +14,10 @@ through shared memory, see ``shm.py``). Codec errors become
 import msgpack
 
 from .. import codec
-from .errors import ProtocolError, UnsendableError
+from .errors import ProtocolError, UnknownTypeError, UnsendableError
 
-__all__ = ["VERSION", "Kind", "pack_header", "unpack_header", "encode", "decode"]
+__all__ = ["VERSION", "Kind", "pack_header", "unpack_header", "encode", "decode",
+           "first_item"]
 
 VERSION = 4  # 4: connections are authenticated and bound to a rank (PROTOCOL.md)
 MAX_HEADER = 64 * 1024
@@ -91,5 +92,23 @@ def decode(body, frames, context=None, max_size=None):
     """Inverse of :func:`encode`; any malformation raises :class:`ProtocolError`."""
     try:
         return codec.decode(body, frames, context, max_size)
+    except codec.UnknownExtensionError as e:
+        raise UnknownTypeError(str(e)) from None
     except codec.CodecError as e:
         raise ProtocolError(str(e)) from None
+
+
+def first_item(body):
+    """The first item of the list ``body`` encodes, if it is a string (a request's
+    target), read without decoding the rest; else None."""
+    unpacker = msgpack.Unpacker(max_buffer_size=len(body) + 1, max_str_len=1024,
+                                max_bin_len=0, max_array_len=2 ** 31 - 1, max_map_len=0,
+                                max_ext_len=0)
+    try:
+        unpacker.feed(body)
+        if unpacker.read_array_header() < 1:
+            return None
+        item = unpacker.unpack()
+    except Exception:  # noqa: BLE001 - malformed: the caller's decode says how
+        return None
+    return item if type(item) is str else None
