@@ -38,6 +38,7 @@ from distgrad.distributed import rpc
 from distgrad.distributed.optim import DistributedOptimizer
 
 from . import trace as _trace
+from .contracts import RemoteSetup, StepResult
 from .coordinator import Coordinator, StageFailure
 from .coordinator_hooks import CoordinatorHooks
 from .data import micro_batches
@@ -74,13 +75,10 @@ class AutogradCoordinator(Coordinator):
     def _setup(self):
         config, p = self.config, self.plan
         self.stages = [
-            rpc.remote(w, RemoteStage, args=({
-                "stage": k, "stages": len(self.workers), "layers": list(p.layers[k]),
-                "seed": config["run"]["seed"], "factory": p.factory,
-                "factory_kwargs": config["model"]["kwargs"], "timeout": self.timeout,
-                "trace": self.trace.enabled, "resume_from": self.resume_from,
-                "deferred_weights": self.plan.deferred_weight_names},),
-                timeout=self.timeout)
+            rpc.remote(w, RemoteStage, args=(RemoteSetup(
+                model=self.model_slice([k]), stage=k,
+                stages=len(self.workers), timeout=self.timeout, trace=self.trace.enabled,
+                resume_from=self.resume_from),), timeout=self.timeout)
             for k, w in enumerate(self.workers)]
         info = self._gather([s.rpc_async(timeout=self.timeout).describe()
                              for s in self.stages], self.start - 1)
@@ -209,7 +207,7 @@ class AutogradCoordinator(Coordinator):
             for z, ym in zip(outputs, micro_batches(y, n)):
                 add_micro_batch_loss(out, self.loss_fn, z, ym, len(y), self.classify)
         self.hooks.end_step()
-        return [out]
+        return [StepResult.of(out)]
 
     def _save(self, step_count):
         directory = self._checkpoint_dir(step_count)

@@ -39,6 +39,7 @@ from . import schedule as schedules
 from . import progress
 from . import stage as _stage
 from . import trace as _trace
+from .contracts import ContractError, ModelSlice, PipelineSetup, StepResult, StepWork
 from .data import Batches, micro_batches, split
 from .environment import own_address
 from .grid import Grid
@@ -186,31 +187,36 @@ class Coordinator:
 
         def spec(w):
             replica, k = grid.place(w)
-            parts = {str(s): list(p.layers[s]) for s in self._stages_of(k)}
-            return ({"stage": k, "stages": stages, "parts": parts,
-                     "num_stages": stages * self.virtual,
-                     "pipeline": [self.workers[grid.index(replica, r)] for r in range(stages)],
-                     "worker": w, "replica": replica, "replicas": grid.replicas,
-                     "store": [self.store.host, self.store.port] if self.store else None,
-                     "heartbeat_timeout": world["heartbeat_timeout"],
-                     "simulated_link": world.get("simulated_link"),
-                     "rendezvous_timeout": world["rendezvous_timeout"],
-                     "prev": self.workers[w - 1] if k else None,
-                     "next": self.workers[w + 1] if k + 1 < stages else None,
-                     "seed": config["run"]["seed"], "factory": p.factory,
-                     "factory_kwargs": config["model"]["kwargs"], "optimizer": p.optimizer,
-                     "checkpoint_activations": config["model"]["checkpoint_activations"],
-                     "optimizer_kwargs": p.optimizer_kwargs, "loss": config["model"]["loss"],
-                     "hooks": p.hooks, "schedule": config["pipeline"]["schedule"],
-                     "deferred_weights": p.deferred_weight_names,
-                     "offload": config["offload"], "timeout": self.timeout,
-                     "trace": self.trace.enabled, "resume_from": self.resume_from},)
+            return (PipelineSetup(
+                model=self.model_slice(self._stages_of(k)), worker=w, stage=k, stages=stages,
+                num_stages=stages * self.virtual,
+                pipeline=[self.workers[grid.index(replica, r)] for r in range(stages)],
+                replica=replica, replicas=grid.replicas,
+                store=(self.store.host, self.store.port) if self.store else None,
+                schedule=config["pipeline"]["schedule"], optimizer=p.optimizer,
+                optimizer_kwargs=p.optimizer_kwargs, loss=config["model"]["loss"],
+                hooks=[tuple(h) for h in p.hooks], offload=config["offload"] or {},
+                heartbeat_timeout=world["heartbeat_timeout"],
+                rendezvous_timeout=world["rendezvous_timeout"],
+                simulated_link=world.get("simulated_link"), timeout=self.timeout,
+                trace=self.trace.enabled, resume_from=self.resume_from),)
         return self._gather(self._to_all(_stage.setup, spec), self.start - 1)
 
+    def model_slice(self, stages):
+        """The :class:`~distgrad.launch.contracts.ModelSlice` of the model's ``stages``
+        (stage indices), as this run's config and plan describe it."""
+        model = self.config["model"]
+        return ModelSlice(factory=self.plan.factory, factory_kwargs=model["kwargs"],
+                          seed=self.config["run"]["seed"],
+                          parts=[(s, *self.plan.layers[s]) for s in stages],
+                          checkpoint_activations=model["checkpoint_activations"],
+                          deferred_weights=list(self.plan.deferred_weight_names))
+
     # -- steps --
-    def _shard_arguments(self, shards, count):
-        """For each worker: (micro-batch count, inputs or None, targets or None) of its
-        replica's shard; a shard smaller than ``count`` has as many micro-batches as samples."""
+    def _shard_work(self, key, shards, count):
+        """For each worker: the :class:`~distgrad.launch.contracts.StepWork` of step (or
+        evaluation batch) ``key`` on its replica's shard; a shard smaller than ``count``
+        has as many micro-batches as samples."""
         per_replica = []
         for x, y in shards:
             n = min(count, len(x))
@@ -220,7 +226,8 @@ class Coordinator:
         for w in range(len(self.workers)):
             replica, k = self.grid.place(w)
             n, xs, ys = per_replica[replica]
-            out.append((n, xs if k == 0 else None, ys if k == self.last_rank else None))
+            out.append(StepWork(step=key, micro_batches=n, inputs=xs if k == 0 else None,
+                                targets=ys if k == self.last_rank else None))
         return out
 
     def _stages_of(self, rank):
@@ -229,24 +236,26 @@ class Coordinator:
                                        self.grid.stages, self.virtual)
 
     def _combine(self, results):
-        """The last stages' results of every replica, as the whole batch's."""
+        """The last stages' results (:class:`~distgrad.launch.contracts.StepResult`) of
+        every replica, as the whole batch's metrics."""
         last = [results[self.grid.index(r, self.last_rank)] for r in range(self.grid.replicas)]
         # equal shards: the mean of the replicas' means (one replica: its loss, bit for bit)
-        out = {"loss": sum(r["loss"] for r in last) / len(last),
-               "correct": sum(r["correct"] for r in last), "count": sum(r["count"] for r in last)}
+        out = {"loss": sum(r.loss for r in last) / len(last),
+               "correct": sum(r.correct for r in last),
+               "count": sum(r.count for r in last)}
         for r in results[:self.grid.stages]:  # replica 0's hook values (all replicas agree)
-            out.update((k, v) for k, v in r.items() if "." in k)
+            out.update(r.reported)
         return out
 
     def _issue_steps(self, first, count):
         """Send steps ``first .. first + count - 1`` to every stage, as one command each."""
-        arguments = [self._shard_arguments(self.batches.shards(s), self.micro)
-                     for s in range(first, first + count)]
+        work = [self._shard_work(s, self.batches.shards(s), self.micro)
+                for s in range(first, first + count)]
         seq = self._next_seq()
         futures = []
         for k, w in enumerate(self.workers):
             self.trace.message("send", "input", _trace.flow_id("input", first, 0, k))
-            steps = [(s, *arguments[s - first][k]) for s in range(first, first + count)]
+            steps = [work[s - first][k] for s in range(first, first + count)]
             futures.append(rpc.rpc_async(w, _stage.step, (seq, steps), timeout=self.timeout))
         return futures
 
@@ -267,14 +276,14 @@ class Coordinator:
         now = time.perf_counter()
         for k, r in enumerate(results):
             if not (isinstance(r, list) and len(r) == count
-                    and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in r)):
-                raise self._diagnose(k, RuntimeError(
+                    and all(isinstance(x, StepResult) for x in r)):
+                raise self._diagnose(k, ContractError(
                     f"a command of {count} steps was answered with {type(r).__name__} "
-                    f"{str(r)[:80]}"), first)
+                    f"{str(r)[:80]}, not {count} StepResult"), first)
             self.trace.message("receive", "result", _trace.flow_id("result", first, 0, k))
         # a step is done once every stage finished it
-        return [(self._combine([r[i][0] for r in results]),
-                 now - min(r[i][1] for r in results)) for i in range(count)]
+        return [(self._combine([r[i] for r in results]),
+                 now - min(r[i].seconds_ago for r in results)) for i in range(count)]
 
     def _checkpoint_dir(self, step_count):
         directory = ckpt.step_dir(self.run_dir, step_count)
@@ -306,8 +315,8 @@ class Coordinator:
             key = -(step_count * 1000 + i + 1)  # negative: never a training step's key
             part = x[start:start + chunk], y[start:start + chunk]
             for out in self._evaluate_part(key, part, step_count):
-                loss += out["loss"] * out["count"]
-                correct += out["correct"]
+                loss += out.loss * out.count
+                correct += out.correct
         record = {"step": step_count, "eval_loss": loss / len(x)}
         if self.config["model"]["loss"] == "cross_entropy":
             record["eval_accuracy"] = correct / len(x)
@@ -318,14 +327,15 @@ class Coordinator:
         return record
 
     def _evaluate_part(self, key, part, step_count):
-        """The loss and accuracy counts of every replica on its share of ``part``."""
+        """The :class:`~distgrad.launch.contracts.StepResult` of every replica on its
+        share of ``part``."""
         replicas = self.grid.replicas
-        arguments = self._shard_arguments(  # each replica evaluates a share of the chunk
-            [(part[0][r::replicas], part[1][r::replicas]) for r in range(replicas)],
+        work = self._shard_work(  # each replica evaluates a share of the chunk
+            key, [(part[0][r::replicas], part[1][r::replicas]) for r in range(replicas)],
             self.micro)
         seq = self._next_seq()
         results = self._gather(self._to_all(
-            _stage.evaluate, lambda k: (seq, key, *arguments[k])), step_count - 1)
+            _stage.evaluate, lambda k: (seq, work[k])), step_count - 1)
         return [results[self.grid.index(r, self.last_rank)] for r in range(replicas)]
 
     def _log(self, record):

@@ -8,9 +8,10 @@ on the step itself, and each command woke the stage between two steps). The run 
 where anything else must happen in between (a checkpoint, an evaluation, the end) and
 holds about :data:`COMMAND_SECONDS` of steps, so a large model still gets one step per
 command, and at most :data:`MAX_COMMAND_BYTES` of inputs and targets (a light model on
-heavy data does not send hundreds of batches ahead). Each stage returns the results of the run's steps with how long before its
-answer each finished (:func:`timed`: a difference on one clock), so the coordinator logs
-every step with its own time.
+heavy data does not send hundreds of batches ahead). Each stage returns the results of
+the run's steps with how long before its answer each finished
+(``StepResult.seconds_ago``: a difference on one clock), so the coordinator logs every
+step with its own time.
 
 A stage whose step raises first tells the coordinator which step it was, one-way
 (:func:`failed`, served on the coordinator's I/O thread), then raises: the failure
@@ -19,12 +20,11 @@ failure names the first step not completed. Either way the metrics of the failed
 command's steps are not logged (they are incomplete: the other stages never answered).
 """
 import threading
-import time
 
 from distgrad.distributed import rpc
 
 __all__ = ["CommandSize", "COMMAND_SECONDS", "MAX_STEPS_PER_COMMAND", "MAX_COMMAND_BYTES",
-           "FailedSteps", "failed", "timed"]
+           "FailedSteps", "failed"]
 
 COMMAND_SECONDS = 0.02     # of steps per command, once the step time is known
 MAX_STEPS_PER_COMMAND = 32
@@ -52,13 +52,6 @@ class CommandSize:
         if self.seconds_per_step is None:
             return 1
         return max(1, min(self.most, int(COMMAND_SECONDS / self.seconds_per_step)))
-
-
-def timed(done):
-    """``[(result, seconds before now it finished), ...]`` of ``done``, a list of
-    ``(result, time.perf_counter() when it finished)``."""
-    now = time.perf_counter()
-    return [(result, now - when) for result, when in done]
 
 
 class FailedSteps:

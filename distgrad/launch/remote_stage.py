@@ -34,31 +34,34 @@ from distgrad.distributed.rpc import RRef
 
 from .checkpoint import atomic_save, stage_path
 from .resolve import deferred_weights
-from .stage import CommandOrder, Inbox, build_module, load_stage_state, stage_state
+from .contracts import RemoteSetup, expect
+from .stage import CommandOrder, Inbox, build_modules, load_stage_state, stage_state
 from .trace import Recorder, flow_id, grad_flow_id
 
 __all__ = ["RemoteStage"]
 
 
 class RemoteStage:
-    """One stage's slice of the model on its worker (``spec``: made by the coordinator)."""
+    """One stage's slice of the model on its worker (``spec``: the coordinator's
+    :class:`~distgrad.launch.contracts.RemoteSetup`)."""
 
     def __init__(self, spec):
-        self.index, self.last = spec["stage"], spec["stage"] + 1 == spec["stages"]
-        self.layers, self.module = build_module(spec)
-        self.order = CommandOrder(f"stage {self.index}", spec["timeout"] or None)
-        self.trace = Recorder(spec["trace"])
-        self.resume_from = spec["resume_from"]
+        expect(spec, RemoteSetup, "RemoteStage(spec): spec")
+        self.index, self.last = spec.stage, spec.stage + 1 == spec.stages
+        [(self.layers, self.module)] = build_modules(spec.model).values()
+        self.order = CommandOrder(f"stage {self.index}", spec.timeout or None)
+        self.trace = Recorder(spec.trace)
+        self.resume_from = spec.resume_from
         if self.resume_from:
             load_stage_state(self.resume_from, self.index, self.layers, self.module)
         # Linear weights' gradients wait for finish_backward (pipeline.defer_weight_grads):
         # the backward reaches the stage before sooner, and one product per weight over
         # all micro-batches runs at the BLAS's full-batch speed.
-        self.deferred = deferred_weights(self.module, spec["deferred_weights"])
+        self.deferred = deferred_weights(self.module, spec.model.deferred_weights)
         if self.deferred is not None:
             self.deferred.activate()
         self.finisher = None  # the StepFinisher of the last training step's context
-        self.timeout = spec["timeout"]  # of RPCs (0: none); of waits, None for none
+        self.timeout = spec.timeout  # of RPCs (0: none); of waits, None for none
         self.next = None      # RRef of the next stage (connect), None on the last
         self.inbox = Inbox()  # activations the previous stage pushed here (accept)
 

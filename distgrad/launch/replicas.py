@@ -43,34 +43,34 @@ __all__ = ["Replicas"]
 class Replicas:
     """This worker's membership of the process group of the stages' replicas.
 
-    ``spec`` is the stage's setup (see :func:`distgrad.launch.stage.setup`): its
+    ``spec`` is the stage's :class:`~distgrad.launch.contracts.PipelineSetup`: its
     ``worker`` index, the grid's ``stages`` and ``replicas``, the coordinator's
     ``store`` address, ``timeout`` and ``heartbeat_timeout``.
     """
 
     def __init__(self, spec, module):
-        grid = Grid(spec["stages"] * spec["replicas"], spec["replicas"])
-        host, port = spec["store"]
-        hb = spec["heartbeat_timeout"]
-        timeout = spec["timeout"] or dist.default_pg_timeout.total_seconds()
+        grid = Grid(spec.stages * spec.replicas, spec.replicas)
+        host, port = spec.store
+        hb = spec.heartbeat_timeout
+        timeout = spec.timeout or dist.default_pg_timeout.total_seconds()
         self.module = module
         self._store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(
-            seconds=spec["rendezvous_timeout"]))
+            seconds=spec.rendezvous_timeout))
         if dist.is_initialized():  # a second setup in this process replaces the first
             dist.destroy_process_group()
         # the process group's liveness follows world.heartbeat_timeout, as RPC's does
         dist.init_process_group(
-            "gloo", store=self._store, rank=spec["worker"], world_size=grid.workers,
+            "gloo", store=self._store, rank=spec.worker, world_size=grid.workers,
             timeout=datetime.timedelta(seconds=timeout),
             pg_options=RpcBackendOptions(heartbeat_interval=heartbeat_interval(hb),
                                          heartbeat_timeout=hb,
-                                         simulated_link=spec.get("simulated_link")))
+                                         simulated_link=spec.simulated_link))
         self.ddp = self.group = None
         if grid.stages == 1:
             self.ddp = DistributedDataParallel(module)
         else:
             groups = [dist.new_group(grid.stage_peers(s)) for s in range(grid.stages)]
-            self.group = groups[spec["stage"]]
+            self.group = groups[spec.stage]
 
     def forward_of(self, micro_batch, count):
         """``(model, context)`` for a training forward of ``micro_batch`` of ``count``:

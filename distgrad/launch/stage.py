@@ -23,6 +23,7 @@ With data-parallel replicas (``world.replicas``) every stage exists once per
 replica; the replicas of a stage average their gradients before each optimizer
 step (:mod:`distgrad.launch.replicas`) and only replica 0 writes checkpoints.
 """
+import dataclasses
 import os
 import threading
 import time
@@ -38,6 +39,7 @@ from distgrad.rpc import current_agent
 from . import progress
 from .activations import checkpointed
 from .checkpoint import atomic_save, stage_path
+from .contracts import PipelineSetup, StepResult, StepWork, expect
 from .losses import LOSSES, add_micro_batch_loss
 from .schedule import schedule_class
 from .stage_parts import LaunchStage, RpcChannel, observer
@@ -49,24 +51,15 @@ _stage = None  # this worker's Stage, made by setup()
 _listening = weakref.WeakSet()  # the RPC agents that tell _peer_gone of peers gone
 
 
-def build_module(spec):
-    """``(layers, module)``: this stage's slice of the model ``spec`` describes. Every
-    stage builds the whole model from the same seed, so the parameters equal those of
+def build_modules(model):
+    """``{stage index: (layers, module)}``: the slices of the model that ``model`` (a
+    :class:`~distgrad.launch.contracts.ModelSlice`) describes, from one build. Every
+    worker builds the whole model from the same seed, so the parameters equal those of
     the model built in one process."""
-    distgrad.manual_seed(spec["seed"])
-    full = spec["factory"](**spec["factory_kwargs"])
-    begin, end = spec["layers"]
-    return (begin, end), checkpointed(full[begin:end], spec.get("checkpoint_activations", "none"))
-
-
-def build_modules(spec):
-    """``{stage index: (layers, module)}``: this worker's slices of the model ``spec``
-    describes (``spec["parts"]``: stage index -> layer range), from one build."""
-    distgrad.manual_seed(spec["seed"])
-    full = spec["factory"](**spec["factory_kwargs"])
-    mode = spec.get("checkpoint_activations", "none")
-    return {int(k): (tuple(layers), checkpointed(full[layers[0]:layers[1]], mode))
-            for k, layers in spec["parts"].items()}
+    distgrad.manual_seed(model.seed)
+    full = model.factory(**model.factory_kwargs)
+    return {k: ((begin, end), checkpointed(full[begin:end], model.checkpoint_activations))
+            for k, begin, end in model.parts}
 
 
 def stage_state(index, layers, step, module, optimizer):
@@ -170,38 +163,39 @@ class Stage:
     of its pipeline."""
 
     def __init__(self, spec):
+        """``spec``: a :class:`~distgrad.launch.contracts.PipelineSetup`."""
         # this worker's index among all workers: names its messages in traces
-        self.worker, self.replica = spec["worker"], spec["replica"]
-        self.index = spec["stage"]  # its place in its pipeline (= its rank there)
-        self.count, self.num_stages = spec["stages"], spec["num_stages"]
-        self.timeout = spec["timeout"] or None
-        self.trace = Recorder(spec["trace"])
+        self.worker, self.replica = spec.worker, spec.replica
+        self.index = spec.stage  # its place in its pipeline (= its rank there)
+        self.count, self.num_stages = spec.stages, spec.num_stages
+        self.timeout = spec.timeout or None
+        self.trace = Recorder(spec.trace)
         self.inbox = Inbox()
-        self.channel = RpcChannel(self.index, spec["pipeline"], self.inbox, deliver, self.worker,
+        self.channel = RpcChannel(self.index, spec.pipeline, self.inbox, deliver, self.worker,
                                   self.timeout, self.trace)
-        self.parts = build_modules(spec)  # {stage index: (layers, module)}
-        self.optimizers = {k: spec["optimizer"](m.parameters(), **spec["optimizer_kwargs"])
+        self.parts = build_modules(spec.model)  # {stage index: (layers, module)}
+        self.optimizers = {k: spec.optimizer(m.parameters(), **spec.optimizer_kwargs)
                            for k, (_, m) in self.parts.items()  # (a ReLU alone has none)
                            if any(True for _ in m.parameters())}
-        self.loss_fn = LOSSES[spec["loss"]]()
-        self.classify = spec["loss"] == "cross_entropy"
-        self.hooks = list(spec["hooks"])
-        self.schedule_name = spec["schedule"]
+        self.loss_fn = LOSSES[spec.loss]()
+        self.classify = spec.loss == "cross_entropy"
+        self.hooks = list(spec.hooks)
+        self.schedule_name = spec.schedule
         modules = [m for _, m in self.parts.values()]
         module = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
         # This worker's activation offloading (the config's [offload] table): its forward
         # passes save tensors under these hooks; backward reads them back (ahead).
         self.offload = None
-        if spec["offload"]:
+        if spec.offload:
             from distgrad.offload import hooks_from_config
-            self.offload = hooks_from_config(spec["offload"], f"[offload] of stage {self.index}",
+            self.offload = hooks_from_config(spec.offload, f"[offload] of stage {self.index}",
                                              model=module)
         if self.offload is not None and self.trace.enabled:
             self.offload.observe_io(self._trace_offload_io)
-        if spec["resume_from"]:
-            self._load(spec["resume_from"])
+        if spec.resume_from:
+            self._load(spec.resume_from)
         self.replicas = None
-        if spec["replicas"] > 1:
+        if spec.replicas > 1:
             from .replicas import Replicas
             self.replicas = Replicas(spec, module)
             if self.replicas.ddp is not None:  # DDP averages in the backward after a forward
@@ -209,7 +203,7 @@ class Stage:
         self.order = CommandOrder(f"stage {self.index}", self.timeout)
         # linear weights' gradients once per step, after the micro-batches' backward
         # passes have sent the stage before what it waits for (pipeline.defer_weight_grads)
-        names = set(spec["deferred_weights"])
+        names = set(spec.model.deferred_weights)
         weights = [w for m in modules for n, w in m.named_parameters() if n in names]
         self.deferred = defer_weight_grads(weights) if weights else None
         self.stages = {k: LaunchStage(self, m, k, self.num_stages, self.channel)
@@ -255,13 +249,13 @@ class Stage:
                                     self.classify)
 
     # -- passes --
-    def run(self, key, micro_batches, inputs, targets, train):
-        """One step (``train``) or one evaluation batch; ``key`` names it in messages.
-
-        ``inputs`` (first stage) and ``targets`` (last stage) are lists with one array
-        per micro-batch. Returns the last stage's loss and accuracy counts, and what
-        the hooks reported.
-        """
+    def run(self, work, train):
+        """One step (``train``) or one evaluation batch: ``work`` is its
+        :class:`~distgrad.launch.contracts.StepWork` (its ``step`` names it in messages).
+        Returns its :class:`~distgrad.launch.contracts.StepResult`: the last stage's loss
+        and accuracy counts, and what the hooks reported."""
+        key, micro_batches = work.step, work.micro_batches
+        inputs, targets = work.inputs or [], work.targets or []
         total = sum(len(t) for t in targets) if self.last else 0
         self.out = out = {"loss": 0.0, "correct": 0, "count": total}
         schedule = self._schedule(micro_batches, train)
@@ -279,16 +273,17 @@ class Stage:
         if train and self.replicas is not None and self.replicas.ddp is None:
             with self.trace.span("average gradients", step=key):
                 self.replicas.average_gradients()
+        reported = {}
         if train:
             for hook, kwargs in self.hooks:
                 for k, (_, module) in self.parts.items():
                     for name, value in (hook(module, **kwargs) or {}).items():
-                        out[f"{name}.stage{k}"] = float(value)
+                        reported[f"{name}.stage{k}"] = float(value)
             with self.trace.span("optimizer step", step=key):
                 for optimizer in self.optimizers.values():
                     optimizer.step()
                     optimizer.zero_grad()
-        return out
+        return StepResult.of(out, reported)
 
     # -- checkpoints --
     def state(self, step):
@@ -336,8 +331,11 @@ def _require():
 # -- the commands the coordinator sends ----------------------------------------------
 
 def setup(spec):
-    """Build this worker's stage from ``spec`` (made by the coordinator); returns its size."""
+    """Build this worker's stage from ``spec``, a
+    :class:`~distgrad.launch.contracts.PipelineSetup` made by the coordinator; returns
+    its size."""
     global _stage
+    expect(spec, PipelineSetup, "setup(spec): spec")
     if _stage is not None:
         _stage.close("replaced by a new setup")
     _stage = Stage(spec)
@@ -348,28 +346,30 @@ def setup(spec):
 
 
 def step(seq, steps):
-    """Train on a run of consecutive batches: ``steps`` holds ``(step index, micro-batch
-    count, inputs, targets)`` for each. Returns each step's result (the last stage's
-    loss and accuracy counts, what the hooks reported) and how long before the return
-    it finished. When a step raises, the coordinator is told which
-    (:func:`distgrad.launch.progress.failed`) before the error is."""
+    """Train on a run of consecutive batches: ``steps`` holds a
+    :class:`~distgrad.launch.contracts.StepWork` for each. Returns each step's
+    :class:`~distgrad.launch.contracts.StepResult` (the last stage's loss and accuracy
+    counts, what the hooks reported, how long before the return it finished). When a
+    step raises, the coordinator is told which (:func:`distgrad.launch.progress.failed`)
+    before the error is."""
     stage = _require()
-    if not steps:
+    if not expect(steps, list[StepWork], "step(seq, steps): steps"):
         raise ValueError("a step command with no steps")
-    first = steps[0][0]  # the command's messages are named after its first step
+    first = steps[0].step  # the command's messages are named after its first step
     stage.trace.message("receive", "input", flow_id("input", first, 0, stage.worker))
     done = []
     with stage.turn(seq):
-        for step_index, micro_batches, inputs, targets in steps:
+        for work in steps:
             try:
-                with stage.trace.span("step", lane="steps", step=step_index):
-                    out = stage.run(step_index, micro_batches, inputs, targets, train=True)
+                with stage.trace.span("step", lane="steps", step=work.step):
+                    out = stage.run(work, train=True)
             except BaseException:
-                _tell_failed(stage, step_index)
+                _tell_failed(stage, work.step)
                 raise
             done.append((out, time.perf_counter()))
     stage.trace.message("send", "result", flow_id("result", first, 0, stage.worker))
-    return progress.timed(done)
+    now = time.perf_counter()  # how long before the answer leaves each step finished
+    return [dataclasses.replace(result, seconds_ago=now - when) for result, when in done]
 
 
 def _tell_failed(stage, step_index):
@@ -380,11 +380,14 @@ def _tell_failed(stage, step_index):
         pass
 
 
-def evaluate(seq, key, micro_batches, inputs, targets):
-    """Forward passes only, on held-out data; returns loss and accuracy counts."""
+def evaluate(seq, work):
+    """Forward passes only, on held-out data (``work``: a
+    :class:`~distgrad.launch.contracts.StepWork` whose ``step`` is negative); returns
+    its :class:`~distgrad.launch.contracts.StepResult`."""
     stage = _require()
+    expect(work, StepWork, "evaluate(seq, work): work")
     with stage.turn(seq), stage.trace.span("evaluate", lane="steps"):
-        return stage.run(key, micro_batches, inputs, targets, train=False)
+        return stage.run(work, train=False)
 
 
 def save(seq, directory, step_count):
