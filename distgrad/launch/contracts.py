@@ -85,6 +85,33 @@ def expect(value, kind, where):
     return value
 
 
+def _predicate(kind):
+    """A fast ``fits(value) -> bool`` of ``kind``, made once per field: a record is checked
+    on every step, and :func:`_check` (which names what does not fit) runs only when this
+    says no."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any:
+        return lambda v: True
+    if origin in (typing.Union, types.UnionType):
+        alternatives = [_predicate(k) for k in args]
+        return lambda v: any(p(v) for p in alternatives)
+    if origin is None:
+        return lambda v: _fits(v, kind)
+    if origin in (list, tuple):
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            items = [_predicate(k) for k in args]
+            return lambda v: isinstance(v, (list, tuple)) and len(v) == len(items) and \
+                all(p(x) for p, x in zip(items, v))
+        if not args or args[0] is Any:
+            return lambda v: isinstance(v, (list, tuple))
+        item = _predicate(args[0])
+        return lambda v: isinstance(v, (list, tuple)) and all(item(x) for x in v)
+    if origin is dict and args:
+        key, value = _predicate(args[0]), _predicate(args[1])
+        return lambda v: isinstance(v, dict) and all(key(k) and value(x) for k, x in v.items())
+    return lambda v: isinstance(v, origin)
+
+
 def _fits(value, kind):
     if typing.get_origin(kind) is not None:
         try:
@@ -111,24 +138,27 @@ def contract(code):
     codec as extension type ``code`` and checked again when it arrives."""
     def make(cls):
         def check(self):  # the dataclass's __init__ calls it (set before it is made)
-            for name, kind in fields:
-                _check(getattr(self, name), kind, f"{cls.__name__}.{name}")
+            for name, kind, fits in fields:
+                value = getattr(self, name)
+                if not fits(value):
+                    _check(value, kind, f"{cls.__name__}.{name}")
 
         cls.__post_init__ = check
         cls = dataclasses.dataclass(frozen=True)(cls)
         hints = typing.get_type_hints(cls)
-        fields = [(f.name, hints[f.name]) for f in dataclasses.fields(cls)]
+        fields = [(f.name, hints[f.name], _predicate(hints[f.name]))
+                  for f in dataclasses.fields(cls)]
 
         def decode(payload, dec):
             if not isinstance(payload, list) or len(payload) != len(fields):
                 got = len(payload) if isinstance(payload, list) else _show(payload)
                 raise ContractError(
                     f"{cls.__name__}: expected its {len(fields)} fields "
-                    f"({', '.join(n for n, _ in fields)}), got {got} (does the sender run "
+                    f"({', '.join(n for n, _, _ in fields)}), got {got} (does the sender run "
                     f"the same version of distgrad?)")
             return cls(*payload)
 
-        codec.register(cls, code, lambda record, enc: [getattr(record, n) for n, _ in fields],
+        codec.register(cls, code, lambda record, enc: [getattr(record, n) for n, _, _ in fields],
                        decode)
         return cls
     return make

@@ -34,10 +34,12 @@ def _setup(**changes):
      "StepWork.step: expected int, got bool True"),
     (lambda: StepWork(step=1, micro_batches=2, inputs=np.zeros(3), targets=None),
      "StepWork.inputs: expected list or None, got ndarray"),
-    (lambda: _setup(pipeline=["worker1", 2]), r"PipelineSetup.pipeline\[1\]: expected str, got int 2"),
+    (lambda: _setup(pipeline=["worker1", 2]),
+     r"PipelineSetup.pipeline\[1\]: expected str, got int 2"),
     (lambda: _setup(store=("host0", "29500")),
      r"PipelineSetup.store: expected tuple\[str, int\] or None, got tuple \('host0', '29500'\)"),
-    (lambda: _setup(model=_slice(parts=[(0, 2)])), r"ModelSlice.parts\[0\]: expected 3 items, got 2"),
+    (lambda: _setup(model=_slice(parts=[(0, 2)])),
+     r"ModelSlice.parts\[0\]: expected 3 items, got 2"),
     (lambda: _setup(model={"seed": 0}), "PipelineSetup.model: expected ModelSlice, got dict"),
     (lambda: StepResult(loss=1.0, correct=1, count=2, reported={"norm": "big"}, seconds_ago=0.0),
      r"StepResult.reported\['norm'\]: expected float, got str 'big'"),
@@ -65,9 +67,9 @@ def test_a_record_of_another_shape_is_refused_on_arrival_naming_its_fields():
     ext = msgpack.unpackb(body, raw=False)
     older = msgpack.packb(msgpack.ExtType(ext.code, msgpack.packb([1, 2, None])))
     # the codec's error for malformed data, with the record's own words
-    with pytest.raises(codec.CodecError, match=r"ContractError: StepWork: expected its 4 fields \(step, "
-                                            r"micro_batches, inputs, targets\), got 3 \(does "
-                                            r"the sender run the same version"):
+    with pytest.raises(codec.CodecError, match=r"ContractError: StepWork: expected its 4 "
+                                               r"fields \(step, micro_batches, inputs, "
+                                               r"targets\), got 3 \(does the sender run"):
         codec.decode(older)
     tampered = msgpack.packb(msgpack.ExtType(ext.code, msgpack.packb([1, "2", None, None])))
     with pytest.raises(codec.CodecError, match="StepWork.micro_batches: expected int, got str"):
