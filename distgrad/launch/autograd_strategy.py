@@ -23,9 +23,10 @@ takes a second backward over the same forward (``retain_graph=True`` in the firs
 the forwards tell the stages that a step has two passes, and they step after the
 second.
 
-Everything else is the pipeline strategy's (:mod:`distgrad.launch.coordinator`):
-batches, metrics, evaluation, checkpoints (the same stage files: each worker writes
-its module and its local optimizer's state), resume, traces and failure reports.
+Everything else is the coordinator's (:mod:`distgrad.launch.coordinator`), as for the
+pipeline strategy: batches, metrics, evaluation, checkpoints (the same stage files: each
+worker writes its module and its local optimizer's state), resume, traces and failure
+reports.
 ``[[hooks]]`` of kind ``forward``, ``full_backward`` and ``tensor_grad`` are
 registered on the stages' modules and parameters and run here, in the coordinator
 (:mod:`distgrad.launch.coordinator_hooks`).
@@ -39,13 +40,13 @@ from distgrad.distributed.optim import DistributedOptimizer
 
 from . import trace as _trace
 from .contracts import RemoteSetup, StepResult
-from .coordinator import Coordinator, StageFailure
 from .coordinator_hooks import CoordinatorHooks
 from .data import micro_batches
 from .remote_stage import RemoteStage
 from .losses import LOSSES, add_micro_batch_loss, auxiliary_loss
+from .stage_calls import StageFailure
 
-__all__ = ["AutogradCoordinator"]
+__all__ = ["AutogradStrategy"]
 
 _WATCH_SLICE = 0.1  # how often a coordinator waiting for outputs looks for failed stages
 
@@ -56,43 +57,48 @@ def _first_failure(pushed):
                  if f.done() and f.exception() is not None), None)
 
 
-class AutogradCoordinator(Coordinator):
-    """Rank 0 of a launch whose stages are remote modules (see the module docstring)."""
+class AutogradStrategy:
+    """Training through remote stages, driven by the coordinator ``run`` (see the module
+    docstring; the methods a strategy offers are listed in
+    :mod:`distgrad.launch.pipeline_strategy`)."""
 
-    def __init__(self, run_dir, launch):
-        super().__init__(run_dir, launch)
+    def __init__(self, run):
+        self.run, self.calls, self.workers = run, run.calls, run.workers
+        self.timeout, self.trace = run.timeout, run.trace
         self.stages = []       # RRefs of the RemoteStages, stage order
         self.turns = [0] * len(self.workers)  # forwards numbered per stage (their order)
         self.optimizer = None
-        model = self.config["model"]
+        model = run.config["model"]
         self.loss_fn = LOSSES[model["loss"]]()
         self.classify = model["loss"] == "cross_entropy"
         self.aux_weight = model["aux_weight"]
-        self.hooks = CoordinatorHooks(self.plan)
+        self.hooks = CoordinatorHooks(run.plan)
         self.passes = 2 if self.aux_weight > 0 else 1  # backward passes per step
 
     # -- setup --
-    def _setup(self):
-        config, p = self.config, self.plan
+    def setup(self):
+        """Every worker's RemoteStage made, connected to the next; their sizes."""
+        run, gather = self.run, self.calls.gather
+        p, before = run.plan, run.start - 1
         self.stages = [
             rpc.remote(w, RemoteStage, args=(RemoteSetup(
-                model=self.model_slice([k]), stage=k,
-                stages=len(self.workers), timeout=self.timeout, trace=self.trace.enabled,
-                resume_from=self.resume_from),), timeout=self.timeout)
+                model=run.model_slice([k]), stage=k, stages=len(self.workers),
+                timeout=self.timeout, trace=self.trace.enabled,
+                resume_from=run.resume_from),), timeout=self.timeout)
             for k, w in enumerate(self.workers)]
-        info = self._gather([s.rpc_async(timeout=self.timeout).describe()
-                             for s in self.stages], self.start - 1)
-        self._gather([s.rpc_async(timeout=self.timeout).connect(n)
-                      for s, n in zip(self.stages, self.stages[1:])], self.start - 1)
+        info = gather([s.rpc_async(timeout=self.timeout).describe() for s in self.stages],
+                      before)
+        gather([s.rpc_async(timeout=self.timeout).connect(n)
+                for s, n in zip(self.stages, self.stages[1:])], before)
         try:
             params = [r for i in info for r in i["named_parameters"].values()]
             self.optimizer = DistributedOptimizer(p.optimizer, params, **p.optimizer_kwargs)
             self.hooks.register(info)
         except Exception as e:  # noqa: BLE001 - a failure here names its worker
-            raise self._failure(e, self.start - 1) from None
-        if self.resume_from:
-            self._gather([s.rpc_async(timeout=self.timeout).load_optimizer(self.optimizer.id)
-                          for s in self.stages], self.start - 1)
+            raise self._failure(e, before) from None
+        if run.resume_from:
+            gather([s.rpc_async(timeout=self.timeout).load_optimizer(self.optimizer.id)
+                    for s in self.stages], before)
         return info
 
     # -- steps --
@@ -104,7 +110,7 @@ class AutogradCoordinator(Coordinator):
         text = str(error)
         culprit = next((k for k, w in enumerate(self.workers) if f"'{w}'" in text
                         or f"{w} " in text or text.startswith(w)), 0)
-        return self._diagnose(culprit, error, step)
+        return self.calls.diagnose(culprit, error, step)
 
     def _forward(self, key, xs, train):
         """The last stage's outputs for micro-batches ``xs``, all sent at once: the first
@@ -136,7 +142,7 @@ class AutogradCoordinator(Coordinator):
             try:
                 fut.wait(self.timeout + 10.0 if self.timeout else None)
             except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
-                raise self._diagnose(k, e, key) from None
+                raise self.calls.diagnose(k, e, key) from None
         return outputs
 
     def _wait_output(self, fut, pushed, key, mb):
@@ -147,10 +153,10 @@ class AutogradCoordinator(Coordinator):
         while not fut.wait_done(_WATCH_SLICE):
             failed = _first_failure(pushed)
             if failed is not None:
-                raise self._diagnose(*failed, key)
+                raise self.calls.diagnose(*failed, key)
             if deadline is not None and time.monotonic() > deadline:
                 last = len(self.stages) - 1
-                raise self._diagnose(last, TimeoutError(
+                raise self.calls.diagnose(last, TimeoutError(
                     f"stage {last} gave no output for micro-batch {mb} within "
                     f"{self.timeout + 10.0:.0f} s"), key)
         try:
@@ -158,11 +164,11 @@ class AutogradCoordinator(Coordinator):
         except Exception as e:  # noqa: BLE001 - the run fails, naming the stage
             # the first stage whose forward failed is at fault; else the last
             k, error = _first_failure(pushed) or (len(self.stages) - 1, e)
-            raise self._diagnose(k, error, key) from None
+            raise self.calls.diagnose(k, error, key) from None
 
     def _run_step(self, step):
-        x, y = self.batches.batch(step)
-        n = min(self.micro, len(x))
+        x, y = self.run.batches.batch(step)
+        n = min(self.run.micro, len(x))
         ys = micro_batches(y, n)
         out = {"loss": 0.0, "correct": 0, "count": len(y)}
         self.hooks.begin_step()
@@ -185,21 +191,21 @@ class AutogradCoordinator(Coordinator):
         out.update(self.hooks.end_step())
         return out
 
-    def _steps_per_command(self):
+    def steps_per_command(self):
         return 1  # the coordinator runs each step itself: nothing to save in messages
 
-    def _issue_steps(self, first, count):
+    def issue_steps(self, first, count):
         # one step at a time: the next forward needs this step's optimizer step
         return [(self._run_step(step), time.perf_counter())
                 for step in range(first, first + count)]
 
-    def _complete_steps(self, first, count, done):
+    def complete_steps(self, first, count, done):
         return done
 
     # -- evaluation, checkpoints, the end --
-    def _evaluate_part(self, key, part, step_count):
+    def evaluate_part(self, key, part, step_count):
         x, y = part
-        n = min(self.micro, len(x))
+        n = min(self.run.micro, len(x))
         out = {"loss": 0.0, "correct": 0, "count": len(y)}
         self.hooks.begin_step()  # hooks fire on evaluation forwards too: not logged
         with distgrad.no_grad():
@@ -209,16 +215,17 @@ class AutogradCoordinator(Coordinator):
         self.hooks.end_step()
         return [StepResult.of(out)]
 
-    def _save(self, step_count):
-        directory = self._checkpoint_dir(step_count)
-        return directory, [s.rpc_async(timeout=self.timeout).save(directory, step_count,
-                                                                  self.optimizer.id)
-                           for s in self.stages]
+    def save(self, directory, step_count):
+        return [s.rpc_async(timeout=self.timeout).save(directory, step_count, self.optimizer.id)
+                for s in self.stages]
 
-    def _finish(self):
-        events = self._gather([s.rpc_async(timeout=self.timeout).take_trace()
-                               for s in self.stages], self.last_step)
+    def finish(self):
+        events = self.calls.gather([s.rpc_async(timeout=self.timeout).take_trace()
+                                    for s in self.stages], self.run.last_step)
         self.hooks.remove()
         self.stages, self.optimizer = [], None
         return events
+
+    def close(self):
+        pass  # nothing of its own outlives the world
 

@@ -1,28 +1,27 @@
-"""Rank 0 of a launch: drives the pipeline stages (of every replica) through training.
+"""Rank 0 of a launch: trains the model through its workers, whatever the strategy.
 
 The supervisor starts it as ``python -m distgrad.launch.rank0 RUN_DIR``, which
 reads ``RUN_DIR/launch.json`` (the resolved config and the world to join), joins
-the RPC world, sets up one stage per worker and runs the steps:
+the RPC world and runs :class:`Coordinator`. How the steps reach the workers is the
+strategy's (``world.strategy``): :class:`~distgrad.launch.pipeline_strategy.PipelineStrategy`
+("pipeline", "ddp": the workers' stages run a pipeline schedule, a run of steps per
+command) or :class:`~distgrad.launch.autograd_strategy.AutogradStrategy` ("autograd": this
+process drives each step through distributed autograd). What is the coordinator's, for
+both:
 
-- each step's inputs go to the first stage and its targets to the last; with
-  data-parallel replicas (``world.replicas``, or ``world.strategy = "ddp"``) each
-  replica's first and last stage get its shard of them, the replicas average their
-  gradients among themselves, and the coordinator serves the store through which
-  they meet (it trains no replica itself: it stays free to send ahead, watch and
-  checkpoint, and every replica runs the same code); a command carries a run of
-  steps (about 20 ms of them, ``progress.py``), and the next is sent before the
-  current one finishes (``run.in_flight``), so the coordinator's own latency is
-  hidden;
+- the batches, in order, and a command of steps sent before the current one finishes
+  (``run.in_flight``), so the coordinator's own latency is hidden;
 - an evaluation (``run.eval_every``) is sent after its step and before any later one,
   so it sees the parameters of its step;
 - every ``checkpoint.every`` steps, and on a graceful stop (SIGTERM or SIGINT:
-  stop at the next step boundary), every stage (of replica 0: the replicas are identical) saves its
-  state and then the manifest marks the checkpoint complete;
+  stop at the next step boundary), every stage (of replica 0: the replicas are
+  identical) saves its state and then the manifest marks the checkpoint complete;
 - losses and accuracies go to ``metrics.jsonl``; with ``trace`` set, the events of
   every process become one Chrome trace.
 
-When a stage fails it writes ``failure.json`` (the worker, the step, the error
-and the remote traceback) for the supervisor and exits with status 1.
+When a stage fails (:class:`~distgrad.launch.stage_calls.StageFailure`) rank 0 writes
+``failure.json`` (the worker, the step, the error and the remote traceback) for the
+supervisor and exits with status 1.
 """
 import json
 import os
@@ -30,8 +29,7 @@ import threading
 import time
 from collections import deque
 
-from distgrad.distributed import TCPStore, rpc
-from distgrad.futures import wait_all
+from distgrad.distributed import rpc
 
 from . import board as _board
 from . import checkpoint as ckpt
@@ -39,39 +37,28 @@ from . import schedule as schedules
 from . import progress
 from . import stage as _stage
 from . import trace as _trace
-from .contracts import ContractError, ModelSlice, PipelineSetup, StepResult, StepWork
-from .data import Batches, micro_batches, split
-from .environment import own_address
+from .autograd_strategy import AutogradStrategy
+from .contracts import ModelSlice
+from .data import Batches, split
 from .grid import Grid
+from .pipeline_strategy import PipelineStrategy
 from .resolve import plan
 from .rundir import METRICS, RESULT, write_json
+from .stage_calls import StageCalls
 
-__all__ = ["Coordinator", "StageFailure"]
+__all__ = ["Coordinator", "STRATEGIES"]
 
-
-_FAILURE_NOTICE = 1.0  # s: how long a stage's word of the step that raised may take
-_NEIGHBOUR = "StageFailedError"  # the error of a stage whose neighbour failed first
-
-
-class StageFailure(Exception):
-    """A stage failed or became unreachable; carries what the supervisor reports."""
-
-    def __init__(self, record):
-        super().__init__(record["message"])
-        self.record = record
-
-
-def _error_of(future):
-    if not future.done():
-        return None
-    try:
-        future.value()
-    except Exception as e:  # noqa: BLE001 - the caller decides what it means
-        return e
-    return None
+#: ``world.strategy`` -> how the steps reach the workers
+STRATEGIES = {"pipeline": PipelineStrategy, "ddp": PipelineStrategy,
+              "autograd": AutogradStrategy}
 
 
 class Coordinator:
+    """Rank 0's training run: the state and the loop both strategies share; ``strategy``
+    (made here from ``world.strategy``) sets the workers up and runs the steps, and
+    ``calls`` (:class:`~distgrad.launch.stage_calls.StageCalls`) sends its commands and
+    names the worker at fault when one fails."""
+
     def __init__(self, run_dir, launch):
         self.run_dir, self.launch = run_dir, launch
         self.config = config = launch["config"]
@@ -85,8 +72,7 @@ class Coordinator:
         self.virtual = config["pipeline"].get("virtual_stages", 1)
         last = self.grid.stages * self.virtual - 1  # the last stage: on the last rank, or
         self.last_rank = next(r for r in range(self.grid.stages)  # the first (V schedules)
-                              if last in self._stages_of(r))
-        self.seq = 0
+                              if last in self.stages_of(r))
         data = config["data"]
         train, held_out = split(self.plan.source(**data["kwargs"]), data["eval_fraction"],
                                 config["run"]["seed"])
@@ -102,105 +88,15 @@ class Coordinator:
         self.metrics = None
         self.board = None  # TensorBoard event files of the metrics (with tensorboard)
         self.last_step = self.start
-        self.store = None  # where the replicas meet (replicas > 1)
         x, y = train
         self.command_size = progress.CommandSize(
             (x[:1].nbytes + y[:1].nbytes) * data["batch_size"])
         # the steps that raised on a stage (this process serves progress.failed)
         self.failed_steps = progress.FailedSteps(len(self.workers))
         progress.install(self.failed_steps)
-
-    # -- commands to every stage --
-    def _next_seq(self):
-        self.seq += 1
-        return self.seq
-
-    def _to_all(self, fn, args_of, timeout=None):
-        """Send ``fn(*args_of(stage))`` to every stage; return the futures."""
-        return [rpc.rpc_async(w, fn, args_of(k), timeout=self.timeout if timeout is None
-                              else timeout) for k, w in enumerate(self.workers)]
-
-    def _gather(self, futures, step):
-        """The results of one command on every stage, or StageFailure naming the culprit.
-
-        Waits for all futures but stops at the first error: a stage that is waiting
-        for a dead neighbour would otherwise keep this waiting until its timeout.
-        """
-        try:
-            return wait_all(futures)
-        except Exception:  # noqa: BLE001 - the first that failed names its stage
-            failed = self._failed(futures)
-            raise self._diagnose(*failed[0], step) from None
-
-    @staticmethod
-    def _failed(futures):
-        """``[(worker index, error)]`` of the futures that failed, a stage's own error
-        first: a stage whose neighbour failed raises too (StageFailedError), and may be
-        heard first; its neighbour's answer is given a moment to arrive."""
-        def failed():
-            errors = [(k, _error_of(f)) for k, f in enumerate(futures)]
-            errors = [(k, e) for k, e in errors if e is not None]
-            return sorted(errors, key=lambda ke: _NEIGHBOUR in (getattr(ke[1], "remote_type",
-                                                                        None) or ""))
-        errors = failed()
-        deadline = time.monotonic() + _FAILURE_NOTICE
-        while _NEIGHBOUR in (getattr(errors[0][1], "remote_type", None) or "") and \
-                time.monotonic() < deadline and not all(f.done() for f in futures):
-            next(f for f in futures if not f.done()).wait_done(0.05)
-            errors = failed()
-        return errors
-
-    def _diagnose(self, stage, error, step):
-        """Which worker is at fault: a probe finds a dead or stopped one within the
-        heartbeat bound; otherwise the stage whose call raised."""
-        hb = self.config["world"]["heartbeat_timeout"]
-        probes = [rpc.rpc_async(w, _stage.clock, timeout=hb + 2.0) for w in self.workers]
-        culprit, reason, message = stage, "error", str(error)
-        for k, p in enumerate(probes):
-            try:
-                p.wait()
-            except Exception as e:  # noqa: BLE001 - unreachable or timed out: this one
-                culprit, reason, message = k, "unreachable", str(e)
-                break
-        text, _, remote_tb = message.partition("\n\nRemote traceback")
-        traceback = remote_tb.partition(":\n")[2] if remote_tb else ""
-        if reason == "error":  # name the exception's class, as a traceback's last line does
-            kind = getattr(error, "remote_type", None) or type(error).__name__
-            if not text.startswith(kind):
-                text = f"{kind.removeprefix('builtins.')}: {text}"
-            traceback = getattr(error, "remote_traceback", None) or traceback
-        return StageFailure({
-            "worker": self.workers[culprit], "rank": culprit + 1,
-            "place": self.grid.describe(culprit),
-            "step": step + 1, "reason": reason, "message": text.strip(),
-            "traceback": traceback})
-
-    # -- setup --
-    def _setup(self):
-        config, p, grid = self.config, self.plan, self.grid
-        stages, world = grid.stages, config["world"]
-        if grid.replicas > 1:
-            bind = own_address(self.launch["world"]["init_method"],
-                               self.launch["world"].get("bind_addr") or world["bind_addr"])
-            self.store = TCPStore(bind, 0, is_master=True, wait_for_workers=False,
-                                  timeout=world["rendezvous_timeout"])
-
-        def spec(w):
-            replica, k = grid.place(w)
-            return (PipelineSetup(
-                model=self.model_slice(self._stages_of(k)), worker=w, stage=k, stages=stages,
-                num_stages=stages * self.virtual,
-                pipeline=[self.workers[grid.index(replica, r)] for r in range(stages)],
-                replica=replica, replicas=grid.replicas,
-                store=(self.store.host, self.store.port) if self.store else None,
-                schedule=config["pipeline"]["schedule"], optimizer=p.optimizer,
-                optimizer_kwargs=p.optimizer_kwargs, loss=config["model"]["loss"],
-                hooks=[tuple(h) for h in p.hooks], offload=config["offload"] or {},
-                heartbeat_timeout=world["heartbeat_timeout"],
-                rendezvous_timeout=world["rendezvous_timeout"],
-                simulated_link=world.get("simulated_link"), timeout=self.timeout,
-                trace=self.trace.enabled, resume_from=self.resume_from),)
-        return self._gather(self._to_all(_stage.setup, spec), self.start - 1)
+        self.calls = StageCalls(self.workers, self.grid, self.timeout,
+                                config["world"]["heartbeat_timeout"])
+        self.strategy = STRATEGIES[config["world"]["strategy"]](self)
 
     def model_slice(self, stages):
         """The :class:`~distgrad.launch.contracts.ModelSlice` of the model's ``stages``
@@ -212,78 +108,10 @@ class Coordinator:
                           checkpoint_activations=model["checkpoint_activations"],
                           deferred_weights=list(self.plan.deferred_weight_names))
 
-    # -- steps --
-    def _shard_work(self, key, shards, count):
-        """For each worker: the :class:`~distgrad.launch.contracts.StepWork` of step (or
-        evaluation batch) ``key`` on its replica's shard; a shard smaller than ``count``
-        has as many micro-batches as samples."""
-        per_replica = []
-        for x, y in shards:
-            n = min(count, len(x))
-            per_replica.append((n, micro_batches(x, n) if n else [],
-                                micro_batches(y, n) if n else []))
-        out = []
-        for w in range(len(self.workers)):
-            replica, k = self.grid.place(w)
-            n, xs, ys = per_replica[replica]
-            out.append(StepWork(step=key, micro_batches=n, inputs=xs if k == 0 else None,
-                                targets=ys if k == self.last_rank else None))
-        return out
-
-    def _stages_of(self, rank):
+    def stages_of(self, rank):
         """The stages pipeline rank ``rank`` holds (``pipeline.virtual_stages`` of them)."""
         return schedules.stage_indices(self.config["pipeline"]["schedule"], rank,
                                        self.grid.stages, self.virtual)
-
-    def _combine(self, results):
-        """The last stages' results (:class:`~distgrad.launch.contracts.StepResult`) of
-        every replica, as the whole batch's metrics."""
-        last = [results[self.grid.index(r, self.last_rank)] for r in range(self.grid.replicas)]
-        # equal shards: the mean of the replicas' means (one replica: its loss, bit for bit)
-        out = {"loss": sum(r.loss for r in last) / len(last),
-               "correct": sum(r.correct for r in last),
-               "count": sum(r.count for r in last)}
-        for r in results[:self.grid.stages]:  # replica 0's hook values (all replicas agree)
-            out.update(r.reported)
-        return out
-
-    def _issue_steps(self, first, count):
-        """Send steps ``first .. first + count - 1`` to every stage, as one command each."""
-        work = [self._shard_work(s, self.batches.shards(s), self.micro)
-                for s in range(first, first + count)]
-        seq = self._next_seq()
-        futures = []
-        for k, w in enumerate(self.workers):
-            self.trace.message("send", "input", _trace.flow_id("input", first, 0, k))
-            steps = [work[s - first][k] for s in range(first, first + count)]
-            futures.append(rpc.rpc_async(w, _stage.step, (seq, steps), timeout=self.timeout))
-        return futures
-
-    def _steps_per_command(self):
-        return self.command_size.steps()
-
-    def _complete_steps(self, first, count, futures):
-        """Wait for a command of ``count`` steps from ``first``; returns ``(the whole
-        batch's result, when it finished)`` of each."""
-        try:
-            results = self._gather(futures, first)
-        except StageFailure as failure:
-            culprit = self.workers.index(failure.record["worker"])
-            at = self.failed_steps.take(culprit, _FAILURE_NOTICE)
-            if at is not None:  # else: it died, in the first step that did not complete
-                failure.record["step"] = at + 1
-            raise
-        now = time.perf_counter()
-        for k, r in enumerate(results):
-            if not (isinstance(r, list) and len(r) == count
-                    and all(isinstance(x, StepResult) for x in r)):
-                raise self._diagnose(k, ContractError(
-                    f"a command of {count} steps was answered with {type(r).__name__} "
-                    f"{str(r)[:80]}, not {count} StepResult"), first)
-            self.trace.message("receive", "result", _trace.flow_id("result", first, 0, k))
-        # a step is done once every stage finished it
-        return [(self._combine([r[i] for r in results]),
-                 now - min(r[i].seconds_ago for r in results)) for i in range(count)]
 
     def _checkpoint_dir(self, step_count):
         directory = ckpt.step_dir(self.run_dir, step_count)
@@ -292,11 +120,10 @@ class Coordinator:
 
     def _save(self, step_count):
         directory = self._checkpoint_dir(step_count)
-        seq = self._next_seq()
-        return directory, self._to_all(_stage.save, lambda k: (seq, directory, step_count))
+        return directory, self.strategy.save(directory, step_count)
 
     def _complete_save(self, directory, futures, step_count):
-        self._gather(futures, step_count - 1)
+        self.calls.gather(futures, step_count - 1)
         ckpt.write_manifest(directory, {"step": step_count, "stages": self.grid.stages,
                                         "replicas": self.grid.replicas,
                                         "balance": self.plan.balance,
@@ -314,7 +141,7 @@ class Coordinator:
         for i, start in enumerate(range(0, len(x), chunk)):
             key = -(step_count * 1000 + i + 1)  # negative: never a training step's key
             part = x[start:start + chunk], y[start:start + chunk]
-            for out in self._evaluate_part(key, part, step_count):
+            for out in self.strategy.evaluate_part(key, part, step_count):
                 loss += out.loss * out.count
                 correct += out.correct
         record = {"step": step_count, "eval_loss": loss / len(x)}
@@ -325,18 +152,6 @@ class Coordinator:
               + (f"  accuracy {record['eval_accuracy']:.4f}" if "eval_accuracy" in record
                  else ""), flush=True)
         return record
-
-    def _evaluate_part(self, key, part, step_count):
-        """The :class:`~distgrad.launch.contracts.StepResult` of every replica on its
-        share of ``part``."""
-        replicas = self.grid.replicas
-        work = self._shard_work(  # each replica evaluates a share of the chunk
-            key, [(part[0][r::replicas], part[1][r::replicas]) for r in range(replicas)],
-            self.micro)
-        seq = self._next_seq()
-        results = self._gather(self._to_all(
-            _stage.evaluate, lambda k: (seq, work[k])), step_count - 1)
-        return [results[self.grid.index(r, self.last_rank)] for r in range(replicas)]
 
     def _log(self, record):
         self.metrics.write(json.dumps(record) + "\n")
@@ -379,9 +194,9 @@ class Coordinator:
             while step < self.total and len(pending) < in_flight \
                     and not self.stop_requested.is_set() \
                     and not (pending and pending[-1][0] == "eval"):
-                count = min(self._steps_per_command(), self.total - step,
+                count = min(self.strategy.steps_per_command(), self.total - step,
                             *(n - step % n for n in (every, eval_every) if n))
-                pending.append(("steps", step, count, self._issue_steps(step, count)))
+                pending.append(("steps", step, count, self.strategy.issue_steps(step, count)))
                 step += count
                 if every and step % every == 0:  # stages save in command order: after it
                     pending.append(("save", step, 0, self._save(step)))
@@ -397,7 +212,7 @@ class Coordinator:
                 self.evaluate(at)
             else:
                 previous = self._last_done
-                for i, (out, when) in enumerate(self._complete_steps(at, count, sent)):
+                for i, (out, when) in enumerate(self.strategy.complete_steps(at, count, sent)):
                     self._log_step(at + i, out, when)
                 self.command_size.observe(count, self._last_done - previous)
         return self.last_step
@@ -420,12 +235,6 @@ class Coordinator:
                   + (f"  accuracy {record['accuracy']:.3f}" if "accuracy" in record else "")
                   + f"  {record['samples_per_s']:.0f} samples/s", flush=True)
 
-    def _finish(self):
-        """Every stage lets go of what it holds (the replicas' process group, offloaded
-        activations); returns their trace events."""
-        seq = self._next_seq()
-        return self._gather(self._to_all(_stage.finish, lambda k: (seq,)), self.last_step)
-
     def _collect_trace(self):
         """Each stage's events and clock offset, merged into the trace file."""
         samples = {k: [] for k in range(len(self.workers))}
@@ -434,7 +243,7 @@ class Coordinator:
                 t0 = _trace.Recorder.now()
                 remote = rpc.rpc_sync(w, _stage.clock, timeout=self.timeout)
                 samples[k].append((t0, remote, _trace.Recorder.now()))
-        events = self._finish()
+        events = self.strategy.finish()
         procs = {0: self.trace.take()}
         offsets = {0: 0}
         for k, ev in enumerate(events):
@@ -452,13 +261,12 @@ class Coordinator:
         try:
             return self._run()
         finally:
-            if self.store is not None:
-                self.store.close()
+            self.strategy.close()
 
     def _run(self):
-        info = self._setup()
+        info = self.strategy.setup()
         stages = self.grid.stages
-        held = [", ".join(map(str, self._stages_of(k))) for k in range(stages)]
+        held = [", ".join(map(str, self.stages_of(k))) for k in range(stages)]
         sizes = ", ".join(f"stage{'s' if self.virtual > 1 else ''} {held[k]}: "
                           f"{i['parameters']:,}" for k, i in enumerate(info[:stages]))
         copies = f" x {self.grid.replicas} replicas" if self.grid.replicas > 1 else ""
@@ -480,7 +288,7 @@ class Coordinator:
             if self.launch.get("trace"):
                 self._collect_trace()
             else:
-                self._finish()
+                self.strategy.finish()
         finally:
             self.metrics.close()
             if self.board is not None:

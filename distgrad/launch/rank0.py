@@ -1,10 +1,9 @@
 """Rank 0 of a launch: ``python -m distgrad.launch.rank0 RUN_DIR``, started by the supervisor.
 
 It reads ``RUN_DIR/launch.json`` (the resolved config and the world to join), joins
-the RPC world as "coordinator" and trains with the coordinator of the config's
-``world.strategy``: :class:`~distgrad.launch.coordinator.Coordinator` ("pipeline",
-"ddp") or :class:`~distgrad.launch.autograd_strategy.AutogradCoordinator`
-("autograd"). A stage's failure becomes ``failure.json`` and exit status 1.
+the RPC world as "coordinator" and trains with :class:`~distgrad.launch.coordinator.Coordinator`
+in the config's ``world.strategy``. A stage's failure becomes ``failure.json`` and exit
+status 1.
 """
 import json
 import os
@@ -14,17 +13,14 @@ import sys
 from distgrad.distributed import rpc
 from distgrad.utils.processes import die_with_parent
 
-from .autograd_strategy import AutogradCoordinator
 from .config import heartbeat_interval
-from .coordinator import Coordinator, StageFailure
+from .coordinator import Coordinator
 from .environment import own_address
 from .placement import HOSTS, Placement
 from .rundir import FAILURE, LAUNCH, write_json
+from .stage_calls import StageFailure
 
-__all__ = ["STRATEGIES", "main"]
-
-#: ``world.strategy`` -> the coordinator that trains it
-STRATEGIES = {"pipeline": Coordinator, "ddp": Coordinator, "autograd": AutogradCoordinator}
+__all__ = ["main"]
 
 
 def _bind_addr(value):
@@ -85,7 +81,7 @@ def main(argv=None):
     with open(os.path.join(run_dir, LAUNCH), encoding="utf-8") as fh:
         launch = json.load(fh)
     world = dict(launch["world"], config=launch["config"]["world"])
-    coordinator = STRATEGIES[launch["config"]["world"]["strategy"]](run_dir, launch)
+    coordinator = Coordinator(run_dir, launch)
     for sig in (signal.SIGTERM, signal.SIGINT):  # stop at the next step boundary
         signal.signal(sig, lambda *_: coordinator.stop_requested.set())
     try:
