@@ -8,6 +8,7 @@ Layers, bottom to top, one job each:
 ``wire``                  message framing (header, body, buffers)
 ``transport``             sockets, the I/O thread and its outbox
 ``liveness``              which peers are alive, dead or gone (on the I/O thread)
+``routing``               where a message on the router goes by its kind; what is refused
 ``calls``                 pending calls: deadlines, peer failure, backpressure
 ``caller``                the caller's path: a CALL out, its reply, its Future
 ``dispatch``              request -> handler -> reply, on a handler pool

@@ -1,5 +1,6 @@
 """The ZeroMQ side of a process: its context, sockets and I/O thread. Whether its peers
-are alive is ``liveness.py``'s, run on that I/O thread.
+are alive is ``liveness.py``'s, and where a message that came in goes is ``routing.py``'s,
+both run on that I/O thread.
 
 Sockets and the one thread that owns each:
 
@@ -61,12 +62,13 @@ import zmq
 from ..utils.addresses import endpoint_host, is_ipv6
 from ..utils.lifetimes import join_all
 from . import wire
-from .admission import ZapHandler, new_identity, own_identity, router_numbered
+from .admission import ZapHandler, new_identity, own_identity
 from .credentials import Credential
-from .errors import ProtocolError, describe_exception
+from .errors import ProtocolError
 from .frames import frames_nbytes, recv_frames, send_frames
 from .link import SimulatedLink, parse_link
 from .liveness import PeerLiveness
+from .routing import Routing
 from .wakeup import Wakeup
 
 __all__ = ["Transport"]
@@ -137,7 +139,7 @@ class Transport:
         self.zap = None            # the context's ZAP handler (admission.py), made at bind
         self.ctx = zmq.Context()
         self.stats = collections.Counter()
-        self._on_system = getattr(handlers, "on_system_request", None)
+        self.routing = Routing(self)  # where what comes in on the router goes
         self._outbox = collections.deque()  # (router identity, frames) for the I/O thread
         self._relayed = collections.deque()  # (rank, frames) the I/O thread sends for others
         self._wake = Wakeup()
@@ -322,13 +324,13 @@ class Transport:
         if ident is not None and own_identity(ident, src):
             return self.send(src, frames)
         if threading.get_ident() == self._io_ident:
-            self._send_router(ident, frames)
+            self.send_router(ident, frames)
         else:
             self._outbox.append((ident, frames))
             self._wake.signal()
         return True
 
-    def _send_router(self, ident, frames):  # on the I/O thread
+    def send_router(self, ident, frames):  # on the I/O thread
         try:
             send_frames(self.router, [ident, *frames])
         except zmq.ZMQError as e:  # a peer that vanished is an expected event
@@ -361,10 +363,10 @@ class Transport:
         if sock is None:
             sock = self._io_socks[dst] = self._own_socket(dst)
             self._io_revival[dst] = revival
-            self._watch(dst)
+            self.watch(dst)
         return sock
 
-    def _watch(self, r):
+    def watch(self, r):
         """Follow peer ``r``'s liveness (I/O thread): a DEALER that carries nothing, its
         connection events (``liveness.py``) and whatever stray arrives on it."""
         if r in self.dealers or r == self.rank or self._poller is None:
@@ -434,7 +436,7 @@ class Transport:
         liveness = self.liveness
         monitors = liveness.monitors
         for r in self._first_watched:
-            self._watch(r)
+            self.watch(r)
         zap = self.zap.socket if self.zap is not None else None
         if zap is not None:
             poller.register(zap, zmq.POLLIN)
@@ -457,11 +459,11 @@ class Transport:
             if any(s == wake_fd for s, _ in events):
                 self._wake.clear()  # clear first, then look at the work: a later wake signals
             while self._outbox:
-                self._send_router(*self._outbox.popleft())
+                self.send_router(*self._outbox.popleft())
             while self._relayed:
                 self.send(*self._relayed.popleft())
             while self._to_watch:
-                self._watch(self._to_watch.popleft())
+                self.watch(self._to_watch.popleft())
             for sock, _ in events:
                 if sock is router:
                     self._guarded(self._on_router)
@@ -477,7 +479,7 @@ class Transport:
             liveness.expire(now)
             handlers.on_tick(now)
         while self._outbox:
-            self._send_router(*self._outbox.popleft())
+            self.send_router(*self._outbox.popleft())
         while self._relayed:
             self.send(*self._relayed.popleft())
         if self._announce is not None:
@@ -513,57 +515,14 @@ class Transport:
             yield frames, kind, mid, src, extra, segments
 
     def _on_router(self):
-        link = self.link
+        link, route = self.link, self.routing.route
         for message in self._incoming(self.router, 1):
             src = message[3]
             if link is not None and src != self.rank and 0 <= src < self.world_size:
                 due = link.arrival(src, frames_nbytes(message[0][1:]), time.monotonic())
-                link.hold(due, self._guarded, self._route, *message)
+                link.hold(due, self._guarded, route, *message)
             else:
-                self._route(*message)
-
-    def _route(self, frames, kind, mid, src, extra, segments):
-        """Hand one message that came in on the router to its handler."""
-        h = self.handlers
-        if not 0 <= src < self.world_size:
-            self.refuse(frames[0].bytes, kind, mid, f"source rank {src} is not in the world of "
-                                                    f"{self.world_size} processes")
-            h.on_late(None, segments)
-            return
-        if self.zap is not None and (why := self.zap.impostor(frames, src)) is not None:
-            self.refuse(frames[0].bytes, kind, mid, why)
-            h.on_late(None, segments)
-            return
-        if src not in self.dealers and src != self.rank:  # a peer that starts talking to us
-            self._watch(src)
-        if kind == Kind.CALL:
-            h.on_request(frames[0].bytes, mid, src, extra, segments, frames[2:])
-        elif kind == Kind.REPLY or kind == Kind.ERROR:
-            h.on_reply(src, kind, mid, extra, segments, frames[2:])
-        elif kind == Kind.SYSTEM and self._on_system is not None:
-            self._on_system(frames[0].bytes, mid, src, extra, segments, frames[2:])
-        elif kind in (Kind.RELEASE, Kind.LEAVE) and self.zap is None \
-                and not (own_identity(ident := frames[0].bytes, src) or router_numbered(ident)):
-            # one-way messages come from the peer's own sockets or its liveness connection
-            self.drop(f"{Kind.NAMES[kind]} claiming rank {src} from another connection")
-        elif kind == Kind.RELEASE:
-            h.on_release(src, segments)
-        elif kind == Kind.LEAVE:
-            why = extra if isinstance(extra, str) else "it left the world"
-            self.liveness.on_leave(src, why[:500])
-        else:
-            self.drop(f"{Kind.NAMES.get(kind, kind)} on the request socket")
-            h.on_late(src, segments)
-
-    def refuse(self, ident, kind, mid, why):
-        """Drop a message that came on connection ``ident``; a CALL expecting an answer (a
-        readable header promises one) gets a ``ProtocolError`` saying ``why``, on that
-        connection: its sender learns at once instead of waiting out its timeout."""
-        self.drop(why)
-        if mid != 0 and kind in (Kind.CALL, Kind.SYSTEM):
-            body, _ = wire.encode(describe_exception(ProtocolError(f"{self.name} refused the "
-                                                                   f"message: {why}"), ""))
-            self._send_router(ident, [wire.pack_header(Kind.ERROR, mid, self.rank), body])
+                route(*message)
 
     def _on_dealer(self, sock, rank):
         # Peers send everything to the router; a router sends nothing back on a
