@@ -91,7 +91,7 @@ class AutogradStrategy:
         gather([s.rpc_async(timeout=self.timeout).connect(n)
                 for s, n in zip(self.stages, self.stages[1:])], before)
         try:
-            params = [r for i in info for r in i["named_parameters"].values()]
+            params = [r for i in info for r in i.named_parameters.values()]
             self.optimizer = DistributedOptimizer(p.optimizer, params, **p.optimizer_kwargs)
             self.hooks.register(info)
         except Exception as e:  # noqa: BLE001 - a failure here names its worker

@@ -23,7 +23,7 @@ from typing import Any, Optional
 from distgrad import codec
 
 __all__ = ["ContractError", "expect", "ModelSlice", "PipelineSetup", "RemoteSetup",
-           "StepWork", "StepResult"]
+           "StageInfo", "RemoteStageInfo", "StepWork", "StepResult", "HostInfo"]
 
 
 class ContractError(TypeError):
@@ -213,6 +213,29 @@ class RemoteSetup:
     timeout: float                     # of RPCs and of waits (0: none)
     trace: bool
     resume_from: Optional[str]
+
+
+@contract(45)
+class StageInfo:
+    """A pipeline worker's answer to its setup."""
+    parameters: int                    # of the stages it holds
+    pid: int
+
+
+@contract(46)
+class RemoteStageInfo:
+    """A remote stage's description (``RemoteStage.describe``): its size, and RRefs to its
+    module and parameters, for the coordinator's optimizer and hooks."""
+    parameters: int
+    module: Any                        # RRef of its module
+    named_parameters: dict[str, Any]   # parameter name -> RRef of the parameter
+
+
+@contract(47)
+class HostInfo:
+    """Where a worker runs (``distgrad.launch.placement.where``)."""
+    hostname: str
+    address: str                       # the address it is reached at from the coordinator
 
 
 @contract(43)

@@ -268,7 +268,7 @@ class Coordinator:
         stages = self.grid.stages
         held = [", ".join(map(str, self.stages_of(k))) for k in range(stages)]
         sizes = ", ".join(f"stage{'s' if self.virtual > 1 else ''} {held[k]}: "
-                          f"{i['parameters']:,}" for k, i in enumerate(info[:stages]))
+                          f"{i.parameters:,}" for k, i in enumerate(info[:stages]))
         copies = f" x {self.grid.replicas} replicas" if self.grid.replicas > 1 else ""
         n = stages * self.virtual
         print(f"{n} stage{'s' if n > 1 else ''}{copies} ({sizes} parameters); steps "

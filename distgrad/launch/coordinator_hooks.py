@@ -35,16 +35,17 @@ class CoordinatorHooks:
         self._lock = threading.Lock()
 
     def register(self, stages):
-        """Register every entry; ``stages``: each stage's ``RemoteStage.describe()``."""
+        """Register every entry; ``stages``: each stage's ``RemoteStage.describe()`` (a
+        :class:`~distgrad.launch.contracts.RemoteStageInfo`)."""
         for entry in self.entries:
             for k in entry.stages:
                 call = self._recorder(entry, k)
                 if entry.kind == "tensor_grad":
-                    rref = stages[k]["named_parameters"][entry.parameter]
+                    rref = stages[k].named_parameters[entry.parameter]
                     self.handles.append(dist_hooks.register_tensor_hook(rref, call))
                 else:
                     self.handles.append(dist_hooks.register_module_hook(
-                        stages[k]["module"], entry.kind, call))
+                        stages[k].module, entry.kind, call))
 
     def _recorder(self, entry, stage):
         def call(*args):

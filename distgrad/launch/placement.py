@@ -22,6 +22,8 @@ import socket
 from distgrad.distributed import rpc
 from distgrad.utils import addresses
 
+from .contracts import HostInfo
+
 __all__ = ["where", "Placement", "HOSTS"]
 
 HOSTS = "hosts.json"
@@ -30,7 +32,7 @@ HOSTS = "hosts.json"
 def where(toward):
     """This process's host name and the address it is reached at from ``toward`` (the
     coordinator's address): run on each worker."""
-    return {"hostname": socket.gethostname(), "address": addresses.choose(toward).advertise}
+    return HostInfo(hostname=socket.gethostname(), address=addresses.choose(toward).advertise)
 
 
 def _hosts_file_name(address, path="/etc/hosts"):
@@ -63,7 +65,9 @@ class Placement:
                      "address": coordinator_address}}
         for k, (name, future) in enumerate(zip(workers, futures)):
             try:
-                ranks[k + 1] = dict(future.wait(), name=name)
+                host = future.wait()
+                ranks[k + 1] = {"name": name, "hostname": host.hostname,
+                                "address": host.address}
             except Exception:  # noqa: BLE001 - unreachable: the run reports it
                 pass
         return cls(ranks)

@@ -34,7 +34,7 @@ from distgrad.distributed.rpc import RRef
 
 from .checkpoint import atomic_save, stage_path
 from .resolve import deferred_weights
-from .contracts import RemoteSetup, expect
+from .contracts import RemoteSetup, RemoteStageInfo, expect
 from .stage import CommandOrder, Inbox, build_modules, load_stage_state, stage_state
 from .trace import Recorder, flow_id, grad_flow_id
 
@@ -67,9 +67,10 @@ class RemoteStage:
 
     def describe(self):
         """Its size and process, and RRefs to its module and parameters (by name)."""
-        return {"parameters": sum(p.numel() for p in self.module.parameters()),
-                "module": RRef(self.module),
-                "named_parameters": {n: RRef(p) for n, p in self.module.named_parameters()}}
+        return RemoteStageInfo(
+            parameters=sum(p.numel() for p in self.module.parameters()),
+            module=RRef(self.module),
+            named_parameters={n: RRef(p) for n, p in self.module.named_parameters()})
 
     def connect(self, next_stage):
         """Where this stage's outputs go: the next stage (an RRef to its RemoteStage)."""

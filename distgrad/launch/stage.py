@@ -39,7 +39,7 @@ from distgrad.rpc import current_agent
 from . import progress
 from .activations import checkpointed
 from .checkpoint import atomic_save, stage_path
-from .contracts import PipelineSetup, StepResult, StepWork, expect
+from .contracts import PipelineSetup, StageInfo, StepResult, StepWork, expect
 from .losses import LOSSES, add_micro_batch_loss
 from .schedule import schedule_class
 from .stage_parts import LaunchStage, RpcChannel, observer
@@ -340,9 +340,8 @@ def setup(spec):
         _stage.close("replaced by a new setup")
     _stage = Stage(spec)
     watch_neighbours()
-    return {"parameters": sum(p.numel() for _, m in _stage.parts.values()
-                              for p in m.parameters()),
-            "pid": os.getpid()}
+    return StageInfo(parameters=sum(p.numel() for _, m in _stage.parts.values()
+                                    for p in m.parameters()), pid=os.getpid())
 
 
 def step(seq, steps):

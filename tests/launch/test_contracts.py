@@ -7,8 +7,8 @@ import pytest
 
 from distgrad import codec
 from distgrad.launch import contracts
-from distgrad.launch.contracts import (ContractError, ModelSlice, PipelineSetup, RemoteSetup,
-                                       StepResult, StepWork, expect)
+from distgrad.launch.contracts import (ContractError, HostInfo, ModelSlice, PipelineSetup,
+                                       RemoteSetup, StageInfo, StepResult, StepWork, expect)
 from distgrad.launch.models import mlp
 
 
@@ -60,6 +60,8 @@ def test_records_travel_through_the_codec_as_they_are():
     result = StepResult.of({"loss": np.float32(0.5), "correct": np.int64(3), "count": 4},
                            {"grad_norm.stage0": 2.0})
     assert codec.loads(codec.dumps(result)) == result and type(result.correct) is int
+    for answer in (StageInfo(parameters=120, pid=7), HostInfo("host1", "10.0.0.2")):
+        assert codec.loads(codec.dumps(answer)) == answer
 
 
 def test_a_record_of_another_shape_is_refused_on_arrival_naming_its_fields():
