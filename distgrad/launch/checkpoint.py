@@ -15,6 +15,7 @@ import re
 import shutil
 
 import distgrad
+from distgrad.utils.atomic_files import atomic_write
 
 __all__ = ["atomic_save", "step_dir", "stage_path", "write_manifest", "read_manifest", "latest",
            "prune", "MANIFEST"]
@@ -30,24 +31,8 @@ def atomic_save(obj, path):
     # a stage on another host than the coordinator's writes to a disk of its own, where
     # nobody made the step's directory
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            distgrad.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself is durable only once the directory is
-    finally:
-        os.close(fd)
+    with atomic_write(path) as fh:
+        distgrad.save(obj, fh)
 
 
 def step_dir(run_dir, step):

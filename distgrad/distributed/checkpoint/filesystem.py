@@ -33,6 +33,7 @@ from distgrad.autograd._internal import array_of, bump_version, wrap
 from distgrad.autograd.grad_mode import no_grad
 from distgrad.autograd.tensor import Tensor
 from distgrad.futures import Future
+from distgrad.utils.atomic_files import atomic_write
 
 from .nested_dict import flatten_state_dict, unflatten_state_dict
 from .metadata import metadata_from_data, metadata_to_data, StorageMeta
@@ -52,14 +53,6 @@ _DATA_FILE = re.compile(r"^__(\d+)_\d+-[0-9a-f]+\.distcp$")
 class SerializationFormat(Enum):
     TORCH_SAVE = "torch_save"
     SAFETENSORS = "safetensors"
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _metadata_name(rank=None):
@@ -219,22 +212,9 @@ class FileSystemWriter(StorageWriter):
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
         metadata.storage_meta = self.storage_meta()
         final = self._own_metadata()
-        tmp = f"{final}.tmp-{os.getpid()}-{self.save_id[:8]}"
-        try:
-            with open(tmp, "wb") as fh:
-                distgrad.save({"format": _FORMAT, "metadata": metadata_to_data(metadata)}, fh)
-                if self.sync_files:
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            os.replace(tmp, final)  # the commit: readers see the old or the new checkpoint
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        if self.sync_files:
-            _fsync_dir(self.path)
+        # the commit: readers see the old or the new checkpoint
+        with atomic_write(final, sync=self.sync_files, tag=f"-{self.save_id[:8]}") as fh:
+            distgrad.save({"format": _FORMAT, "metadata": metadata_to_data(metadata)}, fh)
         self._remove_unnamed({info[0] for info in metadata.storage_data.values()})
 
     def _remove_unnamed(self, named):
