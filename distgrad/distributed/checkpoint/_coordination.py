@@ -10,13 +10,27 @@ run in this process alone.
 """
 import builtins
 import traceback
+import warnings
 
 from ..collectives import barrier
 from ..object_collectives import broadcast_object_list, gather_object, scatter_object_list
-from ..process_group import get_rank, get_world_size
+from ..process_group import get_rank, get_world_size, is_initialized
 from .api import CheckpointException
 
-__all__ = ["Coordination"]
+__all__ = ["Coordination", "alone"]
+
+_NO_DIST = ("torch.distributed is disabled, unavailable or uninitialized, assuming the intent "
+            "is to {} in a single process.")
+
+
+def alone(no_dist, doing, stacklevel):
+    """Whether a ``save`` or ``load`` (``doing``) runs in this process alone: asked to
+    (``no_dist``), or with no process group; then it warns, as PyTorch does, at the
+    caller ``stacklevel`` frames above this function's caller."""
+    no_dist = no_dist or not is_initialized()
+    if no_dist:
+        warnings.warn(_NO_DIST.format(doing), stacklevel=stacklevel + 1)
+    return no_dist
 
 
 class _RemoteFailure(RuntimeError):

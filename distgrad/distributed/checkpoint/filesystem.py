@@ -84,7 +84,24 @@ def _array(tensor):
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-class FileSystemWriter(StorageWriter):
+class _Directory:
+    """What a writer and a reader of a checkpoint directory share: the directory (``path``)
+    is the checkpoint's id."""
+
+    @property
+    def checkpoint_id(self):
+        return self.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return _validate_path_id(checkpoint_id)
+
+    def _move_to(self, checkpoint_id):
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+
+
+class FileSystemWriter(_Directory, StorageWriter):
     def __init__(self, path, single_file_per_rank=True, sync_files=True, thread_count=1,
                  per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False, overwrite=True,
                  _extensions=None, serialization_format=SerializationFormat.TORCH_SAVE):
@@ -107,17 +124,8 @@ class FileSystemWriter(StorageWriter):
         self.rank = None
         self.use_collectives = True
 
-    @property
-    def checkpoint_id(self):
-        return self.path
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
-        return _validate_path_id(checkpoint_id)
-
     def reset(self, checkpoint_id=None):
-        if checkpoint_id:
-            self.path = os.fspath(checkpoint_id)
+        self._move_to(checkpoint_id)
         self.save_id = uuid.uuid4().hex
 
     def storage_meta(self):
@@ -239,7 +247,7 @@ def _staged_copy(state_dict):
                                  for k, v in flat.items()}, mapping)
 
 
-class FileSystemReader(StorageReader):
+class FileSystemReader(_Directory, StorageReader):
     def __init__(self, path, _extension_registry=None):
         if _extension_registry is not None:
             raise NotImplementedError("FileSystemReader: stream transform extensions are not "
@@ -249,18 +257,9 @@ class FileSystemReader(StorageReader):
         self.load_id = uuid.uuid4().hex
         self.rank = None
 
-    @property
-    def checkpoint_id(self):
-        return self.path
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
-        return _validate_path_id(checkpoint_id)
-
     def reset(self, checkpoint_id=None):
         self.storage_data = {}
-        if checkpoint_id:
-            self.path = os.fspath(checkpoint_id)
+        self._move_to(checkpoint_id)
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args, **kwargs):

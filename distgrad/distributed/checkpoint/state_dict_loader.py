@@ -10,12 +10,10 @@ any number of ranks, also onto one process (``no_dist``).
 import inspect
 import warnings
 
-from ..process_group import is_initialized
-from ._coordination import Coordination
+from ._coordination import Coordination, alone
 from .default_planner import DefaultLoadPlanner
 from .filesystem import storage_setup
 from .planner import load_plan_from_data, load_plan_to_data
-from .state_dict_saver import _NO_DIST
 from .stateful import Stateful
 from .storage import positional_storage
 
@@ -27,9 +25,7 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
          process_group=None, no_dist=False):
     """Fill ``state_dict`` from the checkpoint (see the module docstring). Every rank must
     pass the same keys."""
-    no_dist = no_dist or not is_initialized()
-    if no_dist:
-        warnings.warn(_NO_DIST.format("load"), stacklevel=3)  # past positional_storage
+    no_dist = alone(no_dist, "load", stacklevel=3)  # 3: past positional_storage
     storage_reader = storage_setup(storage_reader, checkpoint_id, reader=True)
     keys = sorted(state_dict)  # every rank visits the values in one order
     own = {k: state_dict[k].state_dict() if isinstance(state_dict[k], Stateful)

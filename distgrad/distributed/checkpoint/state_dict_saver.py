@@ -14,8 +14,7 @@ import warnings
 from dataclasses import dataclass
 from enum import Enum
 
-from ..process_group import is_initialized
-from ._coordination import Coordination
+from ._coordination import Coordination, alone
 from .default_planner import DefaultSavePlanner
 from .filesystem import _staged_copy, storage_setup
 from .metadata import metadata_from_data, metadata_to_data
@@ -24,10 +23,6 @@ from .stateful import Stateful
 from .storage import positional_storage, write_results_from_data, write_results_to_data
 
 __all__ = ["save", "async_save", "save_state_dict", "AsyncCheckpointerType", "AsyncSaveResponse"]
-
-_NO_DIST = ("torch.distributed is disabled, unavailable or uninitialized, assuming the intent "
-            "is to {} in a single process.")
-
 
 class AsyncCheckpointerType(Enum):
     THREAD = "thread"
@@ -58,9 +53,7 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
     ``use_collectives=False``: each rank saves alone, with metadata of its own
     (``__<rank>.metadata``), which only that rank can load.
     """
-    no_dist = no_dist or not is_initialized()
-    if no_dist:  # stacklevel 3: the caller of positional_storage's wrapper
-        warnings.warn(_NO_DIST.format("save"), stacklevel=3)
+    no_dist = alone(no_dist, "save", stacklevel=3)  # 3: the caller of positional_storage's
     storage_writer = storage_setup(storage_writer, checkpoint_id, reader=False)
     return _save_state_dict(_stateful_to_state_dict(state_dict), storage_writer, process_group,
                             no_dist=no_dist, planner=planner, use_collectives=use_collectives)
@@ -145,9 +138,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
     if stager is None and hasattr(storage_writer, "stage"):
         stager = storage_writer
     staged = stager.stage(state_dict) if stager is not None else _staged_copy(state_dict)
-    no_dist = no_dist or not is_initialized()
-    if no_dist:
-        warnings.warn(_NO_DIST.format("save"), stacklevel=2)
+    no_dist = alone(no_dist, "save", stacklevel=2)
     storage_writer = storage_setup(storage_writer, checkpoint_id, reader=False)
 
     def upload():
