@@ -117,8 +117,9 @@ def member(rank, n, master, port, library, started):
 
 
 # ---------------------------------------------------------------------- the bench
-def _run(n, hosts, library, port):
-    """Start ``n`` members (rank r on host r % len(hosts), or locally), their results."""
+def run_members(n, hosts, library, port, target="bench_world_scale:member", extra=()):
+    """Start ``n`` members, each ``target(rank, n, master, port, library, started,
+    *extra)`` (rank r on host r % len(hosts), or locally); their results and errors."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, ROOT]), OMP_NUM_THREADS="1",
                DISTGRAD_WORLD_SECRET="bench-world-scale")
     if hosts:
@@ -129,11 +130,10 @@ def _run(n, hosts, library, port):
     started = time.time()
     procs = []
     for r in range(n):
-        args = ["bench_world_scale:member", None, json.dumps([r, n, master, port, library,
-                                                               started])]
+        args = [target, None, json.dumps([r, n, master, port, library, started, *extra])]
         if hosts:
-            procs.append(hosts[r % len(hosts)].spawn("bench_world_scale:member", r, n, master,
-                                                     port, library, started, env=env))
+            procs.append(hosts[r % len(hosts)].spawn(target, r, n, master, port, library,
+                                                     started, *extra, env=env))
         else:
             fd, path = tempfile.mkstemp(suffix=".json")
             os.close(fd)
@@ -229,7 +229,7 @@ def main():
         for n in sizes:
             for library in ["distgrad"] + (["torch"] if n in torch_sizes else []):
                 port += 1
-                results, errors = _run(n, list(made) if made else None, library, port)
+                results, errors = run_members(n, list(made) if made else None, library, port)
                 rows.append(_summary(n, len(made) if made else 1, library, results, errors))
                 _print_row(rows[-1])
     finally:

@@ -105,6 +105,14 @@ def test_bench_pipelining_runs_a_schedule_without_torch(tmp_path):
         gpipe["bubble_textbook"] == pytest.approx(1 / 3)
 
 
+def test_bench_chain_runs_a_short_chain_without_torch(tmp_path):
+    out = _run_without_torch(tmp_path, "bench_chain.py", "--sizes", "3", "--steps", "2",
+                             "--reps", "1")
+    row = json.loads(out.strip().splitlines()[-1])["rows"][0]
+    assert row["library"] == "distgrad" and row["n"] == 3 and row["steady_ms"] > 0
+    assert "torch" not in {r["library"] for r in json.loads(out.strip().splitlines()[-1])["rows"]}
+
+
 def test_soak_prints_memory_per_process_per_period_and_where_it_grew():
     # two periods of 3 s with allocation tracing: exit status 1 only says a target was not
     # met (steps/s of so short a run on a busy machine is noise), not that it failed
