@@ -30,25 +30,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_world_scale import chain_step, echo, run_members, torch_chain_step  # noqa: E402
+from bench_world_scale import echo, library_modules, run_members  # noqa: E402
 
 _FLOATS = 16
 
 
 def member(rank, n, master, port, library, started, steps):
     """One process of the chain's world; rank 0 returns the step times (ms)."""
-    if library == "torch":
-        import torch
-        import torch.distributed.autograd as dist_autograd
-        import torch.distributed.rpc as rpc
-        step = torch_chain_step
-        options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=120, init_method="env://")
-    else:
-        import distgrad as torch
-        import distgrad.distributed.autograd as dist_autograd
-        import distgrad.distributed.rpc as rpc
-        step = chain_step
-        options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=120)
+    torch, _, dist_autograd, rpc, step, options = library_modules(library)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR=master,
                       MASTER_PORT=str(port))
     rpc.init_rpc(f"w{rank}", rank=rank, world_size=n, rpc_backend_options=options)

@@ -61,26 +61,31 @@ def torch_chain_step(x, k, n):
 _HEARTBEAT_ENV = "BENCH_WORLD_SCALE_HEARTBEAT_TIMEOUT"
 
 
-def member(rank, n, master, port, library, started):
-    """One process of the world; what it measured (times are wall-clock seconds since
-    ``started``, the time the bench began starting processes)."""
-    t = {"start": time.time() - started}
+def library_modules(library):
+    """``(torch, torch.distributed, its autograd, its rpc, the chain step, RPC options)``
+    of ``library`` ("torch" or "distgrad", imported as a PyTorch program would)."""
     if library == "torch":
         import torch
         import torch.distributed as dist
         import torch.distributed.autograd as dist_autograd
         import torch.distributed.rpc as rpc
-        step = torch_chain_step
-        options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=120, init_method="env://")
-    else:
-        import distgrad as torch
-        import distgrad.distributed as dist
-        import distgrad.distributed.autograd as dist_autograd
-        import distgrad.distributed.rpc as rpc
-        step = chain_step
-        options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=120)
-        if os.environ.get(_HEARTBEAT_ENV):  # --heartbeat-timeout
-            options.heartbeat_timeout = float(os.environ[_HEARTBEAT_ENV])
+        return (torch, dist, dist_autograd, rpc, torch_chain_step,
+                rpc.TensorPipeRpcBackendOptions(rpc_timeout=120, init_method="env://"))
+    import distgrad as torch
+    import distgrad.distributed as dist
+    import distgrad.distributed.autograd as dist_autograd
+    import distgrad.distributed.rpc as rpc
+    return (torch, dist, dist_autograd, rpc, chain_step,
+            rpc.TensorPipeRpcBackendOptions(rpc_timeout=120))
+
+
+def member(rank, n, master, port, library, started):
+    """One process of the world; what it measured (times are wall-clock seconds since
+    ``started``, the time the bench began starting processes)."""
+    t = {"start": time.time() - started}
+    torch, dist, dist_autograd, rpc, step, options = library_modules(library)
+    if library == "distgrad" and os.environ.get(_HEARTBEAT_ENV):  # --heartbeat-timeout
+        options.heartbeat_timeout = float(os.environ[_HEARTBEAT_ENV])
     t["imported"] = time.time() - started
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR=master,
                       MASTER_PORT=str(port))
