@@ -23,7 +23,6 @@ With data-parallel replicas (``world.replicas``) every stage exists once per
 replica; the replicas of a stage average their gradients before each optimizer
 step (:mod:`distgrad.launch.replicas`) and only replica 0 writes checkpoints.
 """
-import dataclasses
 import os
 import threading
 import time
@@ -252,8 +251,8 @@ class Stage:
     def run(self, work, train):
         """One step (``train``) or one evaluation batch: ``work`` is its
         :class:`~distgrad.launch.contracts.StepWork` (its ``step`` names it in messages).
-        Returns its :class:`~distgrad.launch.contracts.StepResult`: the last stage's loss
-        and accuracy counts, and what the hooks reported."""
+        Returns the last stage's loss and accuracy counts and what the hooks reported
+        (the makings of its :class:`~distgrad.launch.contracts.StepResult`)."""
         key, micro_batches = work.step, work.micro_batches
         inputs, targets = work.inputs or [], work.targets or []
         total = sum(len(t) for t in targets) if self.last else 0
@@ -283,7 +282,7 @@ class Stage:
                 for optimizer in self.optimizers.values():
                     optimizer.step()
                     optimizer.zero_grad()
-        return StepResult.of(out, reported)
+        return out, reported
 
     # -- checkpoints --
     def state(self, step):
@@ -368,7 +367,7 @@ def step(seq, steps):
             done.append((out, time.perf_counter()))
     stage.trace.message("send", "result", flow_id("result", first, 0, stage.worker))
     now = time.perf_counter()  # how long before the answer leaves each step finished
-    return [dataclasses.replace(result, seconds_ago=now - when) for result, when in done]
+    return [StepResult.of(out, reported, now - when) for (out, reported), when in done]
 
 
 def _tell_failed(stage, step_index):
@@ -386,7 +385,7 @@ def evaluate(seq, work):
     stage = _require()
     expect(work, StepWork, "evaluate(seq, work): work")
     with stage.turn(seq), stage.trace.span("evaluate", lane="steps"):
-        return stage.run(work, train=False)
+        return StepResult.of(*stage.run(work, train=False))
 
 
 def save(seq, directory, step_count):

@@ -8,13 +8,11 @@ import os
 import sys
 import traceback
 
+from distgrad.references import lookup, split_reference
+
 
 def _resolve(ref):
-    module, _, qualname = ref.partition(":")
-    obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return lookup(ref, importlib.import_module(split_reference(ref)[0]))
 
 
 def main(argv=None):

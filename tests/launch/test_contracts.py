@@ -1,11 +1,14 @@
 """The records a launch's processes exchange (``distgrad.launch.contracts``): checked
 when made and when they arrive, every error naming the record and the field; carried by
 the codec as they are; refused by name where a dict or another version's record comes."""
+import importlib
+
 import msgpack
 import numpy as np
 import pytest
 
 from distgrad import codec
+from distgrad.references import lookup, split_reference
 from distgrad.launch import contracts
 from distgrad.launch.contracts import (ContractError, HostInfo, ModelSlice, PipelineSetup,
                                        RemoteSetup, StageInfo, StepResult, StepWork, expect)
@@ -101,9 +104,4 @@ class _ByReference:
 
     @staticmethod
     def resolve(ref):
-        import importlib
-        module, _, qual = ref.partition(":")
-        obj = importlib.import_module(module)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        return obj
+        return lookup(ref, importlib.import_module(split_reference(ref)[0]))
