@@ -293,11 +293,22 @@ class Supervisor:
                               f"world shut down after training finished (see "
                               f"{os.path.relpath(child.log.name)})")
             return
+        if child.rank != 0 and 0 in self.layout.ranks and self._follows_reported_failure(child):
+            return  # the coordinator, exiting next here, is the one to report (see below)
         if self.failure is None:
             self.failure = child
             # how the others were doing before they are killed: a stopped one is the likely cause
             self.states = {c.name: _process_state(c.pid) for c in self.children if c.running}
         self._kill_all()
+
+    def _follows_reported_failure(self, child):
+        """Whether the coordinator (a child of this launcher) already reported a failure that
+        is not ``child``'s own death: it then ends the world, which ends ``child`` with an
+        error too; that exit, seen before the coordinator's, must not take the place of the
+        report's cause."""
+        report = read_json(os.path.join(self.run_dir, FAILURE))
+        return bool(report) and not (report.get("worker") == child.name
+                                     and report.get("reason") == "unreachable")
 
     def _training_finished(self):
         """The coordinator's verdict (a shared run directory shows it to every launcher)."""
