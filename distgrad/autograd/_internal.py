@@ -26,7 +26,8 @@ from .op_observers import OpObserver, cached_output
 from .node import (AccumulateGrad, Node, accumulate_into_grad, grad_edge, init_node,
                    next_sequence_nr, retain_grad, sum_grads)
 from .profiling import observed
-from .recording import OpNode, defop, install_backends, new_node, record, record_multi, record_view
+from .recording import (OpNode, defop, install_backends, new_node, record, record_multi,
+                        record_view, runs_only_builtin_code)
 from .saved import SavedTensor, hooks_state as saved_tensors_hooks_state
 from .tensor import (Size, TensorBase, install_tensor_type, _as_array as as_array,
                      _describe as describe,
@@ -43,7 +44,7 @@ __all__ = [
     "apply_inplace", "check_inplace", "write_inplace",
     # recording ops
     "defop", "record", "record_view", "record_multi", "new_node", "OpNode", "install_backends",
-    "keep_weight_grad", "observed",
+    "keep_weight_grad", "observed", "runs_only_builtin_code",
     # what ops a thread records, as they are recorded (selective checkpointing, its log)
     "OpObserver", "cached_output",
     "Node", "AccumulateGrad", "init_node", "next_sequence_nr", "SavedTensor", "sum_grads",

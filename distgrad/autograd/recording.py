@@ -17,13 +17,13 @@ engine reduces and casts them (see ``autograd/broadcast.py``). A VJP is only cal
 for inputs that need a gradient.
 """
 from .grad_mode import _state
-from .node import Node, init_node, next_sequence_nr
+from .node import AccumulateGrad, Node, init_node, next_sequence_nr
 from .op_observers import observe_record, observing
 from .saved import KeptInput, SavedTensor, RELEASED_MESSAGE
 from .tensor import TensorBase, _make
 
 __all__ = ["OpNode", "defop", "record", "record_view", "record_multi", "new_node",
-           "install_backends"]
+           "install_backends", "runs_only_builtin_code"]
 
 
 class _Backends:
@@ -33,6 +33,22 @@ class _Backends:
 
 
 _backends = _Backends()
+
+
+def runs_only_builtin_code(node):
+    """Whether running ``node`` in a backward runs distgrad's own code only: a built-in op's
+    rules or a leaf's accumulation, with no hook on the node or its tensors and no
+    saved-tensor hooks (whose unpack may read a file or call another process). What else
+    a node may run (a custom Function's backward, a hook) is the user's and may block."""
+    if node._pre_hooks or node._post_hooks or node._tensor_pre_hooks \
+            or node._retains_grad_hooks:
+        return False
+    if isinstance(node, OpNode):
+        return not any(s._has_hooks for s in node._saved)
+    if type(node) is AccumulateGrad:
+        variable = node._variable
+        return not (variable._hooks or variable._post_acc_hooks)
+    return False
 
 
 def install_backends(array_namespace, tensor_namespace):

@@ -12,7 +12,8 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    other than the coordinator (an asynchronous handler: its reply is the owner's
    completion). An owner the roots feed directly gets it together with its first
    gradient, when the coordinator's engine reaches that recv node (one message, and
-   a blocking call when it is the last thing left); the others get it at once. Each
+   a blocking call when it is the last thing left); the others get it right after the
+   first of those left (their gradients come later, through other workers). Each
    process runs one :class:`GraphTask` whose roots are exactly its expected send
    nodes (plus, on the coordinator, the roots), so nodes shared by several of them
    wait for all their gradients and nobody waits for a gradient that cannot come.
@@ -41,22 +42,38 @@ message to each peer (``distgrad.rpc.bookkeeping``), acknowledged the same way.
 No handler thread ever blocks waiting for another process inside a pass: gradient
 shipping is asynchronous and whoever delivers a gradient runs the ready nodes,
 with at most one thread executing a pass's GraphTask at a time (others queue).
+``_run_pass`` and ``_deliver`` are served where they arrive, on the RPC I/O thread, and
+the nodes they make ready run there too when they are distgrad's own code (no hook,
+custom Function, saved-tensor hook or context extension: nothing that may block) and
+this process's last run of such work was short (``_ON_ARRIVAL_BUDGET``); otherwise
+they run on a handler thread. A hop of a chain of small steps then costs no thread
+hand-off (``rpc/PROTOCOL.md``).
 """
 import logging
 import threading
 from collections import defaultdict
 
+import time
+
 from distgrad.autograd._internal import (GraphTask, as_tuple, execute, grad_edge,
-                                         make_root_grads, set_task_extension)
+                                         make_root_grads, runs_only_builtin_code,
+                                         set_task_extension)
 from distgrad._tensor import Tensor
 from distgrad.rpc import Future, RpcError, WorkerUnreachableError, entry_point
-from distgrad.rpc.functions import async_execution
+from distgrad.rpc.functions import async_execution, never_blocks
 
 from . import container as _c
 
 log = logging.getLogger("distgrad.distributed.autograd")
 
 _SLICE = 0.02  # how often a waiting coordinator looks at the other parts for errors
+
+# A pass's gradients are run where they arrive, on the RPC I/O thread (no hand-off), while
+# this process's last run of backward work took less than this; a longer one would hold up
+# every other message of the process, so its successors go to a handler thread. Measured in
+# the running thread's CPU time: a run preempted on a busy machine is not a long one.
+_ON_ARRIVAL_BUDGET = 0.001  # seconds
+_last_run = 0.0              # the CPU time of this process's last run of a pass's nodes
 
 
 def _node_error(exc):
@@ -99,9 +116,11 @@ class _Pass:
         self.finished = False
         self.outgoing = {}     # rank -> [[recv msg id, gradient], ...] of the wave being shipped
         self.unstarted = None  # coordinator: {rank: send ids} of parts its first gradient starts
+        self.others = None     # coordinator: {rank: send ids} of the other parts (start_others)
         self.parts = None
         self.deferred = None   # coordinator: starts held back until the roots' execute() returns
         self.defer_thread = None
+        self.plain = None      # whether its nodes run distgrad's code only (_runs_on_arrival)
         self.done = Future()
         sends = []
         for mid in send_ids:
@@ -135,9 +154,32 @@ class _Pass:
             if self.running or not self.inbox:
                 return
             self.running = True
+        if _on_io_thread() and not self._runs_on_arrival():
+            agent = _c._agent()
+            agent.stats["backward_runs_handed_off"] += 1
+            agent.run_soon(self._drain)
+            return
         self._drain()
 
+    def _runs_on_arrival(self):
+        """Whether this pass's nodes may run on the RPC I/O thread, where its gradients
+        arrive: only distgrad's own code (no hook, custom Function or saved-tensor hook that
+        could block, no extension of the context), and short work by the last measure."""
+        if self.plain is None:
+            self.plain = not self.ctx.extensions and all(
+                type(n) is _c.SendNode or type(n) is _c.RecvNode or runs_only_builtin_code(n)
+                for n in self.task.graph_nodes)
+        return self.plain and _last_run < _ON_ARRIVAL_BUDGET
+
     def _drain(self):
+        global _last_run
+        started = time.thread_time()
+        try:
+            self._drain_inbox()
+        finally:
+            _last_run = time.thread_time() - started
+
+    def _drain_inbox(self):
         task = self.task
         while True:
             with self.lock:
@@ -210,6 +252,19 @@ class _Pass:
                     self.deferred.append((rank, args))
                     continue
                 self.parts[rank] = agent.call(rank, _run_pass, args, None, -1)
+                self.start_others()
+
+    def start_others(self):
+        """(coordinator) Start the parts of the workers the roots do not feed directly, once
+        the first gradients left for those they do (see backward())."""
+        with self.lock:
+            others, self.others = self.others, None
+        if others:
+            agent = _c._agent()
+            with _c.scope(None):
+                for rank, ids in others.items():
+                    self.parts[rank] = agent.call(
+                        rank, _run_pass, (self.ctx.id, self.id, ids, self.retain), None, -1)
 
     # -- completion --
     def _maybe_complete(self):
@@ -242,8 +297,19 @@ class _Pass:
     abort = fail
 
 
+def _on_io_thread():
+    agent = _c._agent()
+    transport = agent.transport if agent is not None else None
+    return transport is not None and transport.on_io_thread()
+
+
 # ---------------------------------------------------------------------- remote handlers
+# Both are served where they arrive, on the RPC I/O thread (``never_blocks``): setting up a
+# part and adding gradients take a moment, and the nodes they make ready run there too only
+# when they are distgrad's own and short (``_Pass._runs_on_arrival``); otherwise the work
+# goes to a handler thread, as it would have without the marker.
 @entry_point
+@never_blocks
 @async_execution
 def _run_pass(context_id, pass_id, send_ids, retain_graph, first=()):
     """Runs on a worker: set up its part of a pass (``first``: [[msg id, gradient], ...] to
@@ -261,9 +327,6 @@ def _run_pass(context_id, pass_id, send_ids, retain_graph, first=()):
             early = ctx.early.pop(pass_id, [])
     except BaseException as e:
         raise _named(e) from None
-    _c.backward_starts(ctx)
-    p.feed_all([*early, *first])
-    p._maybe_complete()
     out = Future()
 
     def relay(f):
@@ -273,10 +336,21 @@ def _run_pass(context_id, pass_id, send_ids, retain_graph, first=()):
         else:
             out.set_exception(_named(exc))
     p.done._add_inline_callback(relay)
+    if ctx.extensions and _on_io_thread():  # an extension's start may read ahead, or block
+        _c._agent().run_soon(_start_part, ctx, p, [*early, *first])
+    else:
+        _start_part(ctx, p, [*early, *first])
     return out
 
 
+def _start_part(ctx, p, grads):
+    _c.backward_starts(ctx)
+    p.feed_all(grads)
+    p._maybe_complete()
+
+
 @entry_point
+@never_blocks
 def _deliver(context_id, pass_id, grads):
     """A one-way call: gradients ``[[send msg id, gradient], ...]`` for this process's part;
     late ones (a released context, an abandoned pass) are dropped."""
@@ -387,17 +461,17 @@ def backward(context_id, roots, retain_graph=False):
     pass_id = _c.new_id()
     p = _Pass(ctx, pass_id, expected.pop(me, ()), retain_graph, root_edges)
     # A worker the roots feed directly learns its part with its first gradient (one
-    # message instead of two); the others are told now.
+    # message instead of two); the others are told once the first of those left: theirs
+    # come later, after hops through other workers (any that arrive first are kept), and
+    # their starts would only delay the first hop.
     p.parts = parts = {}
     p.unstarted = {r: ids for r, ids in expected.items() if r in direct}
+    p.others = {r: ids for r, ids in expected.items() if r not in direct}
     with ctx.lock:
         ctx.passes[pass_id] = p
     with _c.scope(None):
-        for rank, ids in expected.items():
-            if rank not in direct:
-                parts[rank] = agent.call(rank, _run_pass,
-                                         (context_id, pass_id, ids, retain_graph), None, -1)
-            elif agent.workers[rank].name in ctx.extended_peers:
+        for rank in direct:
+            if agent.workers[rank].name in ctx.extended_peers:
                 # its part starts with its first gradient, but its extensions (offloading's
                 # read-ahead) should start now, while this process runs its own part
                 agent.call(rank, _backward_starting, (context_id,), None, -1)
@@ -408,7 +482,8 @@ def backward(context_id, roots, retain_graph=False):
     finally:
         deferred, p.deferred, p.defer_thread = p.deferred, None, None
     p._maybe_complete()
-    _start_deferred(agent, p, parts, deferred)
+    _start_deferred(agent, p, parts, deferred, alone=not p.others)
+    p.start_others()
     _wait_all(agent, context_id, pass_id, parts, p)
 
 
@@ -417,13 +492,14 @@ def backward(context_id, roots, retain_graph=False):
 # part fails the pass with a timeout naming it, instead of hanging the coordinator.
 
 
-def _start_deferred(agent, p, parts, deferred):
-    """Start the parts held back by the roots' execute(): when it is the only part left, with
-    a blocking call (its reply is that part's completion; a failure or a dead worker ends
-    it), otherwise asynchronously."""
+def _start_deferred(agent, p, parts, deferred, alone):
+    """Start the parts held back by the roots' execute(): when it is the only part left
+    (``alone``: no other is to start), with a blocking call (its reply is that part's
+    completion; a failure or a dead worker ends it), otherwise asynchronously."""
     with _c.scope(None):
         deferred = deferred or ()
-        if len(deferred) == 1 and not parts and p.done.done() and p.done.exception() is None:
+        if len(deferred) == 1 and alone and not parts and p.done.done() \
+                and p.done.exception() is None:
             rank, args = deferred[0]
             fut = parts[rank] = Future()
             try:
