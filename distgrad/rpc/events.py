@@ -11,7 +11,8 @@ a peer down            the caller (its calls fail), ``same_host``, ``bookkeeping
                        the owner table, then the peer listeners (on handler threads)
 a fatal error          the caller: every call fails, later ones too
 a tick                 expiries (calls, owner entries); segment releases and notices
-                       that waited long enough leave on their own
+                       that waited long enough leave on their own; shared-memory
+                       probes of peers that large arrays went to
 =====================  =========================================================
 
 Nothing here blocks: the I/O thread also answers the sockets.
@@ -124,6 +125,8 @@ class Events:
         self.dispatcher.on_tick(now)
         if now >= self.owner.next_expiry:
             self.owner.expire(now)
+        if self.same_host.has_wanted():  # peers a large array went to: may they map ours?
+            self.same_host.probe_wanted(self.caller)
         if self.same_host.has_releases():  # segments this process no longer maps: to lenders
             for src, names in self.same_host.take_releases().items():
                 self.bookkeeping.post(src, "shm.release", names)

@@ -104,7 +104,6 @@ class Lifecycle:
             self._make_parts(events)
             self.running = True  # before connect starts the I/O thread and peers' calls run
             t.connect([ep for _, _, ep, _ in table], [auth[1] for _, _, _, auth in table])
-            self._probe_shm()
         except BaseException:
             self.teardown(announce=None)
             raise
@@ -194,17 +193,6 @@ class Lifecycle:
         self.caller = Caller(self.name, self.rank, opts, self, self.members, t, self.pool,
                              self.calls, contexts, self.bookkeeping, self.ids, self.stats)
         events.route(self.members, t, self.caller, self.dispatcher, same_host, self.pool)
-
-    def _probe_shm(self):
-        """Prove, per peer, that it can map a segment made here; until then (and if not)
-        large arrays take the socket."""
-        same_host = self.same_host
-        for w in self.members.workers:
-            probe = same_host.probe() if w.id != self.rank else None
-            if probe is not None:
-                fut = self.caller.call(w.id, "@shm.probe", probe, internal=True)
-                fut._add_inline_callback(lambda f, r=w.id, p=probe: same_host.probed(
-                    r, p, f.exception() is None and f.value()))
 
     def _op_shm_probe(self, request, pid, name, token):
         return self.same_host.check_probe(request.src, pid, name, token)

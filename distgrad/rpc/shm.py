@@ -202,6 +202,30 @@ class SegmentMaps:
         self._mapped_bytes = 0
         self._pids = {}        # peer rank -> pid (proved by the probe)
 
+    def want(self, rank):
+        """(any thread) An array large enough to lend goes to ``rank``, not proven to share
+        memory: it takes the socket, and ``rank`` is asked once (at the I/O thread's next
+        tick, :meth:`probe_wanted`) to map a probe. Peers are probed on first need, not when
+        the world forms: a process makes no connection, and no segment, for a peer it never
+        sends a large array to."""
+        if rank in self._asked:
+            return
+        self._asked.add(rank)
+        self._wanted.append(rank)
+        self._wake()
+
+    def probe_wanted(self, caller):
+        """(the I/O thread) Send each wanted peer a probe with ``caller``; lend to those that
+        map it (:meth:`probed`)."""
+        while self._wanted:
+            rank = self._wanted.popleft()
+            probe = self.probe()
+            if probe is None:
+                continue
+            fut = caller.call(rank, "@shm.probe", probe, internal=True)
+            fut._add_inline_callback(lambda f, r=rank, p=probe: self.probed(
+                r, p, f.exception() is None and f.value()))
+
     def check_probe(self, src, pid, name, token):
         """Runs for a peer's probe: can this process read what ``src`` (``pid``) wrote?"""
         if not self._valid(name, pid):
@@ -289,6 +313,8 @@ class SameHost:
         self.pool = SegmentPool(root, threshold, pool_bytes) if root else None
         self.maps = SegmentMaps(root, self._queue_release, 2 * pool_bytes) if root else None
         self.peers = set()  # ranks that proved they map this process's segments
+        self._asked = set()  # ranks asked (or about to be asked) to map a probe
+        self._wanted = collections.deque()  # of those, the ones to ask at the next tick
         self._releases = collections.deque()
         self._wake = wake
 
@@ -307,6 +333,30 @@ class SameHost:
             log.debug("no shared memory: %s", e)
             return None
         return os.getpid(), name, token
+
+    def want(self, rank):
+        """(any thread) An array large enough to lend goes to ``rank``, not proven to share
+        memory: it takes the socket, and ``rank`` is asked once (at the I/O thread's next
+        tick, :meth:`probe_wanted`) to map a probe. Peers are probed on first need, not when
+        the world forms: a process makes no connection, and no segment, for a peer it never
+        sends a large array to."""
+        if rank in self._asked:
+            return
+        self._asked.add(rank)
+        self._wanted.append(rank)
+        self._wake()
+
+    def probe_wanted(self, caller):
+        """(the I/O thread) Send each wanted peer a probe with ``caller``; lend to those that
+        map it (:meth:`probed`)."""
+        while self._wanted:
+            rank = self._wanted.popleft()
+            probe = self.probe()
+            if probe is None:
+                continue
+            fut = caller.call(rank, "@shm.probe", probe, internal=True)
+            fut._add_inline_callback(lambda f, r=rank, p=probe: self.probed(
+                r, p, f.exception() is None and f.value()))
 
     def check_probe(self, src, pid, name, token):
         """A peer's probe: True if this process can read what ``src`` wrote."""
@@ -348,10 +398,14 @@ class SameHost:
             self.pool.reclaim(rank)
             self.maps.forget(rank)
         self.peers.discard(rank)
+        self._asked.discard(rank)
 
     def _queue_release(self, src, names):  # a finalizer, any thread
         self._releases.append((src, names))
         self._wake()
+
+    def has_wanted(self):
+        return bool(self._wanted)
 
     def has_releases(self):
         return bool(self._releases)
@@ -400,7 +454,10 @@ class LendingContext:
     def external_array(self, a):
         sh = self._same_host()
         pool = sh.pool
-        if pool is None or a.nbytes < pool.threshold or self.peer not in sh.peers:
+        if pool is None or a.nbytes < pool.threshold:
+            return None
+        if self.peer not in sh.peers:
+            sh.want(self.peer)
             return None
         name = pool.lend(a, self.peer)
         if name is None:

@@ -26,10 +26,16 @@ def _segments(pid):
 
 
 def _wait_probed():
+    """Probes are made on first need: one large array each way, then both handshakes done."""
+    big = np.zeros(THRESHOLD // 8, np.float64)
+    np.testing.assert_array_equal(rpc.rpc_sync("worker1", f.echo, (big,)), big)
     deadline = time.monotonic() + 10
-    while 1 not in current_agent().shm.peers and time.monotonic() < deadline:
+    while not (1 in current_agent().shm.peers
+               and 0 in rpc.rpc_sync("worker1", f.shm_stats)["peers"]) \
+            and time.monotonic() < deadline:
         time.sleep(0.02)
     assert 1 in current_agent().shm.peers, "the shared-memory handshake did not complete"
+    assert 0 in rpc.rpc_sync("worker1", f.shm_stats)["peers"], "nor the worker's"
 
 
 def _wait_returned():
