@@ -6,7 +6,9 @@ them and passes them on, and so on to the last rank, whose result comes back alo
 chain; rank 0 then runs ``dist_autograd.backward`` on its sum, which sends the gradient
 back through every rank. Per world size and library:
 
-* **first**: the first step, of ranks that have not talked to each other yet;
+* **first**: the first step, of ranks that have not talked to each other yet (rank 0 has
+  called each once, as PyTorch's ``init_rpc`` does before it returns, so that every
+  process is serving: the step does not wait for a slower process's start);
 * **steady**: the median step once the chain's ranks are connected (and of it, the
   forward chain alone);
 * **after a2a**: the median step after an all-to-all has connected every pair (a world
@@ -43,6 +45,8 @@ def member(rank, n, master, port, library, started, steps):
     rpc.init_rpc(f"w{rank}", rank=rank, world_size=n, rpc_backend_options=options)
     out = {}
     if rank == 0:
+        for p in range(1, n):  # everyone serves (PyTorch's init_rpc ends with such a round)
+            rpc.rpc_sync(f"w{p}", echo, (p,))
         x = torch.ones(_FLOATS, requires_grad=True)
 
         forwards = []
