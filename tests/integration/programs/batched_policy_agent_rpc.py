@@ -23,7 +23,6 @@ import numpy as np
 import torch
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 from torch import nn, optim
 from torch.distributions import Categorical
 
@@ -38,20 +37,17 @@ parser.add_argument("--seed", type=int, default=29)
 args = parser.parse_args()
 
 
-class StepPolicy(nn.Module):
-    """Action probabilities for a (observers, 1, observation) batch, over the last dim."""
-
-    def __init__(self):
-        super().__init__()
-        self.hidden = nn.Linear(DriftTrack.OBSERVATION_SIZE, 20)
-        self.scores = nn.Linear(20, DriftTrack.ACTIONS)
-        rng = np.random.default_rng(args.seed)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.from_numpy(rng.uniform(-0.6, 0.6, tuple(p.shape)).astype(np.float32)))
-
-    def forward(self, observations):
-        return F.softmax(self.scores(F.relu(self.hidden(observations))), dim=2)
+def step_policy():
+    """Action probabilities for an (observers, 1, observation) batch, over the last dim;
+    the starting weights are drawn in order by the seeded NumPy generator."""
+    policy = nn.Sequential(nn.Linear(DriftTrack.OBSERVATION_SIZE, 20), nn.ReLU(),
+                           nn.Linear(20, DriftTrack.ACTIONS), nn.Softmax(dim=2))
+    draws = np.random.default_rng(args.seed)
+    with torch.no_grad():
+        for weight in policy.parameters():
+            weight.copy_(torch.from_numpy(
+                draws.uniform(-0.6, 0.6, size=tuple(weight.shape)).astype(np.float32)))
+    return policy
 
 
 class Observer:
@@ -85,7 +81,7 @@ class Observer:
 class Agent:
     def __init__(self, world_size):
         self.me = rpc.RRef(self)
-        self.policy = StepPolicy()
+        self.policy = step_policy()
         self.optimizer = optim.Adam(self.policy.parameters(), lr=0.02)
         self.dice = np.random.default_rng(args.seed)
         self.observers = [rpc.remote(rpc.get_worker_info(f"observer{rank}"), Observer)
@@ -130,24 +126,24 @@ class Agent:
         self.log_probs = []
         return sum(r[1] for r in results) / len(results), loss.item()
 
+    def train(self, episodes, steps):
+        history = {"survived": [], "losses": []}
+        for number in range(episodes):
+            mean_first, loss = self.episode(steps)
+            history["survived"].append(mean_first)
+            history["losses"].append(loss)
+            print(f"episode {number}: first attempt lasted {mean_first:.1f} steps on average")
+        history["scores"] = self.policy[2].weight.flatten().tolist()
+        return history
+
 
 def run(rank, world_size):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
-    if rank == 0:
-        rpc.init_rpc("agent", rank=rank, world_size=world_size)
-        agent = Agent(world_size)
-        survived, losses = [], []
-        for number in range(args.episodes):
-            mean_first, loss = agent.episode(args.steps)
-            survived.append(mean_first)
-            losses.append(loss)
-            print(f"episode {number}: first attempt lasted {mean_first:.1f} steps on average")
-        print("RESULT", json.dumps({"survived": survived, "losses": losses,
-                                    "scores": agent.policy.scores.weight.flatten().tolist()}),
+    rpc.init_rpc("agent" if rank == 0 else f"observer{rank}", rank=rank, world_size=world_size)
+    if rank == 0:  # the observers only answer the agent's calls
+        print("RESULT", json.dumps(Agent(world_size).train(args.episodes, args.steps)),
               flush=True)
-    else:
-        rpc.init_rpc(f"observer{rank}", rank=rank, world_size=world_size)
     rpc.shutdown()
 
 

@@ -119,35 +119,27 @@ def linear_cubic():
     return model
 
 
-def stage_nn():
+def fit_linear_cubic(use_optimizer):
+    """The nn stage (zero_grad on the model, a hand-written step over parameters()) or,
+    with use_optimizer, the optim stage (RMSprop does both)."""
     x = torch.linspace(-3.0, 3.0, POINTS)
     features, y = cubic_features(x), torch.tanh(x)
     model, loss_fn = linear_cubic(), torch.nn.MSELoss(reduction="sum")
+    optimizer = torch.optim.RMSprop(model.parameters(), lr=4e-4) if use_optimizer else None
     losses = []
     for step in range(200):
         loss = loss_fn(model(features), y)
         every(step, losses, loss.item())
-        model.zero_grad()
-        loss.backward()
-        with torch.no_grad():
-            for param in model.parameters():
-                param -= 1e-5 * param.grad
-    return {"losses": losses, "weight": model[0].weight.flatten().tolist(),
-            "bias": model[0].bias.item()}
-
-
-def stage_optim():
-    x = torch.linspace(-3.0, 3.0, POINTS)
-    features, y = cubic_features(x), torch.tanh(x)
-    model, loss_fn = linear_cubic(), torch.nn.MSELoss(reduction="sum")
-    optimizer = torch.optim.RMSprop(model.parameters(), lr=4e-4)
-    losses = []
-    for step in range(200):
-        loss = loss_fn(model(features), y)
-        every(step, losses, loss.item())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        if optimizer is None:
+            model.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for param in model.parameters():
+                    param -= 1e-5 * param.grad
+        else:
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
     return {"losses": losses, "weight": model[0].weight.detach().flatten().tolist(),
             "bias": model[0].bias.item()}
 
@@ -199,8 +191,8 @@ def main():
         "tensors": stage_tensors(),
         "autograd": stage_autograd(),
         "custom_function": stage_custom_function(),
-        "nn": stage_nn(),
-        "optim": stage_optim(),
+        "nn": fit_linear_cubic(use_optimizer=False),
+        "optim": fit_linear_cubic(use_optimizer=True),
         "module": train_module(module, torch.optim.SGD(module.parameters(), lr=1e-5), 200),
         "dynamic": train_module(dynamic, torch.optim.SGD(dynamic.parameters(), lr=1e-9,
                                                          momentum=0.9), 200),

@@ -12,8 +12,9 @@ tutorial does it:
   gradient for every output;
 * ``SoftplusOnCtx`` keeps that intermediate on ``ctx`` instead: the first derivative is
   right, but the gradient it returns is not connected to the graph;
-* ``Quartic``'s backward is a Function of its own, ``QuarticGrad``, with a hand-written
-  backward, for when the first backward cannot be recorded.
+* ``Power`` (x ** n, n a plain int kept on ``ctx``) has a backward that is a Function of
+  its own, ``PowerGrad``, with a hand-written backward, for when the first backward
+  cannot be recorded.
 
 The graph that ``grad(..., create_graph=True)`` builds is walked through
 ``next_functions`` and ``AccumulateGrad.variable``, the way graph drawing tools read it.
@@ -139,35 +140,43 @@ class SoftplusOnCtx(torch.autograd.Function):
 report["softplus_on_ctx"] = [dy.requires_grad, dy.grad_fn is None, dy.sum().item()]
 
 
-class Quartic(torch.autograd.Function):
+class Power(torch.autograd.Function):
+    """x ** n for a whole number n, a non-tensor argument (its gradient is None)."""
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, n):
+        ctx.n = n  # not a tensor: kept on ctx
         ctx.save_for_backward(x)
-        return x ** 4
+        return x ** n
 
     @staticmethod
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return QuarticGrad.apply(grad, x)
+        return PowerGrad.apply(grad, *ctx.saved_tensors, ctx.n), None
 
 
-class QuarticGrad(torch.autograd.Function):
-    """g -> 4 g x^3 as an opaque step, with its own derivatives in both arguments."""
+class PowerGrad(torch.autograd.Function):
+    """(g, x) -> g n x^(n-1) as one opaque step, with its own derivatives in g and x."""
 
     @staticmethod
-    def forward(ctx, grad, x):
+    def forward(ctx, grad, x, n):
+        ctx.n = n
         ctx.save_for_backward(grad, x)
-        return 4 * grad * x ** 3
+        return grad * n * x ** (n - 1)
 
     @staticmethod
     def backward(ctx, upstream):
         grad, x = ctx.saved_tensors
-        return upstream * 4 * x ** 3, upstream * grad * 12 * x ** 2
+        n = ctx.n
+        return upstream * n * x ** (n - 1), upstream * grad * n * (n - 1) * x ** (n - 2), None
+
+
+def fourth_power(x):
+    return Power.apply(x, 4)
 
 
 x = torch.tensor(1.5, dtype=torch.double, requires_grad=True)
-report["quartic_checks"] = both_checks(Quartic.apply, x)
-y, dy, d2y = first_and_second(Quartic.apply, x)
+report["power_checks"] = both_checks(fourth_power, x)
+y, dy, d2y = first_and_second(fourth_power, x)
 kinds, shapes = graph_of(dy, y)
-report["quartic"] = [dy.item(), d2y.item(), kinds, shapes]
+report["power"] = [dy.item(), d2y.item(), kinds, shapes]
 print("RESULT " + json.dumps(report))

@@ -46,12 +46,9 @@ def glyph_dataset(count, seed):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--momentum", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=2)
+    for option, default in (("processes", 2), ("epochs", 2), ("batch_size", 32), ("lr", 0.05),
+                            ("momentum", 0.5), ("seed", 2)):
+        parser.add_argument("--" + option.replace("_", "-"), type=type(default), default=default)
     args = parser.parse_args()
 
     mp.set_start_method("spawn", force=True)

@@ -134,6 +134,10 @@ class CausalTransformerLM(nn.Transformer):
 
 
 # ------------------------------------------------------------------------- main
+SETTINGS = {"width": 16, "layers": 2, "heads": 2, "lr": 4.0, "clip": 0.3, "epochs": 3,
+            "batch": 8, "bptt": 10}  # each can be set with --NAME on the command line
+
+
 def detached(state):
     return state.detach() if isinstance(state, torch.Tensor) else tuple(s.detach() for s in state)
 
@@ -142,14 +146,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="LSTM",
                         help="LSTM, GRU, RNN_TANH, RNN_RELU or Transformer")
-    parser.add_argument("--width", type=int, default=16)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=4.0)
-    parser.add_argument("--clip", type=float, default=0.3)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--bptt", type=int, default=10)
+    for name, default in SETTINGS.items():
+        parser.add_argument(f"--{name}", type=type(default), default=default)
     parser.add_argument("--tied", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(5)

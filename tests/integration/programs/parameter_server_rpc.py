@@ -3,8 +3,8 @@
 Written the way the RPC parameter-server example is: the server process only runs
 ``init_rpc`` and ``shutdown``; the trainer asks it, with ``rpc.remote``, to run a
 getter that creates the one shared server object under a lock, and holds the returned
-``RRef``. Calls on the object go through a helper that runs a method on
-``rref.local_value()`` at ``rref.owner()`` with ``rpc_sync``. Each step runs inside
+``RRef``. Calls on the object go through a helper (``owner_calls.py``) that runs a
+method on ``rref.local_value()`` at ``rref.owner()`` with ``rpc_sync``. Each step runs inside
 ``dist_autograd.context()``: the forward happens on the server, the loss and
 ``dist_autograd.backward`` on the trainer, the server reads its gradients with
 ``dist_autograd.get_gradients(context_id)`` (and sends that dict back), and a
@@ -29,6 +29,7 @@ from torch import nn, optim
 from torch.distributed.optim import DistributedOptimizer
 from torch.utils.data import DataLoader, TensorDataset
 
+from owner_calls import parameter_rrefs, sync_on_owner
 from synthetic import glyph_images
 
 
@@ -60,7 +61,7 @@ class ModelHost:
         return self.model(x.to(self.device)).to("cpu")  # replies carry CPU tensors
 
     def parameter_rrefs(self):
-        return [rpc.RRef(p) for p in self.model.parameters()]
+        return parameter_rrefs(self.model)
 
     def gradients(self, context_id):
         """This context's gradients, keyed by parameter; the dict itself travels back."""
@@ -80,15 +81,6 @@ def shared_host():
         return _host
 
 
-def invoke(method, rref, *args):
-    return method(rref.local_value(), *args)
-
-
-def on_owner(method, rref, *args):
-    """method(rref's value, *args), run where the value lives."""
-    return rpc.rpc_sync(rref.owner(), invoke, args=(method, rref) + args)
-
-
 class RemoteModel(nn.Module):
     """The trainer's handle: looks like a module, computes on the server."""
 
@@ -97,7 +89,7 @@ class RemoteModel(nn.Module):
         self.host = rpc.remote("server", shared_host)
 
     def forward(self, x):
-        return on_owner(ModelHost.forward, self.host, x)
+        return sync_on_owner(ModelHost.forward, self.host, x)
 
 
 def serve(rank, world_size):
@@ -108,7 +100,7 @@ def serve(rank, world_size):
 def train(rank, world_size, train_loader, test_loader):
     rpc.init_rpc(f"trainer{rank}", rank=rank, world_size=world_size)
     model = RemoteModel()
-    sgd = DistributedOptimizer(optim.SGD, on_owner(ModelHost.parameter_rrefs, model.host),
+    sgd = DistributedOptimizer(optim.SGD, sync_on_owner(ModelHost.parameter_rrefs, model.host),
                                lr=0.1)
     losses, counted = [], []
     for epoch in range(2):
@@ -116,7 +108,7 @@ def train(rank, world_size, train_loader, test_loader):
             with dist_autograd.context() as context_id:
                 loss = F.nll_loss(model(pictures), labels)
                 dist_autograd.backward(context_id, [loss])
-                counted.append(len(on_owner(ModelHost.gradients, model.host, context_id)))
+                counted.append(len(sync_on_owner(ModelHost.gradients, model.host, context_id)))
                 sgd.step(context_id)
                 losses.append(loss.item())
         print(f"epoch {epoch}: last loss {losses[-1]:.4f}")

@@ -27,6 +27,8 @@ import torch.multiprocessing as mp
 from torch import nn, optim
 from torch.distributed.optim import DistributedOptimizer
 
+from owner_calls import async_on_owner, parameter_rrefs, remote_on_owner
+
 CLASSES, SIDE, BATCH, MICRO = 6, 12, 8, 4
 
 
@@ -78,7 +80,7 @@ class Shard(nn.Module):
             return self.layers(x)
 
     def parameter_rrefs(self):
-        return [rpc.RRef(p) for p in self.parameters()]
+        return parameter_rrefs(self)
 
 
 class FrontShard(Shard):
@@ -100,10 +102,6 @@ class BackShard(Shard):
         seeded_init(self, 2)
 
 
-def call_on_value(method, rref, *args):
-    return method(rref.local_value(), *args)
-
-
 class Pipeline(nn.Module):
     def __init__(self, front_worker, back_worker):
         super().__init__()
@@ -113,17 +111,14 @@ class Pipeline(nn.Module):
     def forward(self, batch):
         outputs = []
         for micro in batch.split(MICRO, dim=0):
-            front_out = rpc.remote(self.front.owner(), call_on_value,
-                                   args=(FrontShard.forward, self.front, rpc.RRef(micro)))
-            outputs.append(rpc.rpc_async(self.back.owner(), call_on_value,
-                                         args=(BackShard.forward, self.back, front_out)))
+            front_out = remote_on_owner(FrontShard.forward, self.front, rpc.RRef(micro))
+            outputs.append(async_on_owner(BackShard.forward, self.back, front_out))
         return torch.cat(torch.futures.wait_all(outputs))
 
     def parameter_rrefs(self):
         found = []
         for shard in (self.front, self.back):
-            found += rpc.remote(shard.owner(), call_on_value,
-                                args=(Shard.parameter_rrefs, shard)).to_here()
+            found += remote_on_owner(Shard.parameter_rrefs, shard).to_here()
         return found
 
 

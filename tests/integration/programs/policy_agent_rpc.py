@@ -5,8 +5,8 @@ The shape of PyTorch's RPC reinforcement-learning example: the agent creates one
 ``Observer`` per observer rank with ``rpc.remote(worker_info, Observer)`` (looked up by
 name with ``rpc.get_worker_info``), passes an ``RRef`` to itself, and starts the episodes
 with ``rpc_async`` through a helper that calls a method on ``rref.local_value()`` on the
-RRef's owner; the observers call back with ``rpc_sync`` for each action and each
-reward. After an episode the agent turns the rewards into normalised discounted
+RRef's owner (``owner_calls.py``); the observers call back with ``rpc_sync`` for each
+action and each reward. After an episode the agent turns the rewards into normalised discounted
 returns and steps ``Adam`` on ``-log_prob * return`` (``Categorical.log_prob``,
 ``torch.cat``). The environment is ``DriftTrack``; the policy starts from seeded NumPy
 weights, and each observer's actions are drawn from its own seeded NumPy generator
@@ -25,23 +25,15 @@ import torch.nn.functional as F
 from torch import nn, optim
 from torch.distributions import Categorical
 
+from owner_calls import async_on_owner, sync_on_owner
 from synthetic import DriftTrack
 
+# world size: the agent and its observers; steps: the longest episode
+DEFAULTS = {"world_size": 2, "episodes": 5, "steps": 25, "gamma": 0.95, "seed": 17}
 parser = argparse.ArgumentParser()
-parser.add_argument("--world-size", type=int, default=2, help="the agent and its observers")
-parser.add_argument("--episodes", type=int, default=5)
-parser.add_argument("--steps", type=int, default=25, help="longest episode")
-parser.add_argument("--gamma", type=float, default=0.95)
-parser.add_argument("--seed", type=int, default=17)
+for key, value in DEFAULTS.items():
+    parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=value)
 args = parser.parse_args()
-
-
-def call_on_value(method, rref, *method_args):
-    return method(rref.local_value(), *method_args)
-
-
-def sync_on_owner(method, rref, *method_args):
-    return rpc.rpc_sync(rref.owner(), call_on_value, args=(method, rref) + method_args)
 
 
 class PolicyNet(nn.Module):
@@ -99,8 +91,7 @@ class Agent:
         self.rewards[rank].append(reward)
 
     def episode(self, steps):
-        pending = [rpc.rpc_async(o.owner(), call_on_value, args=(Observer.play, o, self.me, steps))
-                   for o in self.observers]
+        pending = [async_on_owner(Observer.play, o, self.me, steps) for o in self.observers]
         for future in pending:
             future.wait()
         returns, log_probs, lengths = [], [], []

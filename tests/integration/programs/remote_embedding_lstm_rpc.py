@@ -3,7 +3,8 @@ while its LSTM runs on the trainer, trained end to end with distributed autograd
 
 The usage of PyTorch's distributed RNN example: the trainer creates the two remote
 layers with ``rpc.remote("ps", LayerClass, args=...)``, calls them with ``rpc_sync``
-through a helper that runs a method on ``rref.local_value()`` at ``rref.owner()``, and
+through a helper that runs a method on ``rref.local_value()`` at ``rref.owner()``
+(``owner_calls.py``), and
 gathers ``RRef``s of every parameter (remote ones by asking their owner, local ones
 wrapped in ``RRef`` itself) for a ``DistributedOptimizer``. Each step runs in
 ``dist_autograd.context()``; the recurrent state is carried across steps and cut with
@@ -23,6 +24,8 @@ import torch.multiprocessing as mp
 from torch import nn, optim
 from torch.distributed.optim import DistributedOptimizer
 
+from owner_calls import parameter_rrefs, sync_on_owner
+
 VOCAB, TAGS, WIDTH, LAYERS = 9, 4, 5, 2
 STEPS_PER_EPOCH, EPOCHS, TIME, BATCH = 3, 3, 6, 4
 
@@ -33,18 +36,6 @@ def fill(module, seed, spread=0.15):
         for p in module.parameters():
             values = rng.uniform(-spread, spread, tuple(p.shape))
             p.copy_(torch.from_numpy(values.astype(np.float32)))
-
-
-def call_on_value(method, rref, *args):
-    return method(rref.local_value(), *args)
-
-
-def on_owner(method, rref, *args):
-    return rpc.rpc_sync(rref.owner(), call_on_value, args=(method, rref) + args)
-
-
-def rrefs_of(module):
-    return [rpc.RRef(p) for p in module.parameters()]
 
 
 class Lookup(nn.Module):
@@ -83,13 +74,13 @@ class SplitTagger(nn.Module):
         self.scores = rpc.remote(server, TagScores, args=(dropout,))
 
     def forward(self, tokens, state):
-        vectors = on_owner(Lookup.forward, self.lookup, tokens)      # (time, batch, width)
+        vectors = sync_on_owner(Lookup.forward, self.lookup, tokens)      # (time, batch, width)
         states, state = self.lstm(vectors, state)
-        return on_owner(TagScores.forward, self.scores, states), state
+        return sync_on_owner(TagScores.forward, self.scores, states), state
 
     def parameter_rrefs(self):
-        return (on_owner(rrefs_of, self.lookup) + rrefs_of(self.lstm)
-                + on_owner(rrefs_of, self.scores))
+        return (sync_on_owner(parameter_rrefs, self.lookup) + parameter_rrefs(self.lstm)
+                + sync_on_owner(parameter_rrefs, self.scores))
 
 
 def train():
