@@ -1,8 +1,8 @@
-"""PyTorch's DDP + RPC example (our CPU port, written against torch) runs on distgrad under
-``python -m distgrad.compat.as_torch`` (``torch`` is distgrad there and in the processes it
-spawns): DDP
-averages the dense gradients inside distributed autograd contexts, so the two trainers'
-replicas stay identical while the loss falls."""
+"""A program that combines DDP with the RPC framework (``ddp_remote_embedding_program.py``,
+written against torch) runs on distgrad under ``python -m distgrad.compat.as_torch``
+(``torch`` is distgrad there and in the processes it spawns): DDP averages the dense head's
+gradients inside distributed autograd contexts, so the two trainers' replicas stay
+identical while the loss falls."""
 import json
 import os
 import subprocess
@@ -19,10 +19,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def test_ddp_rpc_example_runs_unchanged_with_torch_aliased(tmp_path):
+def test_ddp_with_remote_embedding_runs_unchanged_with_torch_aliased(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "distgrad.compat.as_torch",
-                             str(HERE / "ddp_rpc_program.py"), str(tmp_path),
+                             str(HERE / "ddp_remote_embedding_program.py"), str(tmp_path),
                              str(free_port()), str(free_port()), "3"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -35,7 +35,7 @@ def test_ddp_rpc_example_runs_unchanged_with_torch_aliased(tmp_path):
     assert "trainer0: epoch 2 done" in out and "trainer1: epoch 2 done" in out, out
     runs = [json.loads((tmp_path / f"trainer{r}.json").read_text()) for r in (0, 1)]
     # the dense replicas got the same averaged gradients at every step
-    assert runs[0]["fc"] == runs[1]["fc"]
+    assert runs[0]["head"] == runs[1]["head"]
     for run in runs:  # the same 4 batches each epoch: the last epoch's loss is lower
         losses = run["losses"]
         assert len(losses) == 12

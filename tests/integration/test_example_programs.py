@@ -1,22 +1,25 @@
-"""Ports of public PyTorch example programs run unchanged on PyTorch and on distgrad.
+"""Programs written against PyTorch run unchanged on PyTorch and on distgrad.
 
-Each program in ``programs/`` is a plain ``import torch`` program (see its
-docstring for what it ports and how it was shrunk). The test runs it twice, in
-processes of their own: with the real torch (forked from a Python that imported
-torch once, ``torch_zygote.py``: the import costs more CPU than most programs),
-and under ``python -m distgrad.compat.as_torch`` (``torch`` is distgrad, in the
+Each program in ``programs/`` is a plain ``import torch`` program of our own that uses
+PyTorch the way one of its published examples or tutorials does (its docstring says which
+usage it stands for: RPC parameter servers, pipelines and agents, DDP under torchrun,
+Hogwild, custom Functions, saved-tensor hooks, data loading, the classic models, ...).
+The test runs it twice, in processes of their own: with the real torch (forked from a
+Python that imported torch once, ``torch_zygote.py``: the import costs more CPU than most
+programs), and under ``python -m distgrad.compat.as_torch`` (``torch`` is distgrad, in the
 program and in every process it spawns). Both must exit 0; the last ``RESULT {json}`` line
 of each is compared:
 
 * most programs draw their weights and data from seeded NumPy generators, so
-  every number must agree to float32 (float64 for the time-series program)
+  every number must agree to float32 (float64 for ``wave_forecast_lbfgs``)
   tolerance;
-* ``vae``, ``mnist_cnn`` and ``mnist_hogwild`` keep torch's own randomness (default
-  initialisation, dropout, shuffling, reparameterisation noise; Hogwild's processes
-  race by design), which distgrad's generator does not reproduce: there both runs
-  must learn, and land in the same range.
+* ``variational_autoencoder``, ``glyph_cnn_classifier`` and ``hogwild_shared_model`` keep
+  torch's own randomness (default initialisation, dropout, shuffling,
+  reparameterisation noise; Hogwild's processes race by design), which distgrad's
+  generator does not reproduce: there both runs must learn, and land in the same range.
 
-Programs that a launcher starts (``ddp_torchrun``: torchrun) run under it on both sides.
+Programs that a launcher starts (``ddp_snapshot_training``: torchrun) run under it on
+both sides.
 
 Without torch installed only the distgrad run happens (exit 0, finite numbers).
 Every process is started in a session of its own and the whole session is
@@ -56,7 +59,7 @@ def _environment():
 
 # Programs that a launcher starts (python -m LAUNCHER ... program.py args), on both sides.
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-LAUNCHED = {"ddp_torchrun": TORCHRUN}
+LAUNCHED = {"ddp_snapshot_training": TORCHRUN}
 
 
 class Run:
@@ -195,25 +198,25 @@ def hogwild_in_range(ours, theirs):
 
 
 CASES = [  # (program, arguments, comparison); the slowest first, so that -n 2 finishes together
-    ("rpc_pipeline", [], same_numbers(rtol=1e-4)),
-    ("rpc_batch_reinforce", [], same_numbers(rtol=1e-4, atol=1e-5)),
-    ("rpc_batch_parameter_server", [], same_numbers(rtol=1e-4, atol=1e-5)),
-    ("rpc_rnn", [], same_numbers(rtol=1e-5)),
-    ("rpc_rl", [], same_numbers(rtol=1e-4, atol=1e-5)),
-    ("rpc_parameter_server", [], same_numbers(rtol=1e-4)),
-    ("tutorial_pytorch_with_examples", [], same_numbers(rtol=1e-4, atol=1e-6)),
-    ("time_sequence_prediction", [], same_numbers(rtol=1e-7, atol=1e-10)),
-    ("mnist_cnn", [], cnn_in_range),
-    ("mnist_hogwild", [], hogwild_in_range),
-    ("ddp_torchrun", ["3", "1"], same_numbers(rtol=1e-4, atol=1e-5)),
-    ("saved_tensors_hooks_tutorial", [], same_numbers(rtol=1e-4, atol=1e-6)),
-    ("custom_function_double_backward", [], same_numbers(rtol=1e-9)),
-    ("data_loading_tutorial", [], same_numbers(rtol=1e-12)),
-    ("optimizer_step_in_backward", [], same_numbers(rtol=1e-4, atol=1e-6)),
-    ("vae", [], vae_in_range),
-    ("word_language_model", ["--tied"], same_numbers(rtol=1e-4)),
-    ("word_language_model", ["--model", "Transformer"], same_numbers(rtol=1e-4)),
-    ("regression", [], same_numbers(rtol=1e-4, atol=1e-6)),
+    ("batched_policy_agent_rpc", [], same_numbers(rtol=1e-4, atol=1e-5)),
+    ("hogwild_shared_model", [], hogwild_in_range),
+    ("batch_update_parameter_server", [], same_numbers(rtol=1e-4, atol=1e-5)),
+    ("pipeline_shards_rpc", [], same_numbers(rtol=1e-4)),
+    ("policy_agent_rpc", [], same_numbers(rtol=1e-4, atol=1e-5)),
+    ("remote_embedding_lstm_rpc", [], same_numbers(rtol=1e-5)),
+    ("ddp_snapshot_training", ["3", "1"], same_numbers(rtol=1e-4, atol=1e-5)),
+    ("parameter_server_rpc", [], same_numbers(rtol=1e-4)),
+    ("cubic_fit_stages", [], same_numbers(rtol=1e-4, atol=1e-6)),
+    ("variational_autoencoder", [], vae_in_range),
+    ("glyph_cnn_classifier", [], cnn_in_range),
+    ("wave_forecast_lbfgs", [], same_numbers(rtol=1e-7, atol=1e-10)),
+    ("optimizer_in_backward_hooks", [], same_numbers(rtol=1e-4, atol=1e-6)),
+    ("saved_tensor_hooks_tour", [], same_numbers(rtol=1e-4, atol=1e-6)),
+    ("double_backward_functions", [], same_numbers(rtol=1e-9)),
+    ("keypoint_dataset_loading", [], same_numbers(rtol=1e-12)),
+    ("next_word_models", ["--tied"], same_numbers(rtol=1e-4)),
+    ("next_word_models", ["--model", "Transformer", "--lr", "1"], same_numbers(rtol=1e-4)),
+    ("polynomial_regression", [], same_numbers(rtol=1e-4, atol=1e-6)),
 ]
 
 
