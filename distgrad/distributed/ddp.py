@@ -306,6 +306,7 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
         self._next_unit = 0
         self._locally_used = None
         self._sink = None            # the distributed autograd context of this backward
+        self._in_place_owners = set()  # memory of the gradients reduced in place this pass
         for u in self._units:
             u.pending = u.hi - u.lo
             u.work = u.target = None
@@ -384,6 +385,12 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
         if type(a) is not np.ndarray or not a.flags.c_contiguous or not a.flags.writeable \
                 or a.size != unit.flat.size or a.dtype != unit.flat.dtype:
             return False
+        # gradients that share memory (a user may have assigned one .grad to two
+        # parameters) are not reduced in place twice at once: the second takes its slot
+        owner = id(a.base if a.base is not None else a)
+        if owner in self._in_place_owners:
+            return False
+        self._in_place_owners.add(owner)
         unit.target = a.reshape(-1)
         return True
 

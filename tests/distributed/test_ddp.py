@@ -46,6 +46,11 @@ def test_unused_parameters_are_found_and_averaged(world, in_place):
     assert r0 == r1
 
 
+def test_gradients_sharing_memory_are_not_reduced_in_place_twice(world):
+    r0, r1 = world.run("shared_grad_memory")
+    assert r0 == r1
+
+
 def test_unused_parameters_without_detection_are_an_error_at_the_next_forward(world):
     world.run("unused_without_detection")
 

@@ -206,6 +206,25 @@ def unused_parameters(ctx, in_place=None):
 
 
 @case
+def shared_grad_memory(ctx):
+    """Two parameters whose .grad is one array (assigned so by hand) are not reduced in it
+    twice at once: the result is what the buckets give."""
+    results = []
+    for nbytes in (None, 64):
+        with in_place_from(nbytes):
+            distgrad.manual_seed(0)
+            model = ddp(ctx, Branches())
+        m = model.module
+        m.a.weight.grad = m.b.weight.grad = distgrad.zeros(4, 4)
+        m.c.weight.grad = distgrad.zeros(4, 4)
+        x = distgrad.ones(2, 4) * (ctx.rank + 1)
+        (model(x, True).sum() + m.c(x).sum() * 0).backward()
+        results.append([p.grad.numpy().tolist() for p in m.parameters()])
+    assert results[0] == results[1], results
+    return results[1]
+
+
+@case
 def unused_without_detection(ctx):
     model = ddp(ctx, Branches())
     model(distgrad.ones(2, 4), False).sum().backward()
