@@ -4,6 +4,7 @@ and the autograd strategy, beside PyTorch's DDP and GPipe on the same hosts.
     python scripts/bench_hosts.py                 # the full table (about 20 min on 2 cores)
     python scripts/bench_hosts.py --quick         # a smoke test: 1 Gbit/s, tiny sizes
     python scripts/bench_hosts.py --record        # also its section of docs/performance.md
+    python scripts/bench_hosts.py --only ddp --bandwidth 10Gbit/s   # some rows (see --only)
 
 Two simulated hosts (``distgrad.testing.hosts``: network namespaces on a switch, each
 with its own ``/dev/shm``, so no same-host shortcut is taken between them), each
@@ -25,7 +26,10 @@ gets no delay: its rows are the easier case.
     ``scripts/bench_launch.py``'s program), one stage per host. And DDP as a plain
     program, one rank per host, each step timed beside a ``no_sync()`` step of the
     same processes (the ratio says whether the all-reduce hides behind backward),
-    distgrad's and PyTorch's.
+    distgrad's and PyTorch's, with the CPU time of each step (all the process's
+    threads): the two ranks share this machine's cores, so communication hides only
+    in cores that others leave idle, and the CPU ratio is what the step ratio becomes
+    where none are.
 
 Every configuration runs once per round, rounds one after the other, so load from
 elsewhere hits one repetition of each; the table shows medians over rounds. Prints a
@@ -121,8 +125,11 @@ def _swap_child(rank, addr, port, nbytes, reps):
 
 
 def _ddp_child(which, rank, addr, port, steps, link):
-    """DDP of the wide model, one rank per host: (ddp step s, no_sync step s) pairs,
-    alternating, so drifting load hits both alike."""
+    """DDP of the wide model, one rank per host: (ddp step s, no_sync step s, ddp step CPU
+    s, no_sync step CPU s) of each pair, alternating, so drifting load hits both alike.
+    CPU is the process's, all its threads (communication's included): on a machine whose
+    cores the ranks fill, what communication costs shows in the step unless it hides in
+    idle cores, so the CPU it adds says what the ratio would be on a quiet machine."""
     import contextlib
     lib, dist = _join(which, rank, addr, port, link)
     lib.manual_seed(0)
@@ -147,13 +154,13 @@ def _ddp_child(which, rank, addr, port, steps, link):
         step(False)
     pairs = []
     for i in range(steps):
-        took = {}
+        took, cpu = {}, {}
         for sync in ((True, False) if i % 2 == 0 else (False, True)):
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             step(sync)
-            took[sync] = time.perf_counter() - t0
-        pairs.append((took[True], took[False]))
+            took[sync], cpu[sync] = time.perf_counter() - t0, time.process_time() - c0
+        pairs.append((took[True], took[False], cpu[True], cpu[False]))
     dist.barrier()
     dist.destroy_process_group()
     return pairs
@@ -212,7 +219,9 @@ def ddp_program(hosts, which, steps, link):
     pairs = _child_pair(hosts, "ddp", which, steps, link)
     return {"ddp_s": statistics.median(p[0] for p in pairs),
             "no_sync_s": statistics.median(p[1] for p in pairs),
-            "ratio": statistics.median(a / b for a, b in pairs)}
+            "ratio": statistics.median(p[0] / p[1] for p in pairs),
+            "ddp_cpu_s": statistics.median(p[2] for p in pairs),
+            "no_sync_cpu_s": statistics.median(p[3] for p in pairs)}
 
 
 def launch(hosts, overrides, places, steps, warmup, workdir):
@@ -247,8 +256,27 @@ def torch_gpipe(hosts, micro, steps, warmup, workdir):
 
 # -- the plan, the table -------------------------------------------------------------
 
+def _row_id(row):
+    """What ``--only`` calls a row: its part and its key or library, e.g. ``launch:ddp``,
+    ``ddp:distgrad``, ``all_reduce:torch``."""
+    return f"{row['part']}:{row.get('key') or row.get('which')}"
+
+
 def _plan(hosts, args, have_torch, workdir):
-    """[(row, measure)] for one pair of hosts."""
+    """[(row, measure)] for one pair of hosts (those ``--only`` selects)."""
+    todo = _all_rows(hosts, args, have_torch, workdir)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {_row_id(row) for row, _ in todo} - {row["part"] for row, _ in todo}
+        if unknown:
+            raise SystemExit(f"bench_hosts: --only {','.join(sorted(unknown))}: no such row "
+                             f"(rows: {', '.join(_row_id(row) for row, _ in todo)}; or a "
+                             "part alone)")
+        todo = [(row, fn) for row, fn in todo if _row_id(row) in wanted or row["part"] in wanted]
+    return todo
+
+
+def _all_rows(hosts, args, have_torch, workdir):
     link = f"{DELAY} {LINK_RATE}"
     mb = args.mb << 20
     todo = [({"part": "all_reduce", "what": "distgrad process group", "which": "distgrad"},
@@ -322,7 +350,7 @@ def measure(bandwidth, args, have_torch):
             rows.append(dict(row, error=error))
             continue
         if row["part"] == "ddp":
-            for key in ("ddp_s", "no_sync_s", "ratio"):
+            for key in ("ddp_s", "no_sync_s", "ratio", "ddp_cpu_s", "no_sync_cpu_s"):
                 row[key] = statistics.median(g[key] for g in got)
         else:
             row["seconds"] = statistics.median(got)
@@ -340,27 +368,31 @@ def _table(rows, mb):
         lines += [f"  FAILED: {r['what']} at {bw}: {r['error'].splitlines()[0][:160]}" for r in rows
                   if r["bandwidth"] == bw and "error" in r]
         lines.append(f"\n2 hosts at {bw} (tbf), {DELAY} simulated delay on distgrad's messages")
-        lines.append(f"  {f'all_reduce, {mb} MB' if here[0].get('which') else '':58s}"
-                     f"{'ms':>9s}{'bus MB/s':>10s}{'of link':>9s}")
+        if any(r["part"] == "all_reduce" for r in here):
+            lines.append(f"  {f'all_reduce, {mb} MB':58s}{'ms':>9s}{'bus MB/s':>10s}"
+                         f"{'of link':>9s}")
         for r in here:
             if r["part"] == "all_reduce":
                 lines.append(f"  {r['what']:58s}{r['seconds'] * 1e3:9.1f}"
                              f"{r['bus_bytes_per_s'] / 1e6:10.0f}{r['of_link']:9.0%}")
         alone = next((r["seconds"] for r in here if r.get("key") == "alone"), None)
-        if alone:
+        if any(r["part"] == "launch" for r in here):
             lines.append(f"  {'wide under distgrad launch (torch: its own programs)':58s}"
-                         f"{'step ms':>9s}{'x alone':>10s}")
+                         f"{'step ms':>9s}{'x alone' if alone else '':>10s}")
             for r in here:
                 if r["part"] == "launch":
-                    lines.append(f"  {r['what']:58s}{r['seconds'] * 1e3:9.0f}"
-                                 f"{r['seconds'] / alone:10.2f}")
+                    lines.append(f"  {r['what']:58s}{r['seconds'] * 1e3:9.0f}" +
+                                 (f"{r['seconds'] / alone:10.2f}" if alone else ""))
         if any(r["part"] == "ddp" for r in here):
             lines.append(f"  {'DDP of wide, each step beside a no_sync() step':58s}"
-                         f"{'step ms':>9s}{'no_sync':>10s}{'ratio':>9s}")
+                         f"{'step ms':>9s}{'no_sync':>10s}{'ratio':>9s}"
+                         f"{'CPU ms':>9s}{'no_sync':>9s}{'ratio':>7s}")
             for r in here:
                 if r["part"] == "ddp":
                     lines.append(f"  {r['what']:58s}{r['ddp_s'] * 1e3:9.0f}"
-                                 f"{r['no_sync_s'] * 1e3:10.0f}{r['ratio']:9.2f}")
+                                 f"{r['no_sync_s'] * 1e3:10.0f}{r['ratio']:9.2f}"
+                                 f"{r['ddp_cpu_s'] * 1e3:9.0f}{r['no_sync_cpu_s'] * 1e3:9.0f}"
+                                 f"{r['ddp_cpu_s'] / r['no_sync_cpu_s']:7.2f}")
     return lines
 
 
@@ -418,6 +450,9 @@ def main(argv=None):
     parser.add_argument("--micro", type=int, default=4, help="pipeline micro-batches (4)")
     parser.add_argument("--no-models", action="store_true", help="all_reduce only")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--only", help="rows to run, comma-separated: a part (all_reduce, "
+                        "launch, ddp) or part:key (launch:ddp, launch:alone, ddp:distgrad, "
+                        "ddp:torch, all_reduce:zmq, ...)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

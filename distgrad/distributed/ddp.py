@@ -52,6 +52,7 @@ __all__ = ["DistributedDataParallel"]
 _FIRST_BUCKET_BYTES = 1 << 20
 _DEFAULT_BUCKET_MB = 25
 _SEGMENT_BYTES = 4 << 20  # see _Unit
+_IN_PLACE_BYTES = 1 << 20  # see _Unit
 
 
 class _Bucket:
@@ -73,27 +74,46 @@ class _Unit:
     """Parameters ``lo:hi`` of a bucket whose all-reduce starts as one: the whole bucket
     when a comm hook is registered (it is given buckets), otherwise segments of a few MB,
     so that the last gradient of a large bucket does not hold back the all-reduce of the
-    rest of it: what backward still waits for at its end is at most one segment."""
+    rest of it: what backward still waits for at its end is at most one segment.
 
-    __slots__ = ("bucket", "lo", "hi", "flat", "pending", "work")
+    A parameter of at least ``_IN_PLACE_BYTES`` is a unit of its own (``alone``), whose
+    all-reduce runs on its gradient itself (``target``: the flat view of ``.grad``) rather
+    than on a copy in the bucket: copying a large gradient into the bucket and the
+    average back costs the backward thread two passes over it (on ``wide``, 8 MB of
+    copies a layer, as much CPU as the all-reduce's own arithmetic). Its bucket slot stays:
+    a gradient that cannot be reduced in place (missing, not contiguous, in a distributed
+    autograd context) takes it, with the same shape, so ranks that choose differently
+    still issue the same collective."""
 
-    def __init__(self, bucket, lo, hi):
+    __slots__ = ("bucket", "lo", "hi", "flat", "pending", "work", "alone", "target")
+
+    def __init__(self, bucket, lo, hi, alone=False):
         self.bucket, self.lo, self.hi = bucket, lo, hi
         self.flat = bucket.flat[bucket.offsets[lo]:bucket.offsets[hi]]
         self.pending = hi - lo
         self.work = None
+        self.alone = alone    # one large parameter, reduced in place when it can be
+        self.target = None    # this pass: its gradient's flat view, when reduced in place
 
 
-def _units(buckets, segment_bytes):
+def _units(buckets, segment_bytes, in_place_bytes=0):
     units = []
     for b in buckets:
         lo, size = 0, 0
         for k, p in enumerate(b.params):
-            size += array_of(p).nbytes
+            nbytes = array_of(p).nbytes
+            if in_place_bytes and nbytes >= in_place_bytes:
+                if lo < k:
+                    units.append(_Unit(b, lo, k))
+                units.append(_Unit(b, k, k + 1, alone=True))
+                lo, size = k + 1, 0
+                continue
+            size += nbytes
             if segment_bytes and size >= segment_bytes and k + 1 < len(b.params):
                 units.append(_Unit(b, lo, k + 1))
                 lo, size = k + 1, 0
-        units.append(_Unit(b, lo, len(b.params)))
+        if lo < len(b.params):
+            units.append(_Unit(b, lo, len(b.params)))
     return units
 
 
@@ -207,7 +227,7 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
         index = {id(p): i for i, p in enumerate(self._params)}
         for b in self._buckets:
             b.ids = [index[id(p)] for p in b.params]
-        self._plan_units(_SEGMENT_BYTES)
+        self._plan_units(_SEGMENT_BYTES, 0 if gradient_as_bucket_view else _IN_PLACE_BYTES)
         self._hooks = []
         # Held here, as PyTorch's Reducer holds them: a leaf refers to its accumulator
         # weakly, and the hooks must stay on the one its forward passes use.
@@ -272,8 +292,8 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
                     self._mark_ready(i, sink=None, unused=True)
         return out
 
-    def _plan_units(self, segment_bytes):
-        self._units = _units(self._buckets, segment_bytes)
+    def _plan_units(self, segment_bytes, in_place_bytes=0):
+        self._units = _units(self._buckets, segment_bytes, in_place_bytes)
         self._where = {}  # param index -> (unit, bucket, position in the bucket)
         for u in self._units:
             for k in range(u.lo, u.hi):
@@ -286,9 +306,10 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
         self._next_unit = 0
         self._locally_used = None
         self._sink = None            # the distributed autograd context of this backward
+        self._in_place_owners = set()  # memory of the gradients reduced in place this pass
         for u in self._units:
             u.pending = u.hi - u.lo
-            u.work = None
+            u.work = u.target = None
 
     def _raise_unfinished(self):
         missing = [i for i in range(len(self._params)) if i not in self._ready]
@@ -335,7 +356,8 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
         self._started = True
         self._ready.add(i)
         unit, bucket, k = self._where[i]
-        self._fill(bucket, k, sink, unused)
+        if not (unit.alone and self._reduce_in_place(unit, bucket.params[k], sink, unused)):
+            self._fill(bucket, k, sink, unused)
         unit.pending -= 1
         if self._sink is None and sink is not None:
             self._sink = sink
@@ -353,6 +375,25 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
         g = p.grad
         return array_of(g) if g is not None else None
 
+    def _reduce_in_place(self, unit, p, sink, unused):
+        """Whether ``unit`` (one large parameter ``p``) is reduced in ``p``'s own gradient
+        this pass: a contiguous, writable ``.grad`` (not a distributed autograd context's)."""
+        if unused or sink is not None:
+            return False
+        g = p.grad
+        a = array_of(g) if g is not None else None
+        if type(a) is not np.ndarray or not a.flags.c_contiguous or not a.flags.writeable \
+                or a.size != unit.flat.size or a.dtype != unit.flat.dtype:
+            return False
+        # gradients that share memory (a user may have assigned one .grad to two
+        # parameters) are not reduced in place twice at once: the second takes its slot
+        owner = id(a.base if a.base is not None else a)
+        if owner in self._in_place_owners:
+            return False
+        self._in_place_owners.add(owner)
+        unit.target = a.reshape(-1)
+        return True
+
     def _fill(self, bucket, k, sink, unused):
         view = bucket.views[k]
         g = None if unused else self._grad_of(bucket.params[k], sink)
@@ -367,8 +408,9 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
             unit.work = hook(state, GradBucket(unit.bucket, len(self._buckets)))
             return
         # AVG divides on the communicator's thread, each rank only its share of the ring
-        unit.work = all_reduce(wrap(unit.flat), op=ReduceOp.AVG,
-                                          group=self.process_group, async_op=True).get_future()
+        flat = unit.flat if unit.target is None else unit.target
+        unit.work = all_reduce(wrap(flat), op=ReduceOp.AVG, group=self.process_group,
+                               async_op=True).get_future()
 
     def _finalize(self):
         """Every bucket started: wait for them and write the averages where the gradients
@@ -384,6 +426,9 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
             result = u.work.wait()
             if isinstance(result, list):
                 result = result[0]
+            if u.target is not None:  # reduced in the gradient itself
+                bump_version(u.bucket.params[u.lo].grad)
+                continue
             if isinstance(result, Tensor) and array_of(result) is not u.flat:
                 u.flat[...] = array_of(result).reshape(-1)
             b = u.bucket

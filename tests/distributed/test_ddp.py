@@ -23,7 +23,11 @@ def world(pg_world):
     {"view": True, "set_to_none": False},       # zero_grad keeps the views
     {"micro": 3},                               # two no_sync micro-batches, then a sync
     {"micro": 2, "view": True, "bucket_cap_mb": 0.01},
-], ids=["default", "small-buckets", "small-views", "views-zeroed", "no_sync", "no_sync-views"])
+    {"in_place": 256},                          # weights reduced in their own .grad
+    {"in_place": 256, "micro": 3, "set_to_none": False},
+    {"in_place": 256, "strided": True},         # rank 1's .grad of one is not contiguous
+], ids=["default", "small-buckets", "small-views", "views-zeroed", "no_sync", "no_sync-views",
+        "in-place", "in-place-no_sync", "in-place-strided"])
 def test_ddp_equals_one_process_on_the_whole_batch(world, config):
     (err0, sum0, nb0), (err1, sum1, nb1) = world.run("train", config)
     assert sum0 == sum1 and nb0 == nb1  # both ranks hold the same bits
@@ -36,8 +40,14 @@ def test_ddp_equals_torch_ddp_over_gloo(world):
     world.run("against_torch", timeout=60)
 
 
-def test_unused_parameters_are_found_and_averaged(world):
-    r0, r1 = world.run("unused_parameters")
+@pytest.mark.parametrize("in_place", [None, 64], ids=["buckets", "in-place"])
+def test_unused_parameters_are_found_and_averaged(world, in_place):
+    r0, r1 = world.run("unused_parameters", in_place)
+    assert r0 == r1
+
+
+def test_gradients_sharing_memory_are_not_reduced_in_place_twice(world):
+    r0, r1 = world.run("shared_grad_memory")
     assert r0 == r1
 
 

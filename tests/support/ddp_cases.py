@@ -3,10 +3,13 @@
 Each rank trains a small model under ``DistributedDataParallel`` on its shard of a batch
 and checks it against the same model trained in this one process on the whole batch
 (the reference), and, where torch is installed, against torch's DDP over gloo."""
+import contextlib
+
 import numpy as np
 
 import distgrad
 from distgrad import nn
+from distgrad.distributed import ddp as ddp_impl
 from distgrad.nn.parallel import DistributedDataParallel as DDP
 from support import pg_world
 
@@ -32,6 +35,19 @@ def data(n_rows=12):
     g = np.random.default_rng(42)
     return (g.standard_normal((n_rows, 6)).astype(np.float32),
             g.standard_normal((n_rows, 3)).astype(np.float32))
+
+
+@contextlib.contextmanager
+def in_place_from(nbytes):
+    """Parameters of ``nbytes`` and more reduced in their own gradient (``_Unit``): the
+    small models here have none of the default's megabyte."""
+    old = ddp_impl._IN_PLACE_BYTES
+    if nbytes is not None:
+        ddp_impl._IN_PLACE_BYTES = nbytes
+    try:
+        yield
+    finally:
+        ddp_impl._IN_PLACE_BYTES = old
 
 
 def shard(a, rank, n):
@@ -62,10 +78,16 @@ def reference(steps, micro, lr=0.05):
 @case
 def train(ctx, config):
     """DDP with ``config`` (bucket_cap_mb, gradient_as_bucket_view, micro: micro-batches per
-    step, all but the last under no_sync) equals the one-process reference."""
+    step, all but the last under no_sync; in_place: the size from which a parameter is
+    reduced in its own gradient; strided: rank 1's second weight has a non-contiguous
+    .grad, which takes the bucket while rank 0 reduces in place) equals the one-process
+    reference."""
     micro = config.get("micro", 1)
-    model = ddp(ctx, mlp(ctx.rank), bucket_cap_mb=config.get("bucket_cap_mb"),
-                gradient_as_bucket_view=config.get("view", False))
+    with in_place_from(config.get("in_place")):
+        model = ddp(ctx, mlp(ctx.rank), bucket_cap_mb=config.get("bucket_cap_mb"),
+                    gradient_as_bucket_view=config.get("view", False))
+    strided = config.get("strided") and ctx.rank == 1
+    w2 = model.module[2].weight
     for p, q in zip(model.parameters(), mlp(0).parameters()):  # every rank starts from rank 0's
         np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
     opt = distgrad.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -73,6 +95,9 @@ def train(ctx, config):
     steps = 3
     for _ in range(steps):
         opt.zero_grad(set_to_none=config.get("set_to_none", True))
+        if strided:
+            w2.grad = distgrad.zeros(tuple(w2.shape[::-1])).t()
+            assert not w2.grad.is_contiguous()
         xs, ys = shard(X, ctx.rank, N), shard(Y, ctx.rank, N)
         parts = np.array_split(np.arange(len(xs)), micro)
         for j, i in enumerate(parts):
@@ -86,6 +111,13 @@ def train(ctx, config):
         if config.get("view"):
             b = model._buckets
             assert all(any(p.grad._data is v for v in bk.views) for bk in b for p in bk.params)
+        if config.get("in_place"):
+            # the weights are units of their own, reduced in their .grad (w2: in rank 1's
+            # bucket slot when strided)
+            alone = {id(u.bucket.params[u.lo]): u for u in model._units if u.alone}
+            assert len(alone) == 3 and id(w2) in alone
+            assert all(u.target is not None for i, u in alone.items() if i != id(w2))
+            assert (alone[id(w2)].target is None) == bool(strided)
         opt.step()
     got = params(model)
     want = reference(steps, micro * N)
@@ -152,9 +184,10 @@ class Branches(nn.Module):
 
 
 @case
-def unused_parameters(ctx):
+def unused_parameters(ctx, in_place=None):
     distgrad.manual_seed(0)
-    model = ddp(ctx, Branches(), find_unused_parameters=True)
+    with in_place_from(in_place):
+        model = ddp(ctx, Branches(), find_unused_parameters=True)
     x = distgrad.ones(2, 4) * (ctx.rank + 1)
     use_b = ctx.rank == 0
     model(x, use_b).sum().backward()
@@ -170,6 +203,25 @@ def unused_parameters(ctx):
     model.zero_grad()
     model(x, not use_b).sum().backward()
     return [m.b.weight.grad.sum().item(), m.a.weight.grad.sum().item()]
+
+
+@case
+def shared_grad_memory(ctx):
+    """Two parameters whose .grad is one array (assigned so by hand) are not reduced in it
+    twice at once: the result is what the buckets give."""
+    results = []
+    for nbytes in (None, 64):
+        with in_place_from(nbytes):
+            distgrad.manual_seed(0)
+            model = ddp(ctx, Branches())
+        m = model.module
+        m.a.weight.grad = m.b.weight.grad = distgrad.zeros(4, 4)
+        m.c.weight.grad = distgrad.zeros(4, 4)
+        x = distgrad.ones(2, 4) * (ctx.rank + 1)
+        (model(x, True).sum() + m.c(x).sum() * 0).backward()
+        results.append([p.grad.numpy().tolist() for p in m.parameters()])
+    assert results[0] == results[1], results
+    return results[1]
 
 
 @case
