@@ -283,3 +283,166 @@ def test_signatures_match_torch(name):
     assert sorted(lr_scheduler.__all__) == sorted(torch.optim.lr_scheduler.__all__)
     assert signature(ours.__init__) == signature(theirs.__init__)
     assert signature(ours.step) == signature(theirs.step)
+
+
+# -- more of PyTorch's documented behaviour, compared value for value --
+
+NESTED = {
+    "SequentialLR_of_chained": ("SGD", {}, lambda m, o: m.SequentialLR(
+        o, [m.ChainedScheduler([m.ConstantLR(o, 0.5, total_iters=4), m.ExponentialLR(o, 0.9)]),
+            m.StepLR(o, 5, gamma=0.5)], milestones=[12])),
+    "ChainedScheduler_with_optimizer": ("SGD", {}, lambda m, o: m.ChainedScheduler(
+        [m.MultiStepLR(o, [5, 9], gamma=0.5), m.LinearLR(o, 0.5, total_iters=8)], optimizer=o)),
+    "SequentialLR_three_cosine": ("SGD", {}, lambda m, o: m.SequentialLR(
+        o, [m.ConstantLR(o, 0.1, total_iters=3), m.CosineAnnealingLR(o, 10, eta_min=0.01),
+            m.PolynomialLR(o, total_iters=20)], milestones=[3, 30])),
+    "MultiplicativeLR_per_group": ("SGD", {}, lambda m, o: m.MultiplicativeLR(
+        o, [lambda e: 0.9, _Decay(0.999)])),
+    "CosineAnnealingWarmRestarts_T_mult_1": ("SGD", {}, lambda m, o: m.CosineAnnealingWarmRestarts(
+        o, T_0=7)),
+    "CyclicLR_exp_range_sgd": ("SGD", {"momentum": 0.5}, lambda m, o: m.CyclicLR(
+        o, 0.001, [0.1, 0.2], step_size_up=3, step_size_down=8, mode="exp_range", gamma=0.97,
+        base_momentum=0.4, max_momentum=[0.9, 0.8])),
+}
+
+
+def _comparable(value):
+    """A state-dict value reduced to what both libraries hold alike (callables drop out)."""
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_comparable(v) for v in value]
+    if callable(value):
+        return "<callable>"
+    if isinstance(value, float):
+        return round(value, 12)
+    return value
+
+
+@needs_torch
+@pytest.mark.parametrize("name", list(SCHEDULES) + list(NESTED))
+def test_state_dict_values_match_torch(name):
+    """After 37 steps every entry of the state dict (attributes, counters, flags, nested
+    schedulers' dicts) equals PyTorch's, so a checkpoint loads into either library."""
+    opt_name, opt_kwargs, make = {**SCHEDULES, **NESTED}[name]
+    caught = []
+    for lib in (distgrad, torch):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            caught.append((_run(lib, opt_name, opt_kwargs, make, steps=37),
+                           [str(x.message) for x in w]))
+    ((lrs, momenta, ours, _), our_warnings), ((tlrs, tmomenta, theirs, _), their_warnings) = caught
+    # (a chain inside SequentialLR warns about step order in PyTorch too: the same warnings)
+    assert our_warnings == their_warnings
+    np.testing.assert_allclose(lrs, tlrs, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(momenta, tmomenta, rtol=1e-12, atol=0)
+    assert _comparable(ours.state_dict()) == _comparable(theirs.state_dict())
+
+
+@needs_torch
+@pytest.mark.parametrize("name", list(SCHEDULES) + list(NESTED))
+def test_loads_torch_state_dict_and_continues_like_torch(name):
+    """A scheduler checkpointed by PyTorch resumes in distgrad (and the reverse) on the same
+    schedule."""
+    opt_name, opt_kwargs, make = {**SCHEDULES, **NESTED}[name]
+
+    def resumed(lib, sched_state, group_state):
+        p, q = lib.nn.Parameter(lib.zeros(2)), lib.nn.Parameter(lib.zeros(2))
+        opt = getattr(lib.optim, opt_name)([{"params": [p]}, {"params": [q], "lr": 0.05}],
+                                           lr=0.1, **opt_kwargs)
+        sched = make(lib.optim.lr_scheduler, opt)
+        for group, saved in zip(opt.param_groups, group_state):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        sched.load_state_dict(copy.deepcopy(sched_state))
+        lrs = []
+        for _ in range(30):
+            opt.step()
+            sched.step()
+            lrs.append(list(sched.get_last_lr()) + [g["lr"] for g in opt.param_groups])
+        return lrs
+    _, _, ours, opt = _run(distgrad, opt_name, opt_kwargs, make, steps=23)
+    _, _, theirs, topt = _run(torch, opt_name, opt_kwargs, make, steps=23)
+    expected = resumed(torch, theirs.state_dict(), topt.state_dict()["param_groups"])
+    np.testing.assert_allclose(resumed(distgrad, theirs.state_dict(),
+                                       topt.state_dict()["param_groups"]), expected, rtol=1e-12)
+    np.testing.assert_allclose(resumed(torch, ours.state_dict(),
+                                       opt.state_dict()["param_groups"]), expected, rtol=1e-12)
+
+
+RESUMABLE = ["StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "LambdaLR",
+             "LinearLR", "ConstantLR", "PolynomialLR", "CosineAnnealingWarmRestarts",
+             "OneCycleLR_cos_sgd", "CyclicLR_triangular2", "CyclicLR_exp_range_adam"]
+
+
+@needs_torch
+@pytest.mark.parametrize("name", RESUMABLE)
+def test_last_epoch_resumes_like_torch(name):
+    """A new scheduler built with ``last_epoch=k`` on an optimizer that already holds
+    ``initial_lr`` (a resumed run) continues as PyTorch's does."""
+    opt_name, opt_kwargs, make = SCHEDULES[name]
+
+    def run(lib):
+        _, _, first, opt = _run(lib, opt_name, opt_kwargs, make, steps=11)
+        sched = _remake(lib, make, opt, last_epoch=first.last_epoch)
+        out = [list(sched.get_last_lr()), [g["lr"] for g in opt.param_groups]]
+        for _ in range(25):
+            opt.step()
+            sched.step()
+            out.append(list(sched.get_last_lr()))
+        return out
+    np.testing.assert_allclose(run(distgrad), run(torch), rtol=1e-12)
+
+
+def _remake(lib, make, opt, last_epoch):
+    """``make`` again, with ``last_epoch`` passed through (every factory calls one class)."""
+    real = lib.optim.lr_scheduler
+
+    class WithLastEpoch:
+        def __getattr__(self, name):
+            cls = getattr(real, name)
+            return lambda *a, **k: cls(*a, **dict(k, last_epoch=last_epoch))
+    return make(WithLastEpoch(), opt)
+
+
+@needs_torch
+def test_misuse_warns_like_torch():
+    """The same warnings, in the same order, for the misuses PyTorch warns about."""
+    def run(lib):
+        m = lib.optim.lr_scheduler
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            p = lib.nn.Parameter(lib.zeros(1))
+            opt = lib.optim.SGD([p], lr=0.1)
+            sched = m.StepLR(opt, 2)
+            sched.step()                       # before optimizer.step()
+            sched.get_lr()                     # outside step
+            opt.step()
+            sched.step(5)                      # the deprecated epoch argument
+            opt2 = lib.optim.SGD([p], lr=0.1)
+            sched2 = m.CosineAnnealingLR(opt2, 10)
+            opt2.step = lambda closure=None: None
+            sched2.step()                      # optimizer.step replaced after wrapping
+            opt3 = lib.optim.SGD([p], lr=0.1)
+            plateau = m.ReduceLROnPlateau(opt3)
+            plateau.step(1.0, epoch=3)
+        return [(w.category, str(w.message)) for w in caught]
+    assert run(distgrad) == run(torch)
+
+
+@needs_torch
+@pytest.mark.parametrize("min_lr", [0.001, [0.001, 0.002]])
+def test_plateau_with_a_group_added_later_like_torch(min_lr):
+    def run(lib):
+        p, q = lib.nn.Parameter(lib.zeros(1)), lib.nn.Parameter(lib.zeros(1))
+        opt = lib.optim.SGD([{"params": [p]}, {"params": [q]}], lr=0.1)
+        sched = lib.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, min_lr=min_lr)
+        opt.add_param_group({"params": [lib.nn.Parameter(lib.zeros(1))], "lr": 0.5})
+        out = []
+        try:
+            for metric in (3.0, 2.0, 2.5, 2.5, 2.5):
+                sched.step(metric)
+                out.append([g["lr"] for g in opt.param_groups])
+        except RuntimeError as e:
+            out.append(str(e))
+        return out, sched.min_lrs
+    assert run(distgrad) == run(torch)
