@@ -217,6 +217,53 @@ def test_lbfgs_matches_torch(kwargs, problem):
     np.testing.assert_allclose(x32, tx32, rtol=1e-5, atol=1e-6)
 
 
+def _line_problem(kind, seed):
+    """A loss on R^2 with its gradient, a start point: "kink" is |x - a| smoothed so little
+    that only a sliver of the line meets the curvature condition (the zoom runs until its
+    interval is too narrow); "bumps" is a sum of sines on a bowl."""
+    rng = np.random.default_rng(seed)
+    a, k = rng.uniform(0.05, 1.5), float(rng.choice([1.0, 3.0, 10.0]))
+    if kind == "kink":
+        def loss_and_grad(x):
+            r = np.sqrt((x - a) ** 2 + 1e-20)
+            return float(r.sum()), (x - a) / r
+        return loss_and_grad, np.zeros(2)
+
+    def loss_and_grad(x):
+        return float(np.sin(k * x).sum() + 0.5 * (x ** 2).sum()), k * np.cos(k * x) + x
+    return loss_and_grad, rng.standard_normal(2)
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["kink", "bumps"])
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("t", [0.01, 1.0, 5.0, 40.0])
+def test_line_search_decides_as_torch(kind, seed, t):
+    """The strong-Wolfe search alone, against PyTorch's on the same line: the same
+    accepted step, loss and number of evaluations, also when it stops on a narrow
+    interval or moves a trial point off an end."""
+    from torch.optim.lbfgs import _strong_wolfe
+    from distgrad.optim.lbfgs import _Probe, _WolfeSearch
+    loss_and_grad, x0 = _line_problem(kind, seed)
+    f0, g0 = loss_and_grad(x0)
+    d = -g0
+
+    def probe(step):
+        f, g = loss_and_grad(x0 + step * d)
+        return _Probe(step, f, g, g.dot(d))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        search = _WolfeSearch(probe, _Probe(0, f0, g0, g0.dot(d)), np.abs(d).max(), 25)
+        best = search.run(t)
+
+    def torch_probe(x, step, direction):
+        f, g = loss_and_grad(x0 + float(step) * d)
+        return f, torch.tensor(g)
+    tg, td = torch.tensor(g0), torch.tensor(d)
+    f, _, step, evals = _strong_wolfe(torch_probe, None, t, td, f0, tg, tg.dot(td), max_ls=25)
+    assert search.evaluations == evals
+    np.testing.assert_allclose([best.step, best.loss], [float(step), float(f)], rtol=1e-12)
+
+
 def test_lbfgs_converges_and_round_trips():
     x, losses, _, opt = _lbfgs_run(distgrad, {"line_search_fn": "strong_wolfe", "max_iter": 50},
                                    2, "float64", "rosenbrock")
