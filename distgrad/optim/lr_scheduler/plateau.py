@@ -2,103 +2,98 @@
 import math
 import warnings
 
-from .base import (EPOCH_DEPRECATION_WARNING, LRScheduler, _check_optimizer, _param_groups_val_list,
-                   _update_param_group_val)
+from .base import EPOCH_DEPRECATION_WARNING, LRScheduler, assign, group_values, require_optimizer
+
+# Is ``value`` better than ``best``, by (mode, threshold_mode)? As PyTorch documents:
+# "rel" compares with best * (1 -/+ threshold), "abs" with best -/+ threshold.
+_BETTER = {
+    ("min", "rel"): lambda value, best, th: value < best * (1.0 - th),
+    ("min", "abs"): lambda value, best, th: value < best - th,
+    ("max", "rel"): lambda value, best, th: value > best * (th + 1.0),
+    ("max", "abs"): lambda value, best, th: value > best + th,
+}
 
 
 class ReduceLROnPlateau(LRScheduler):
-    """Multiply the lr by ``factor`` when a metric has stopped improving for ``patience`` epochs."""
+    """Multiply the lr by ``factor`` once a metric has not improved for more than
+    ``patience`` epochs; then wait ``cooldown`` epochs before counting again.
+
+    It is not chained: ``step(metrics)`` takes the metric and builds on no closed form.
+    """
 
     def __init__(self, optimizer, mode="min", factor=0.1, patience=10, threshold=1e-4,
                  threshold_mode="rel", cooldown=0, min_lr=0, eps=1e-8):
         if factor >= 1.0:
             raise ValueError("Factor should be < 1.0.")
         self.factor = factor
-        _check_optimizer(optimizer)
+        require_optimizer(optimizer)
         self.optimizer = optimizer
+        n = len(optimizer.param_groups)
         if isinstance(min_lr, (list, tuple)):
-            if len(min_lr) != len(optimizer.param_groups):
-                raise ValueError(f"expected {len(optimizer.param_groups)} min_lrs, got "
-                                 f"{len(min_lr)}")
-            self.default_min_lr = None
-            self.min_lrs = list(min_lr)
+            if len(min_lr) != n:
+                raise ValueError(f"expected {n} min_lrs, got {len(min_lr)}")
+            self.default_min_lr, self.min_lrs = None, list(min_lr)
         else:
-            self.default_min_lr = min_lr
-            self.min_lrs = [min_lr] * len(optimizer.param_groups)
+            self.default_min_lr, self.min_lrs = min_lr, [min_lr] * n
         self.patience = patience
         self.cooldown = cooldown
         self.eps = eps
         self.last_epoch = 0
-        self._last_lr = _param_groups_val_list(self.optimizer, "lr")
-        self._init_is_better(mode=mode, threshold=threshold, threshold_mode=threshold_mode)
-        self._reset()
-
-    def _reset(self):
+        self._last_lr = group_values(optimizer, "lr")
+        self._set_comparison(mode, threshold, threshold_mode)
         self.best = self.mode_worse
         self.cooldown_counter = 0
         self.num_bad_epochs = 0
 
-    def step(self, metrics, epoch=None):
-        current = float(metrics)
-        if epoch is None:
-            epoch = self.last_epoch + 1
-        else:
-            warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
-        self.last_epoch = epoch
-        if self._is_better(current, self.best):
-            self.best = current
-            self.num_bad_epochs = 0
-        else:
-            self.num_bad_epochs += 1
-        if self.in_cooldown:
-            self.cooldown_counter -= 1
-            self.num_bad_epochs = 0  # bad epochs in cooldown are ignored
-        if self.num_bad_epochs > self.patience:
-            self._reduce_lr(epoch)
-            self.cooldown_counter = self.cooldown
-            self.num_bad_epochs = 0
-        self._last_lr = _param_groups_val_list(self.optimizer, "lr")
+    def _set_comparison(self, mode, threshold, threshold_mode):
+        if mode not in ("min", "max"):
+            raise ValueError("mode " + mode + " is unknown!")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError("threshold mode " + threshold_mode + " is unknown!")
+        self.mode, self.threshold, self.threshold_mode = mode, threshold, threshold_mode
+        self.mode_worse = math.inf if mode == "min" else -math.inf
 
-    def _reduce_lr(self, epoch):
-        if len(self.optimizer.param_groups) != len(self.min_lrs):
-            if self.default_min_lr is None:
-                raise RuntimeError(
-                    f"The number of param groups in the `optimizer` "
-                    f"({len(self.optimizer.param_groups)}) differs from when `ReduceLROnPlateau` "
-                    f"was initialized ({len(self.min_lrs)}), usually due to a new param group "
-                    "being added to the optimizer. Please modify the `min_lrs` field to match the "
-                    "length of the `optimizer` param groups.")
-            self.min_lrs = [self.default_min_lr] * len(self.optimizer.param_groups)
-        for i, param_group in enumerate(self.optimizer.param_groups):
-            old_lr = float(param_group["lr"])
-            new_lr = max(old_lr * self.factor, self.min_lrs[i])
-            if old_lr - new_lr > self.eps:
-                _update_param_group_val(param_group, "lr", new_lr)
+    def _improves(self, value):
+        return _BETTER[self.mode, self.threshold_mode](value, self.best, self.threshold)
 
     @property
     def in_cooldown(self):
         return self.cooldown_counter > 0
 
-    def _is_better(self, a, best):
-        if self.mode == "min" and self.threshold_mode == "rel":
-            return a < best * (1.0 - self.threshold)
-        if self.mode == "min" and self.threshold_mode == "abs":
-            return a < best - self.threshold
-        if self.mode == "max" and self.threshold_mode == "rel":
-            return a > best * (self.threshold + 1.0)
-        return a > best + self.threshold
+    def step(self, metrics, epoch=None):
+        value = float(metrics)
+        if epoch is not None:
+            warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
+        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
+        if self._improves(value):
+            self.best, self.num_bad_epochs = value, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.in_cooldown:  # epochs in cooldown do not count as bad
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            self._lower_lrs()
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+        self._last_lr = group_values(self.optimizer, "lr")
 
-    def _init_is_better(self, mode, threshold, threshold_mode):
-        if mode not in {"min", "max"}:
-            raise ValueError("mode " + mode + " is unknown!")
-        if threshold_mode not in {"rel", "abs"}:
-            raise ValueError("threshold mode " + threshold_mode + " is unknown!")
-        self.mode_worse = math.inf if mode == "min" else -math.inf
-        self.mode = mode
-        self.threshold = threshold
-        self.threshold_mode = threshold_mode
+    def _lower_lrs(self):
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.min_lrs):  # a group was added since
+            if self.default_min_lr is None:
+                raise RuntimeError(
+                    f"The number of param groups in the `optimizer` ({len(groups)}) differs "
+                    f"from when `ReduceLROnPlateau` was initialized ({len(self.min_lrs)}), "
+                    "usually due to a new param group being added to the optimizer. Please "
+                    "modify the `min_lrs` field to match the length of the `optimizer` param "
+                    "groups.")
+            self.min_lrs = [self.default_min_lr] * len(groups)
+        for group, floor in zip(groups, self.min_lrs):
+            old = float(group["lr"])
+            new = max(old * self.factor, floor)
+            if old - new > self.eps:  # changes smaller than eps are ignored
+                assign(group, "lr", new)
 
     def load_state_dict(self, state_dict):
-        self.__dict__.update(state_dict)
-        self._init_is_better(mode=self.mode, threshold=self.threshold,
-                             threshold_mode=self.threshold_mode)
+        super().load_state_dict(state_dict)
+        self._set_comparison(self.mode, self.threshold, self.threshold_mode)
