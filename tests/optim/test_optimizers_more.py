@@ -242,7 +242,11 @@ def test_line_search_decides_as_torch(kind, seed, t):
     """The strong-Wolfe search alone, against PyTorch's on the same line: the same
     accepted step, loss and number of evaluations, also when it stops on a narrow
     interval or moves a trial point off an end."""
-    from torch.optim.lbfgs import _strong_wolfe
+    import importlib
+    _strong_wolfe = getattr(importlib.import_module("torch.optim.lbfgs"), "_strong_wolfe",
+                            None)  # private to PyTorch: it may move
+    if _strong_wolfe is None:
+        pytest.skip("this PyTorch has no torch.optim.lbfgs._strong_wolfe to compare with")
     from distgrad.optim.lbfgs import _Probe, _WolfeSearch
     loss_and_grad, x0 = _line_problem(kind, seed)
     f0, g0 = loss_and_grad(x0)
