@@ -122,7 +122,7 @@ def test_unequal_iterable_shards_arrive_as_in_torch(sizes, batch_size, persisten
             sorted(k * 100 + j for k, n in enumerate(sizes) for j in range(n))
         assert values(ours) == expected
     if persistent:
-        ours._iterator._shutdown_workers()
+        ours._iterator._stop_workers()
         theirs._iterator._shutdown_workers()
 
 
@@ -189,5 +189,5 @@ def test_persistent_workers_keep_their_pids_and_prefetch_again_each_epoch(tmp_pa
     assert second is first and [w.pid for w in second._workers] == pids
     assert len(wait_for_fetches(log, 4)) == 4  # two batches ahead again, one per worker
     assert values(second) == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    first._shutdown_workers()
+    first._stop_workers()
     assert not any(pid_alive(p) for p in pids)
