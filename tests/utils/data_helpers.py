@@ -124,10 +124,12 @@ class Ints(Dataset):
     """Sample i is the int i, so that batches collate the same in distgrad and PyTorch. Options:
     ``log``, a file each worker appends "index worker-id" to as it fetches (the order of the
     lines of one worker is its order of work); ``slow``, indices that take ``delay`` seconds;
-    ``bad``, an index that raises ValueError."""
+    ``bad``, an index that raises ValueError; ``gate``, a path: the ``slow`` indices wait
+    until it exists (up to 60 s) instead of sleeping."""
 
-    def __init__(self, n, log=None, slow=(), delay=1.0, bad=None, worker_info=None):
+    def __init__(self, n, log=None, slow=(), delay=1.0, bad=None, worker_info=None, gate=None):
         self.n, self.log, self.slow, self.delay, self.bad = n, log, set(slow), delay, bad
+        self.gate = gate
         self.worker_info = worker_info  # the get_worker_info of the library under test
 
     def __len__(self):
@@ -138,8 +140,12 @@ class Ints(Dataset):
             info = self.worker_info() if self.worker_info else get_worker_info()
             with open(self.log, "a") as fh:
                 fh.write(f"{i} {info.id if info else -1}\n")
-        if i in self.slow:
+        if i in self.slow and self.gate is None:
             time.sleep(self.delay)
+        end = time.monotonic() + 60
+        while i in self.slow and self.gate and not os.path.exists(self.gate) \
+                and time.monotonic() < end:
+            time.sleep(0.01)
         if i == self.bad:
             raise ValueError(f"sample {i} is broken")
         return i

@@ -5,6 +5,7 @@ shuffle, errors in a worker, and ``pin_memory``'s warning. Each test runs the sa
 through both loaders and compares what a user can see; every worker is reaped by the end."""
 import os
 import sys
+import threading
 import time
 import warnings
 
@@ -93,17 +94,25 @@ def test_prefetch_and_round_robin_match_torch(tmp_path, no_leftovers, workers, p
 
 
 @pytest.mark.parametrize("in_order", [True, False])
-def test_in_order_and_out_of_order_delivery_match_torch(in_order, no_leftovers):
+def test_in_order_and_out_of_order_delivery_match_torch(in_order, tmp_path, no_leftovers):
     orders = {}
     for name, loader_cls in (("torch", tdata.DataLoader), ("ours", DataLoader)):
-        loader = loader_cls(h.Ints(8, slow=[0], delay=1.5), batch_size=1, num_workers=2,
+        gate = tmp_path / f"{name}.gate"  # batch 0 is made only once this exists
+        loader = loader_cls(h.Ints(8, slow=[0], gate=str(gate)), batch_size=1, num_workers=2,
                             in_order=in_order)
-        orders[name] = [b.tolist() for b in loader]
+        it = iter(loader)
+        if in_order:  # batch 0 comes first however long it takes
+            threading.Timer(0.5, gate.touch).start()
+            orders[name] = values(it)
+        else:  # worker 1's batches overtake it
+            first = next(it).tolist()
+            gate.touch()
+            orders[name] = [first] + values(it)
     for order in orders.values():
         assert sorted(order) == [[i] for i in range(8)]
         if in_order:
             assert order == [[i] for i in range(8)]
-        else:  # batch 0 is slow: worker 1's batches overtake it
+        else:
             assert order[0] == [1] and order.index([0]) > 0
     assert orders["ours"] == orders["torch"] or not in_order
 
