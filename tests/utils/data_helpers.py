@@ -118,3 +118,64 @@ class TorchSquares:
     def __getitem__(self, i):
         import torch
         return Pair(torch.tensor([float(i), float(i * i)]), i)
+
+
+class Ints(Dataset):
+    """Sample i is the int i, so that batches collate the same in distgrad and PyTorch. Options:
+    ``log``, a file each worker appends "index worker-id" to as it fetches (the order of the
+    lines of one worker is its order of work); ``slow``, indices that take ``delay`` seconds;
+    ``bad``, an index that raises ValueError; ``gate``, a path: the ``slow`` indices wait
+    until it exists (up to 60 s) instead of sleeping."""
+
+    def __init__(self, n, log=None, slow=(), delay=1.0, bad=None, worker_info=None, gate=None):
+        self.n, self.log, self.slow, self.delay, self.bad = n, log, set(slow), delay, bad
+        self.gate = gate
+        self.worker_info = worker_info  # the get_worker_info of the library under test
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.log is not None:
+            info = self.worker_info() if self.worker_info else get_worker_info()
+            with open(self.log, "a") as fh:
+                fh.write(f"{i} {info.id if info else -1}\n")
+        if i in self.slow and self.gate is None:
+            time.sleep(self.delay)
+        end = time.monotonic() + 60
+        while i in self.slow and self.gate and not os.path.exists(self.gate) \
+                and time.monotonic() < end:
+            time.sleep(0.01)
+        if i == self.bad:
+            raise ValueError(f"sample {i} is broken")
+        return i
+
+
+def torch_worker_info():
+    import torch.utils.data
+    return torch.utils.data.get_worker_info()
+
+
+class Shards(IterableDataset):
+    """Worker k of n yields ``sizes[k]`` values k*100, k*100+1, ... (the main process: all of
+    them, worker after worker), so that shards of unequal length end at different times.
+    ``worker_info`` as in Ints; ``torch_base`` makes it a torch IterableDataset."""
+
+    def __init__(self, sizes, worker_info=None):
+        self.sizes, self.worker_info = list(sizes), worker_info
+
+    def __iter__(self):
+        info = self.worker_info() if self.worker_info else get_worker_info()
+        ids = range(len(self.sizes)) if info is None else [info.id]
+        return iter([k * 100 + j for k in ids for j in range(self.sizes[k])])
+
+
+def torch_shards(sizes):
+    """Shards on PyTorch's IterableDataset (PyTorch's DataLoader checks the base class)."""
+    import torch.utils.data
+
+    class TorchShards(Shards, torch.utils.data.IterableDataset):
+        pass
+    TorchShards.__qualname__ = TorchShards.__name__ = "TorchShards"
+    globals()["TorchShards"] = TorchShards  # picklable by name for spawned workers
+    return TorchShards(sizes, torch_worker_info)

@@ -22,7 +22,7 @@ def iterators():
     made = []
     yield made
     for it in made:
-        it._shutdown_workers()
+        it._stop_workers()
 
 
 def worker_pids(it):
@@ -61,7 +61,7 @@ def test_persistent_workers_deliver_torchs_batches_in_order_every_epoch(iterator
     batch = single and next(iter(loader))
     assert batch["x"].dtype is distgrad.float32 and batch["name"] == ["s7", "s2", "s9"]
     batch["x"].add_(1)  # batches are writable, as PyTorch's are
-    it._shutdown_workers()
+    it._stop_workers()
     assert reaped(pids)
 
 

@@ -1,9 +1,12 @@
-"""The iterators a :class:`~distgrad.utils.data.DataLoader` returns: one that makes batches
-in this process, and one that has worker processes make them (indices to each worker on
-a pipe, batches back through :mod:`.channel`, in order or as they come, failures and
-dead workers raised in the parent, workers stopped and reaped at the end)."""
+"""The iterators a :class:`~distgrad.utils.data.DataLoader` returns.
+
+``_SingleProcessDataLoaderIter`` makes each batch in this process when it is asked for;
+``_MultiProcessingDataLoaderIter`` has worker processes make them ahead of time. (The
+class names are PyTorch's, for code that looks for them; how they work is described on
+each class.) Both take their settings from the loader when they are made.
+"""
+import collections
 import fcntl
-import itertools
 import multiprocessing.connection
 import os
 import sys
@@ -28,75 +31,92 @@ def _note(exception, text):
         exception.add_note(text)
 
 
-class _BaseDataLoaderIter:
+def _warn_about_pinning(loader):
+    """PyTorch's warnings for ``pin_memory`` where there is no accelerator (always, here:
+    batches are used as they come)."""
+    if not loader.pin_memory:
+        return
+    if loader.pin_memory_device:
+        warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
+                      f"as the device,ignore pin_memory_device='{loader.pin_memory_device}'.",
+                      stacklevel=3)
+    if not accelerator.is_available():
+        warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then "
+                      "device pinned memory won't be used.", stacklevel=3)
+
+
+class _DataLoaderIterBase:
+    """One pass over the loader's sampler (several, for persistent workers: see
+    ``_reset``), counting the batches handed out."""
+
     def __init__(self, loader):
         self._dataset = loader.dataset
-        self._dataset_kind = loader._dataset_kind
-        self._IterableDataset_len_called = loader._IterableDataset_len_called
-        self._auto_collation = loader._auto_collation
+        self._kind = loader._dataset_kind
+        self._batched = loader._auto_collation
         self._drop_last = loader.drop_last
-        self._index_sampler = loader._index_sampler
+        self._collate = loader.collate_fn
+        self._indices = loader._index_sampler
         self._num_workers = loader.num_workers
-        if loader.pin_memory and loader.pin_memory_device:
-            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
-                          f"as the device,ignore pin_memory_device='{loader.pin_memory_device}'.",
-                          stacklevel=2)
-        if loader.pin_memory and not accelerator.is_available():
-            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then "
-                          "device pinned memory won't be used.", stacklevel=2)
         self._timeout = loader.timeout
-        self._collate_fn = loader.collate_fn
-        self._sampler_iter = iter(self._index_sampler)
+        self._persistent = loader.persistent_workers
+        _warn_about_pinning(loader)
+        # The workers' seed is drawn from the loader's generator before the sampler draws
+        # its order from it (both as in PyTorch, so a seeded shuffle gives one order
+        # whatever num_workers is).
+        self._order = iter(self._indices)
         self._base_seed = int(randint(0, 2 ** 62, (), generator=loader.generator).item())
-        self._persistent_workers = loader.persistent_workers
-        self._num_yielded = 0
+        self._handed_out = 0
+        self._claimed_len = loader._IterableDataset_len_called
         self._shutdown = False
+
+    def _reset(self, loader):
+        """Start the next epoch (the loader calls this on its persistent iterator)."""
+        self._order = iter(self._indices)
+        self._handed_out = 0
+        self._claimed_len = loader._IterableDataset_len_called
+
+    def _next_batch(self):
+        raise NotImplementedError
 
     def __iter__(self):
         return self
 
-    def _reset(self, loader, first_iter=False):
-        self._sampler_iter = iter(self._index_sampler)
-        self._num_yielded = 0
-        self._IterableDataset_len_called = loader._IterableDataset_len_called
-
-    def _next_index(self):
-        return next(self._sampler_iter)  # may raise StopIteration
-
-    def _next_data(self):
-        raise NotImplementedError
-
     def __next__(self):
-        data = self._next_data()
-        self._num_yielded += 1
-        if (self._dataset_kind == ITERABLE and self._IterableDataset_len_called is not None
-                and self._num_yielded > self._IterableDataset_len_called):
-            msg = (f"Length of IterableDataset {self._dataset} was reported to be "
-                   f"{self._IterableDataset_len_called}(when accessing len(dataloader)), but "
-                   f"{self._num_yielded} samples have been fetched. ")
-            if self._num_workers > 0:
-                msg += ("For multiprocessing data-loading, this could be caused by not properly "
-                        "configuring the IterableDataset replica at each worker.")
-            warnings.warn(msg, stacklevel=2)
-        return data
+        batch = self._next_batch()
+        self._handed_out += 1
+        if (self._kind == ITERABLE and self._claimed_len is not None
+                and self._handed_out > self._claimed_len):
+            self._warn_longer_than_claimed()
+        return batch
+
+    def _warn_longer_than_claimed(self):
+        # PyTorch's words: a user may be matching them
+        text = (f"Length of IterableDataset {self._dataset} was reported to be "
+                f"{self._claimed_len}(when accessing len(dataloader)), but "
+                f"{self._handed_out} samples have been fetched. ")
+        if self._num_workers > 0:
+            text += ("For multiprocessing data-loading, this could be caused by not properly "
+                     "configuring the IterableDataset replica at each worker.")
+        warnings.warn(text, stacklevel=3)
 
     def __len__(self):
-        return len(self._index_sampler)
+        return len(self._indices)
 
     def __getstate__(self):
-        raise NotImplementedError(f"{self.__class__.__name__} cannot be pickled")
+        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
 
 
-class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
+class _SingleProcessDataLoaderIter(_DataLoaderIterBase):
+    """Each batch fetched and collated here, when asked for."""
+
     def __init__(self, loader):
         super().__init__(loader)
-        self._dataset_fetcher = create_fetcher(self._dataset_kind, self._dataset,
-                                               self._auto_collation, self._collate_fn,
-                                               self._drop_last)
+        self._fetcher = create_fetcher(self._kind, self._dataset, self._batched, self._collate,
+                                       self._drop_last)
 
-    def _next_data(self):
-        index = self._next_index()  # may raise StopIteration
-        return self._dataset_fetcher.fetch(index)  # may raise StopIteration
+    def _next_batch(self):
+        # either may raise StopIteration: the sampler is done, or the stream is
+        return self._fetcher.fetch(next(self._order))
 
 
 class _IndexPipe:
@@ -159,13 +179,42 @@ def _pipe_capacity(conn):
         return 4096  # the least any POSIX pipe holds (PIPE_BUF)
 
 
-class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
-    """Batches from worker processes.
+class _Worker:
+    """One worker process and the parent's ends of its two pipes.
 
-    Task ``k`` (a batch's indices) goes to an active worker, round robin, on that
-    worker's index queue; its result comes back on the worker's own result pipe.
-    ``_task_info[k]`` is ``(worker,)`` while the task is out and ``(worker, data)``
-    once its result arrived ahead of its turn.
+    A worker answers its tasks one at a time in the order they reach it, so its next
+    message is always about ``owed[0]``, the oldest task it has not answered.
+    ``streaming`` turns false when its copy of an IterableDataset runs out: from then on
+    it answers nothing until the next epoch, and the tasks it still had are void.
+    """
+
+    def __init__(self, number, process, tasks, results):
+        self.number = number
+        self.process = process
+        self.tasks = tasks          # _IndexPipe
+        self.results = results      # Connection, read by channel.receive
+        self.owed = collections.deque()
+        self.streaming = True
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+
+class _MultiProcessingDataLoaderIter(_DataLoaderIterBase):
+    """Batches made ahead of time by ``num_workers`` worker processes.
+
+    The sampler's batches of indices become tasks 0, 1, 2, ... Each task goes to the
+    streaming worker after the one that got the task before it (so with all workers
+    streaming, task ``n`` goes to worker ``n % num_workers``). The parent starts an epoch
+    with ``prefetch_factor * num_workers`` tasks out and sends one more for every answer
+    it takes, so the workers run at most that far ahead of the user.
+
+    In order (the default), the next batch is the oldest task's, read from the worker
+    that has it: nothing is buffered here, a later batch waits in its worker's pipe.
+    With ``in_order=False`` the first answer from any worker is handed out, and a worker
+    gets a task only while it holds fewer than its share of them, so that one slow batch
+    does not keep others waiting behind it.
     """
 
     def __init__(self, loader):
@@ -179,26 +228,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             if context.get_start_method() == "spawn" and fork_hazards():
                 self._why_spawned = "; ".join(fork_hazards())
         self._start_method = context.get_start_method()
-        self._workers, self._index_pipes, self._result_conns = [], [], []
-        self._held = None  # (worker, task index, encoded task) waiting for room in its pipe
+        self._workers = []
         try:
-            for i in range(self._num_workers):
-                index_reader, index_writer = context.Pipe(duplex=False)
-                receiver, sender = context.Pipe(duplex=False)
-                w = context.Process(
-                    target=worker_loop, daemon=True,
-                    args=(self._dataset_kind, self._dataset, index_reader, sender,
-                          self._auto_collation, self._collate_fn, self._drop_last,
-                          self._base_seed, loader.worker_init_fn, i, self._num_workers,
-                          os.getpid()))
-                self._index_pipes.append(_IndexPipe(index_writer))
-                self._result_conns.append(receiver)
-                w.start()
-                sender.close()  # the worker holds the only writer: its death ends the pipe
-                index_reader.close()
-                self._workers.append(w)
+            for number in range(self._num_workers):
+                self._workers.append(self._start_worker(context, number, loader.worker_init_fn))
         except BaseException as e:
-            self._shutdown_workers()
+            self._stop_workers()
             if self._start_method != "fork" and (
                     isinstance(e, (TypeError, AttributeError))
                     or "pickl" in type(e).__name__.lower()):
@@ -207,53 +242,184 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                          "worker_init_fn must be picklable (defined at the top level of a "
                          "module)")
             raise
-        self._reset(loader, first_iter=True)
+        self._begin_epoch()
 
-    def _reset(self, loader, first_iter=False):
-        super()._reset(loader, first_iter)
-        self._send_idx = 0
-        self._rcvd_idx = 0
-        self._task_info = {}
-        self._tasks_outstanding = 0
-        self._workers_status = [True] * self._num_workers
-        self._workers_num_tasks = [0] * self._num_workers
-        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
-        if not first_iter:
-            # A new epoch of persistent workers: drop what the last one left in flight.
-            self._held = None  # the old epoch's: dropped with the rest of it
-            for worker_id in range(self._num_workers):
-                pipe, resume = self._index_pipes[worker_id], _IndexPipe.encode(RESUME)
-                while not pipe.fits(resume):  # its old tasks first: their results are dropped
-                    pipe.answered(self._receive(worker_id)[0])
-                pipe.send(None, resume)
-                while True:
-                    idx, kind, _ = self._receive(worker_id)
-                    pipe.answered(idx)
-                    if kind == channel.RESUMED:
-                        break
-                pipe.forget()
-        for _ in range(self._prefetch_factor * self._num_workers):
-            self._try_put_index()
+    def _start_worker(self, context, number, init_fn):
+        task_reader, task_writer = context.Pipe(duplex=False)
+        result_reader, result_writer = context.Pipe(duplex=False)
+        process = context.Process(
+            target=worker_loop, daemon=True,
+            args=(self._kind, self._dataset, task_reader, result_writer, self._batched,
+                  self._collate, self._drop_last, self._base_seed, init_fn, number,
+                  self._num_workers, os.getpid()))
+        worker = _Worker(number, process, _IndexPipe(task_writer), result_reader)
+        process.start()
+        result_writer.close()  # the worker holds the only writer: its death ends the pipe
+        task_reader.close()
+        return worker
 
-    def _receive(self, worker_id, timeout=None):
-        """The next message from ``worker_id``: wait for it (RuntimeError if the worker
-        dies or ``timeout`` passes)."""
-        conn, worker = self._result_conns[worker_id], self._workers[worker_id]
-        if not conn.poll():
-            ready = multiprocessing.connection.wait([conn, worker.sentinel], timeout)
-            if not ready:
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-            if conn not in ready and not conn.poll():
-                self._worker_died(worker_id)
+    # ------------------------------------------------------------------ epochs
+    def _begin_epoch(self):
+        self._next_task = 0        # the number the next task gets
+        self._turn = 0             # the worker that the next task is offered to first
+        self._unsent = None        # (worker, task, message) waiting for room in its pipe
+        self._in_flight = collections.deque()  # in order: (task, worker) not handed out yet
+        for worker in self._workers:
+            worker.owed.clear()
+            worker.streaming = True
+        for _ in range(self._prefetch_factor * len(self._workers)):
+            self._send_task()
+
+    def _reset(self, loader):
+        super()._reset(loader)
+        if self._unsent is not None:  # the old epoch's newest task, never sent: dropped
+            self._unsent[0].owed.pop()
+            self._unsent = None
+        for worker in self._workers:
+            self._restart_stream(worker)
+        self._begin_epoch()
+
+    def _restart_stream(self, worker):
+        """A persistent worker's new epoch: drop the answers it still owes for the last
+        one, tell it to start its stream again, and wait until it has."""
+        while worker.owed:
+            task, kind = self._read(worker)[:2]
+            if kind == channel.END:
+                break  # it owes nothing more
+            worker.owed.popleft()
+        worker.owed.clear()
+        worker.tasks.forget()  # all read: the pipe is empty
+        worker.tasks.send(None, _IndexPipe.encode(RESUME))
+        while self._read(worker)[1] != channel.RESUMED:
+            pass
+        worker.tasks.forget()
+
+    # ------------------------------------------------------------------ sending tasks
+    def _send_task(self):
+        """Send the sampler's next batch of indices to the worker whose turn it is, if one
+        may take it and the sampler has one."""
+        if not self._send_unsent():
+            return  # tasks leave in order: this one would overtake the one waiting
+        worker = self._whose_turn()
+        if worker is None:
+            return
         try:
-            return channel.receive(conn)
-        except channel.WorkerDied:
-            self._worker_died(worker_id)
+            indices = next(self._order)
+        except StopIteration:
+            return
+        task, self._next_task = self._next_task, self._next_task + 1
+        self._turn = (worker.number + 1) % len(self._workers)
+        message = _IndexPipe.encode((task, indices))
+        if worker.tasks.fits(message):
+            worker.tasks.send(task, message)
+        else:
+            self._unsent = (worker, task, message)
+        worker.owed.append(task)
+        if self._in_order:
+            self._in_flight.append((task, worker))
 
-    def _worker_died(self, worker_id):
-        pid = self._workers[worker_id].pid
-        self._shutdown_workers()
-        error = RuntimeError(f"DataLoader worker (pid(s) {pid}) exited unexpectedly")
+    def _whose_turn(self):
+        streaming = [w for w in self._workers if w.streaming]
+        if not streaming:
+            return None
+        share = self._prefetch_factor * len(self._workers) // len(streaming)
+        count = len(self._workers)
+        for step in range(count):
+            worker = self._workers[(self._turn + step) % count]
+            if worker.streaming and (self._in_order or len(worker.owed) < share):
+                return worker
+        return None
+
+    def _send_unsent(self):
+        """Send the task waiting for room, if its pipe has room now; whether none waits."""
+        if self._unsent is None:
+            return True
+        worker, task, message = self._unsent
+        if not worker.tasks.fits(message):
+            return False
+        self._unsent = None
+        worker.tasks.send(task, message)
+        return True
+
+    # ------------------------------------------------------------------ receiving batches
+    def _next_batch(self):
+        while True:
+            if self._shutdown:
+                raise StopIteration
+            self._send_unsent()
+            if self._in_order:
+                waiting_on = [self._in_flight[0][1]] if self._in_flight else []
+            else:
+                waiting_on = [w for w in self._workers if w.owed]
+            if not waiting_on:  # every task answered or void: the epoch is over
+                if not self._persistent:
+                    self._stop_workers()
+                raise StopIteration
+            worker, kind, payload = self._answer(waiting_on)
+            if kind == channel.END:
+                self._stream_ended(worker)
+                self._send_task()
+                continue
+            self._send_task()
+            if kind == channel.ERROR:
+                channel.raise_exception(payload)  # the iterator goes on after it
+            return payload
+
+    def _answer(self, candidates):
+        """``(worker, kind, payload)``: the next answer from the first of ``candidates`` to
+        give one, taken off its worker's (and in order, the epoch's) list of tasks."""
+        worker = self._first_ready(candidates)
+        task, kind, payload = self._read(worker)
+        if not worker.owed or task != worker.owed[0]:
+            raise RuntimeError(f"DataLoader worker {worker.number} answered task {task}, "
+                               f"not {worker.owed[0] if worker.owed else 'none'} as expected")
+        worker.owed.popleft()
+        worker.tasks.answered(task)
+        if self._in_order:
+            self._in_flight.popleft()
+        return worker, kind, payload
+
+    def _first_ready(self, workers):
+        """The first of ``workers`` with something to read or whose process has ended."""
+        for worker in workers:
+            if worker.results.poll():
+                return worker
+        watched = [w.results for w in workers] + [w.process.sentinel for w in workers]
+        ready = multiprocessing.connection.wait(watched,
+                                                self._timeout if self._timeout > 0 else None)
+        if not ready:
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+        return next(w for w in workers if w.results in ready or w.process.sentinel in ready)
+
+    def _read(self, worker):
+        """``(task, kind, payload)``: the next message of ``worker``, waited for (at most
+        ``timeout``); RuntimeError if its process ends first."""
+        self._first_ready([worker])
+        if not worker.results.poll():  # its process ended with nothing more to say
+            self._lost(worker)
+        try:
+            return channel.receive(worker.results)
+        except channel.WorkerDied:
+            self._lost(worker)
+
+    def _stream_ended(self, worker):
+        """Its copy of the IterableDataset ran out: no more tasks for it this epoch; the
+        ones it was sent after this one stay unanswered (it reads and drops them)."""
+        worker.streaming = False
+        worker.owed.clear()
+        worker.tasks.forget()
+        if self._unsent is not None and self._unsent[0] is worker:
+            self._unsent = None
+        if self._in_order:
+            self._in_flight = collections.deque(
+                entry for entry in self._in_flight if entry[1] is not worker)
+        if not self._persistent:
+            worker.tasks.stop()  # a persistent one waits for the next epoch
+
+    # ------------------------------------------------------------------ failures, the end
+    def _lost(self, worker):
+        self._stop_workers()
+        error = RuntimeError(f"DataLoader worker (pid(s) {worker.pid}) exited unexpectedly")
         if self._start_method == "spawn":
             _note(error, f"The workers were spawned{self._spawn_reason()}: a spawned worker "
                          "imports the main script again, so a script that starts them needs "
@@ -263,139 +429,28 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     def _spawn_reason(self):
         return f" (not forked: {self._why_spawned})" if self._why_spawned else ""
 
-    def _get_data(self):
-        """``(task index, kind, payload)`` of the next result from any worker with tasks out."""
-        busy = [w for w in range(self._num_workers) if self._workers_num_tasks[w] > 0]
-        if self._in_order:  # the next result in order can only come from its worker
-            busy = [self._task_info[self._rcvd_idx][0]]
-        timeout = self._timeout if self._timeout > 0 else None
-        for w in busy:
-            if self._result_conns[w].poll():
-                return w, self._receive(w)
-        if len(busy) == 1:
-            return busy[0], self._receive(busy[0], timeout)
-        waitables = [self._result_conns[w] for w in busy] + [self._workers[w].sentinel
-                                                               for w in busy]
-        ready = multiprocessing.connection.wait(waitables, timeout)
-        if not ready:
-            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-        for w in busy:
-            if self._result_conns[w] in ready or self._workers[w].sentinel in ready:
-                return w, self._receive(w, timeout)
-        raise AssertionError("wait() returned nothing that was waited for")
-
-    def _next_data(self):
-        while True:
-            # Skip tasks that went to a worker whose stream has ended.
-            while self._rcvd_idx < self._send_idx:
-                info = self._task_info.get(self._rcvd_idx)
-                if info and (len(info) == 2 or self._workers_status[info[0]]):
-                    break
-                self._task_info.pop(self._rcvd_idx, None)
-                self._rcvd_idx += 1
-            else:
-                if not self._persistent_workers:
-                    self._shutdown_workers()
-                raise StopIteration
-            if self._shutdown:
-                raise StopIteration
-            self._flush_held()
-            if len(self._task_info[self._rcvd_idx]) == 2:
-                worker_id, result = self._task_info.pop(self._rcvd_idx)
-                self._rcvd_idx += 1
-                return self._process_data(result, worker_id)
-            worker_id, (idx, kind, payload) = self._get_data()
-            self._index_pipes[worker_id].answered(idx)
-            if kind == channel.RESUMED:
-                continue  # a stale acknowledgement
-            self._tasks_outstanding -= 1
-            if kind == channel.END:
-                self._workers_num_tasks[worker_id] -= 1
-                self._task_info.pop(idx, None)
-                self._mark_worker_as_unavailable(worker_id)
-                self._try_put_index()
-                continue
-            if idx != self._rcvd_idx:
-                if not self._in_order:
-                    self._task_info.pop(idx)
-                    return self._process_data((kind, payload), worker_id)
-                self._task_info[idx] += ((kind, payload),)
-            else:
-                self._task_info.pop(idx)
-                self._rcvd_idx += 1
-                return self._process_data((kind, payload), worker_id)
-
-    def _flush_held(self):
-        """Send the held task once its worker's pipe has room for it."""
-        if self._held is not None:
-            worker_id, idx, data = self._held
-            if self._index_pipes[worker_id].fits(data):
-                self._held = None
-                self._index_pipes[worker_id].send(idx, data)
-
-    def _try_put_index(self):
-        self._flush_held()
-        if self._held is not None:
-            return  # tasks go out in order: the next one waits behind the held one
-        max_tasks = self._prefetch_factor * self._num_workers
-        try:
-            index = self._next_index()
-        except StopIteration:
-            return
-        for _ in range(self._num_workers):  # the next active worker, if any
-            worker_queue_idx = next(self._worker_queue_idx_cycle)
-            if self._workers_status[worker_queue_idx]:
-                if self._in_order or (self._workers_num_tasks[worker_queue_idx]
-                                      < max_tasks // sum(self._workers_status)):
-                    break
-        else:
-            return
-        pipe = self._index_pipes[worker_queue_idx]
-        data = pipe.encode((self._send_idx, index))
-        if pipe.fits(data):
-            pipe.send(self._send_idx, data)
-        else:
-            self._held = (worker_queue_idx, self._send_idx, data)
-        self._task_info[self._send_idx] = (worker_queue_idx,)
-        self._workers_num_tasks[worker_queue_idx] += 1
-        self._tasks_outstanding += 1
-        self._send_idx += 1
-
-    def _process_data(self, result, worker_id):
-        self._workers_num_tasks[worker_id] -= 1
-        self._try_put_index()
-        kind, payload = result
-        if kind == channel.ERROR:
-            channel.raise_exception(payload)
-        return payload
-
-    def _mark_worker_as_unavailable(self, worker_id):
-        # A persistent worker waits for the next epoch; any other one may exit now.
-        if not self._persistent_workers:
-            self._index_pipes[worker_id].stop()
-        self._workers_status[worker_id] = False
-
-    def _shutdown_workers(self):
-        """Tell every worker to stop, give them a moment, then terminate and reap them."""
+    def _stop_workers(self):
+        """Ask every worker to exit, give them a moment, then terminate and reap the rest;
+        the iterator is finished."""
         if self._shutdown:
             return
         self._shutdown = True
+        processes = [w.process for w in self._workers]
         try:
-            for pipe, w in zip(self._index_pipes, self._workers):
-                if w.is_alive():
-                    pipe.stop()
+            for worker in self._workers:
+                if worker.process.is_alive():
+                    worker.tasks.stop()
         finally:
-            join_all(self._workers, _SHUTDOWN_GRACE)
-            reap(self._workers, _SHUTDOWN_GRACE)
-            for pipe in self._index_pipes:
-                pipe.close()
-            for conn in self._result_conns:
-                conn.close()
+            join_all(processes, _SHUTDOWN_GRACE)
+            reap(processes, _SHUTDOWN_GRACE)
+            for worker in self._workers:
+                worker.tasks.close()
+                worker.results.close()
 
     def __del__(self):
         if sys is None or sys.is_finalizing():
             return  # interpreter exit: multiprocessing terminates daemonic workers itself
         try:
-            self._shutdown_workers()
-        except AttributeError:  # __init__ failed before the worker lists existed
+            self._stop_workers()
+        except AttributeError:  # __init__ failed before there was a list of workers
             pass

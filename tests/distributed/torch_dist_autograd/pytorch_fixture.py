@@ -9,8 +9,8 @@ bodies run unchanged on PyTorch and on distgrad (``import torch`` is distgrad th
   ``assertEqual`` compares tensors as PyTorch's ``TestCase`` does: same layout, dtype
   and shape, values within the dtype's default tolerance, sparse tensors by their
   coalesced indices and values;
-* ``dist_init``, ``initialize_pg``, ``worker_name``, ``wait_until_node_failure``:
-  ``torch/testing/_internal/dist_utils.py``'s, with the same behaviour;
+* ``dist_init``, ``initialize_pg``, ``worker_name``, ``wait_until_node_failure`` (and
+  ``noop``): the names the cases import, written here from what the cases ask of them;
 * the skip decorators of the CUDA and macOS tests.
 
 ``runner.py`` sets ``rank`` and ``file_name`` on each test instance, as PyTorch's
@@ -20,7 +20,7 @@ import re
 import sys
 import time
 import unittest
-from functools import partial, wraps
+from functools import wraps
 
 import torch
 import torch.distributed as dist
@@ -43,57 +43,68 @@ def skip_if_lt_x_gpu(x):
     return unittest.skip(f"needs {x} GPUs (CPU only here)")
 
 
-def dist_init(old_test_method=None, setup_rpc=True, clean_shutdown=True, faulty_messages=None,
-              messages_to_delay=None):
-    """PyTorch's ``dist_init``: join the RPC world before the test and leave it after.
+def worker_name(rank):
+    """The RPC name of ``rank`` (the cases build peers' names with it)."""
+    return "worker" + str(rank)
 
-    The wrapper records ``clean_shutdown``: a test that does not shut down cleanly
-    leaves its world unusable, so the runner starts a fresh one after it.
+
+def dist_init(test=None, *, clean_shutdown=True):
+    """Run a test method inside an RPC world that its ranks join for it alone.
+
+    The cases write ``@dist_init`` or ``@dist_init(clean_shutdown=False)``. The rank
+    joins as ``worker<rank>`` with the fixture's backend and options, runs the body, and
+    leaves with ``rpc.shutdown(graceful=clean_shutdown)``; a body that raises leaves the
+    world as it is (the runner then starts a new one). The method keeps
+    ``clean_shutdown`` as an attribute: ``runner.py`` reads it to know that a world left
+    ungracefully cannot serve the next test. ``init_rpc`` is called from this module,
+    which makes its functions (``noop``) callable by peers on distgrad.
     """
-    if old_test_method is None:
-        return partial(dist_init, setup_rpc=setup_rpc, clean_shutdown=clean_shutdown,
-                       faulty_messages=faulty_messages, messages_to_delay=messages_to_delay)
-
-    @wraps(old_test_method)
-    def new_test_method(self, *arg, **kwargs):
-        self.worker_id = self.rank
-        if setup_rpc:
-            rpc.init_rpc(name=f"worker{self.rank:d}", backend=self.rpc_backend, rank=self.rank,
-                         world_size=self.world_size,
+    def decorate(body):
+        @wraps(body)
+        def run_in_world(self, *args, **kwargs):
+            self.worker_id = self.rank  # the cases compare context ids' high bits with it
+            rpc.init_rpc(name=worker_name(self.rank), backend=self.rpc_backend,
+                         rank=self.rank, world_size=self.world_size,
                          rpc_backend_options=self.rpc_backend_options)
-        return_value = old_test_method(self, *arg, **kwargs)
-        if setup_rpc:
+            result = body(self, *args, **kwargs)
             rpc.shutdown(graceful=clean_shutdown)
-        return return_value
+            return result
 
-    new_test_method.clean_shutdown = clean_shutdown
-    return new_test_method
+        run_in_world.clean_shutdown = clean_shutdown
+        return run_in_world
+
+    return decorate if test is None else decorate(test)
 
 
 def noop():
-    pass
+    """Does nothing: called remotely to find out whether a peer still answers."""
+
+
+_PROBE_INTERVAL = 0.1  # seconds between two calls to a peer that still answers
 
 
 def wait_until_node_failure(rank, expected_error_regex=".*"):
-    """Loop until an RPC to ``rank`` fails with an error matching the regex."""
+    """Block until ``rank`` is gone: call ``noop`` on it again and again until a call
+    fails with an error whose text matches ``expected_error_regex``; return that text.
+    (The cases stop some ranks on purpose and wait here before they check what a
+    backward pass through the dead ranks raises.)"""
+    expected = re.compile(expected_error_regex)
     while True:
         try:
-            rpc.rpc_sync(f"worker{rank}", noop, args=())
-            time.sleep(0.1)
-        except Exception as e:  # noqa: BLE001 - any failure of the call is what we wait for
-            if re.search(pattern=expected_error_regex, string=str(e)):
-                return str(e)
+            rpc.rpc_sync(worker_name(rank), noop)
+        except Exception as error:  # noqa: BLE001 - a failing call is what we wait for
+            if expected.search(str(error)):
+                return str(error)
+        time.sleep(_PROBE_INTERVAL)
 
 
 def initialize_pg(init_method, rank, world_size):
-    # For the tests using `dist.barrier`.
-    if not dist.is_initialized():
-        dist.init_process_group(backend="gloo", init_method=init_method, rank=rank,
-                                world_size=world_size)
-
-
-def worker_name(rank):
-    return f"worker{rank}"
+    """Join the default (gloo) process group for the cases that call ``dist.barrier``;
+    a rank that has joined already (an earlier case in this world) stays in it."""
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend="gloo", init_method=init_method, rank=rank,
+                            world_size=world_size)
 
 
 # torch.testing's default tolerances (rtol, atol) by dtype, for assertEqual
