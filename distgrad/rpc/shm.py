@@ -202,30 +202,6 @@ class SegmentMaps:
         self._mapped_bytes = 0
         self._pids = {}        # peer rank -> pid (proved by the probe)
 
-    def want(self, rank):
-        """(any thread) An array large enough to lend goes to ``rank``, not proven to share
-        memory: it takes the socket, and ``rank`` is asked once (at the I/O thread's next
-        tick, :meth:`probe_wanted`) to map a probe. Peers are probed on first need, not when
-        the world forms: a process makes no connection, and no segment, for a peer it never
-        sends a large array to."""
-        if rank in self._asked:
-            return
-        self._asked.add(rank)
-        self._wanted.append(rank)
-        self._wake()
-
-    def probe_wanted(self, caller):
-        """(the I/O thread) Send each wanted peer a probe with ``caller``; lend to those that
-        map it (:meth:`probed`)."""
-        while self._wanted:
-            rank = self._wanted.popleft()
-            probe = self.probe()
-            if probe is None:
-                continue
-            fut = caller.call(rank, "@shm.probe", probe, internal=True)
-            fut._add_inline_callback(lambda f, r=rank, p=probe: self.probed(
-                r, p, f.exception() is None and f.value()))
-
     def check_probe(self, src, pid, name, token):
         """Runs for a peer's probe: can this process read what ``src`` (``pid``) wrote?"""
         if not self._valid(name, pid):
