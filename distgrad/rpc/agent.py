@@ -50,6 +50,7 @@ Who is given what (at construction; nobody reaches into the agent):
 """
 import copy
 import itertools
+import secrets
 import weakref
 
 from .allowlist import Allowlist
@@ -79,7 +80,10 @@ class Agent:
         # (rpc._set_rpc_timeout) changes it for all of them, and not the caller's object
         self.options = options = copy.copy(options or RpcBackendOptions())
         self.allowlist = Allowlist(options.allowed_modules)
-        ids = itertools.count(1)
+        # Message ids (and RRef ids) count from a random start: a reply is matched to a call
+        # by its id, so a stray or forged message (a fuzzer, a confused peer) cannot hit a
+        # waiting call by guessing small numbers. 0 stays free: it marks a one-way call.
+        ids = itertools.count(secrets.randbelow(1 << 48) + 1)
         self._ids = ids
         self.calls = PendingCalls(world_size, options.max_inflight_per_worker)
         self.owner = OwnerTable(world_size, ttl=max(2 * (options.rpc_timeout or 60.0), 60.0))
