@@ -51,9 +51,8 @@ hand-off (``rpc/PROTOCOL.md``).
 """
 import logging
 import threading
-from collections import defaultdict
-
 import time
+from collections import defaultdict
 
 from distgrad.autograd._internal import (GraphTask, as_tuple, execute, grad_edge,
                                          make_root_grads, runs_only_builtin_code,
