@@ -12,7 +12,13 @@ import time
 from .errors import RpcTimeoutError, WorkerUnreachableError
 from ..futures import Future
 
-__all__ = ["ShutdownBarrier"]
+__all__ = ["ShutdownBarrier", "MET"]
+
+#: What rank 0 says as it leaves once every rank met at its barrier. Its replies to the
+#: barrier and its LEAVE travel on different connections, so a LEAVE can overtake a reply
+#: (one to a peer that rank 0's thread had no connection to yet, made as the reply left):
+#: a rank still waiting for its reply then knows from this that the barrier was met.
+MET = "it shut down after every rank met at the shutdown barrier"
 
 
 class ShutdownBarrier:

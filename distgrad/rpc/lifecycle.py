@@ -20,7 +20,7 @@ from .. import codec
 from ..utils import addresses
 from ..utils.allocator import keep_freed_memory
 from ..utils.tempdirs import owned_tempdir
-from .barrier import ShutdownBarrier
+from .barrier import MET, ShutdownBarrier
 from .caller import Caller
 from .contexts import MessageContexts
 from .credentials import (Credential, member_secret, new_world_secret, warn_open_world,
@@ -221,6 +221,8 @@ class Lifecycle:
                 return fut.value()
             except WorkerUnreachableError:
                 if t.left(0):
+                    if t.down(0) == MET:  # its LEAVE overtook its reply (see barrier.MET)
+                        return None
                     raise
                 back = time.monotonic() + self.options.heartbeat_timeout
                 while t.down(0) is not None and time.monotonic() < back:
@@ -236,6 +238,7 @@ class Lifecycle:
             return
         error = None
         self.closing = "shutdown() was called"
+        announce = "it shut down"
         if graceful:
             gc.collect()  # RRefs held only by cycles release their forks now
             deadline = time.monotonic() + (timeout if timeout else _FOREVER)
@@ -243,6 +246,7 @@ class Lifecycle:
                 self.caller.wait_pending(deadline)
                 if self.rank == 0:
                     self.barrier.wait_all(deadline, self.unreachable, self.members.describe)
+                    announce = MET
                 else:
                     self._arrive_at_barrier(deadline)
                 self.quiet = True
@@ -250,7 +254,7 @@ class Lifecycle:
             except Exception as e:  # noqa: BLE001 - shut down anyway, then report
                 error = e
         self.quiet = True
-        self.teardown(announce="it shut down")
+        self.teardown(announce=announce)
         if error is not None:
             raise error
 
