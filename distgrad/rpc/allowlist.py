@@ -138,8 +138,23 @@ def _program_root():
     return root
 
 
+_shared_dirs = None
+_shared_dirs_lock = threading.Lock()
+
+
 def _shared_code_dirs():
-    """Where the standard library, installed packages and distgrad itself live."""
+    """Where the standard library, installed packages and distgrad itself live; found once,
+    under a lock: ``sysconfig.get_paths()`` fills its module-wide variables on first use,
+    and two handler threads asking at once made one of them fail ("dictionary changed size
+    during iteration"; a 64-rank all-to-all lost a process to it)."""
+    global _shared_dirs
+    with _shared_dirs_lock:
+        if _shared_dirs is None:
+            _shared_dirs = _find_shared_code_dirs()
+        return _shared_dirs
+
+
+def _find_shared_code_dirs():
     dirs = set()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)

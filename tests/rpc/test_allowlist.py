@@ -100,3 +100,35 @@ def test_spawned_main_module_is_main_on_the_wire():
     f = types.FunctionType(rpc_funcs.echo.__code__, {}, "job")
     f.__module__, f.__qualname__ = "__mp_main__", "job"
     assert ref_of(f) == "__main__:job"
+
+
+def test_the_shared_code_directories_are_found_once_for_all_threads(monkeypatch):
+    # sysconfig fills its module-wide variables on first use; two handler threads finding
+    # them at once made one fail ("dictionary changed size during iteration")
+    import threading
+    import time
+
+    from distgrad.rpc import allowlist
+
+    found = []
+
+    def slow_find():
+        found.append(threading.get_ident())
+        time.sleep(0.05)  # long enough for every thread to ask meanwhile
+        return ["/shared"]
+
+    monkeypatch.setattr(allowlist, "_shared_dirs", None)
+    monkeypatch.setattr(allowlist, "_find_shared_code_dirs", slow_find)
+    start = threading.Barrier(8)
+    answers = []
+
+    def ask():
+        start.wait()
+        answers.append(allowlist._shared_code_dirs())
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(found) == 1 and answers == [["/shared"]] * 8
