@@ -7,6 +7,8 @@ notice is posted to the owner (``bookkeeping.py``), in order with this process's
 notices, so the owner counts the new fork before it hears that the sender's own fork
 was dropped (``rref.del``). No message and no wait of its own (``PROTOCOL.md``).
 """
+import weakref
+
 from .. import codec
 from .rref import RRef
 
@@ -24,6 +26,10 @@ class Forks:
         self.home, self.rank, self.world_size = home, rank, world_size
         self.table, self.new_id = table, new_id
         self.post_notice, self.running = post_notice, running
+        #: the RRef objects bound to this process's agent that are still alive (see
+        #: :meth:`~distgrad.rpc.lifecycle.Lifecycle.shutdown`, which collects garbage
+        #: only when one may be held by a reference cycle)
+        self.alive = weakref.WeakSet()
 
     # ------------------------------------------------------------------ this process's RRefs
     def adopt(self, rref):

@@ -240,7 +240,12 @@ class Lifecycle:
         self.closing = "shutdown() was called"
         announce = "it shut down"
         if graceful:
-            gc.collect()  # RRefs held only by cycles release their forks now
+            if self.forks.alive:
+                # RRefs held only by reference cycles release their forks now. Only then: a
+                # full collection holds the GIL for tens of ms, and 64 processes collecting
+                # at once on 2 cores starved each other's threads for seconds, past the
+                # heartbeat bound (a shutdown that reported healthy peers dead).
+                gc.collect()
             deadline = time.monotonic() + (timeout if timeout else _FOREVER)
             try:
                 self.caller.wait_pending(deadline)

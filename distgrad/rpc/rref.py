@@ -72,6 +72,7 @@ class RRef:
         # and CPython clears those before __del__ runs; then the fork would never be released
         self._agent_ref = agent.weakref
         self._owner, self._rid, self._fid = owner, rid, fid
+        agent.forks.alive.add(self)
 
     def _need_agent(self):
         agent = self._agent_ref() if self._agent_ref is not None else None
