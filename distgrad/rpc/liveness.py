@@ -68,7 +68,12 @@ class PeerLiveness:
         # over for TCP by about 2t + 0.2 s): dropping one would lose what was in flight.
         # Only the liveness connections (which carry nothing) drop at the bound.
         lasting = int((2 * options.heartbeat_timeout + 1.0) * 1000)
-        self._hb_data = (self._hb[0], lasting, lasting)
+        # They PING once a bound, not every interval: they only need to drop (on both sides,
+        # by the TTL they announce) some time after a long outage, and each PING costs ~40 us
+        # of libzmq's thread. After an all-to-all of 64 ranks every process holds ~3 such
+        # connections per peer; at the liveness interval their PINGs alone kept a third of
+        # a 2-core machine busy.
+        self._hb_data = (int(options.heartbeat_timeout * 1000), lasting, lasting)
         self._down = {}            # rank -> why (dead or left); read by any thread
         self._left = set()
         self._suspect = {}         # rank -> deadline
