@@ -43,6 +43,11 @@ def test_all_reduce_by_recursive_doubling(world, dtype):
     _same_bits(world.run("all_reduce_doubling", dtype))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bool", "complex128"])
+def test_all_reduce_by_recursive_halving_and_doubling(world, dtype):
+    _same_bits(world.run("all_reduce_halving", dtype))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "int64"])
 def test_broadcast_and_reduce(world, dtype):
     _same_bits(world.run("broadcast", dtype, ["plain", "scalar", "strided", "large"]))

@@ -146,6 +146,21 @@ def all_reduce_doubling(ctx, dtype):
 
 
 @case
+def all_reduce_halving(ctx, dtype):
+    """All-reduces by recursive halving and doubling, of every size (for 3 ranks: one
+    folded rank; tensors of fewer elements than ranks: empty chunks)."""
+    from distgrad.distributed import algorithms
+    saved = algorithms.DIRECT_MAX_RANKS, algorithms.SMALL_BYTES, algorithms.HALVING_MAX_BYTES
+    algorithms.DIRECT_MAX_RANKS, algorithms.SMALL_BYTES, algorithms.HALVING_MAX_BYTES = \
+        1, 0, 1 << 40
+    try:
+        return all_reduce(ctx, dtype, ["plain", "scalar", "strided", "large"])
+    finally:
+        algorithms.DIRECT_MAX_RANKS, algorithms.SMALL_BYTES, algorithms.HALVING_MAX_BYTES = \
+            saved
+
+
+@case
 def broadcast(ctx, dtype, layouts):
     out = {}
     for k in ctx.sizes():
