@@ -96,6 +96,11 @@ class _Unit:
         self.target = None    # this pass: its gradient's flat view, when reduced in place
 
 
+def _memory_of(a):
+    """What identifies the memory of array ``a`` (its base's, for a view)."""
+    return id(a.base if a.base is not None else a)
+
+
 def _units(buckets, segment_bytes, in_place_bytes=0):
     units = []
     for b in buckets:
@@ -306,7 +311,7 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
         self._next_unit = 0
         self._locally_used = None
         self._sink = None            # the distributed autograd context of this backward
-        self._in_place_owners = set()  # memory of the gradients reduced in place this pass
+        self._shared_grads = None    # memory that several parameters' .grad share (this pass)
         for u in self._units:
             u.pending = u.hi - u.lo
             u.work = u.target = None
@@ -385,14 +390,25 @@ class DistributedDataParallel(_declared.DistributedDataParallel):
         if type(a) is not np.ndarray or not a.flags.c_contiguous or not a.flags.writeable \
                 or a.size != unit.flat.size or a.dtype != unit.flat.dtype:
             return False
-        # gradients that share memory (a user may have assigned one .grad to two
-        # parameters) are not reduced in place twice at once: the second takes its slot
-        owner = id(a.base if a.base is not None else a)
-        if owner in self._in_place_owners:
+        # memory that several parameters' .grad share (a user may have assigned one .grad
+        # to two parameters) takes the buckets: the collective would write into it while
+        # backward still adds the other parameter's gradient there
+        if self._shared_grads is None:
+            self._shared_grads = self._grad_memory_shared()
+        if _memory_of(a) in self._shared_grads:
             return False
-        self._in_place_owners.add(owner)
         unit.target = a.reshape(-1)
         return True
+
+    def _grad_memory_shared(self):
+        """The memory (``_memory_of``) of the ``.grad`` of more than one parameter."""
+        seen, shared = set(), set()
+        for q in self._params:
+            g = q.grad
+            if g is not None:
+                m = _memory_of(array_of(g))
+                (shared if m in seen else seen).add(m)
+        return shared
 
     def _fill(self, bucket, k, sink, unused):
         view = bucket.views[k]

@@ -46,7 +46,7 @@ def test_unused_parameters_are_found_and_averaged(world, in_place):
     assert r0 == r1
 
 
-def test_gradients_sharing_memory_are_not_reduced_in_place_twice(world):
+def test_gradients_sharing_memory_are_averaged_as_the_buckets_do(world):
     r0, r1 = world.run("shared_grad_memory")
     assert r0 == r1
 
