@@ -156,92 +156,95 @@ def all_reduce(flat, op, n):
             else pipelined), True
 
 
-def doubling(prog, flat, op):
-    """Recursive doubling: the ranks beyond the largest power of two ``m`` first hand their
-    tensor to rank ``r - m``; then in round ``i`` every rank ``r < m`` exchanges its partial
-    result with rank ``r ^ 2**i``; the lower-ranked partial always comes first, so both
-    partners compute the same bits. The folded ranks get the result at the end."""
+_FOLDED_RESULT = 1 << 40  # the step of the result sent back to a folded rank
+
+
+def _folded(prog, flat, op, rounds):
+    """Run ``rounds(m)``, the program of the ranks below the largest power of two ``m``,
+    with the ranks beyond it folded in: rank ``r >= m`` hands its tensor to rank ``r - m``
+    first and gets the result back at the end."""
     r, n = prog.rank, prog.size
     m = 1 << (n.bit_length() - 1)
-    last = 1 << 40  # the step of the result sent back to a folded rank
     if r >= m:
         prog.send(r - m, 0, flat)
-        flat[...] = yield prog.recv(r - m, last)
+        flat[...] = yield prog.recv(r - m, _FOLDED_RESULT)
         return
-    acc = flat
     if r + m < n:
-        combine(op, acc, (yield prog.recv(r + m, 0)), out=acc)
-    mask, step = 1, 1
-    while mask < m:
-        partner = r ^ mask
-        prog.send(partner, step, acc)
-        x = yield prog.recv(partner, step)
-        if partner < r:
-            combine(op, x, acc, out=acc)
-        else:
-            combine(op, acc, x, out=acc)
-        mask <<= 1
-        step += 1
-    finish(op, acc, n)
+        combine(op, flat, (yield prog.recv(r + m, 0)), out=flat)
+    yield from rounds(m)
     if r + m < n:
-        prog.send(r + m, last, flat)
+        prog.send(r + m, _FOLDED_RESULT, flat)
+
+
+def _add_partial(op, own, theirs, theirs_first):
+    """``own`` combined with a partner's partial result, the lower-ranked one first, so
+    both partners compute the same bits."""
+    if theirs_first:
+        combine(op, theirs, own, out=own)
+    else:
+        combine(op, own, theirs, out=own)
+
+
+def doubling(prog, flat, op):
+    """Recursive doubling: the ranks beyond the largest power of two ``m`` fold in
+    (:func:`_folded`); then in round ``i`` every rank ``r < m`` exchanges its partial result
+    with rank ``r ^ 2**i``, the lower-ranked partial first."""
+    def rounds(m):
+        r = prog.rank
+        mask, step = 1, 1
+        while mask < m:
+            partner = r ^ mask
+            prog.send(partner, step, flat)
+            _add_partial(op, flat, (yield prog.recv(partner, step)), partner < r)
+            mask <<= 1
+            step += 1
+        finish(op, flat, prog.size)
+    return _folded(prog, flat, op, rounds)
 
 
 def halving_doubling(prog, flat, op):
     """Recursive halving, then doubling (Rabenseifner's all-reduce). The ranks beyond the
-    largest power of two ``m`` fold into rank ``r - m`` first, as in :func:`doubling`.
-    ``flat`` is cut into ``m`` chunks. Halving: in round ``i`` every rank ``r < m`` keeps
-    half of the chunks it still reduces (the lower half if bit ``m >> i`` of ``r`` is 0),
-    sends the other half to rank ``r ^ (m >> i)`` and adds what that rank sent for its own
-    half, the lower-ranked partial first; rank ``r`` ends up with chunk ``r`` reduced.
-    Doubling: in round ``i`` it swaps the chunks it holds with rank ``r ^ 2**i``. Each chunk
-    is reduced by one rank only, so every rank gets the same bits."""
-    r, n = prog.rank, prog.size
-    m = 1 << (n.bit_length() - 1)
-    last = 1 << 40  # the step of the result sent back to a folded rank
-    if r >= m:
-        prog.send(r - m, 0, flat)
-        flat[...] = yield prog.recv(r - m, last)
-        return
-    if r + m < n:
-        combine(op, flat, (yield prog.recv(r + m, 0)), out=flat)
-    bounds = _bounds(flat.size, m)
+    largest power of two ``m`` fold in first (:func:`_folded`). ``flat`` is cut into ``m``
+    chunks. Halving: in round ``i`` every rank ``r < m`` keeps half of the chunks it still
+    reduces (the lower half if bit ``m >> i`` of ``r`` is 0), sends the other half to rank
+    ``r ^ (m >> i)`` and adds what that rank sent for its own half, the lower-ranked
+    partial first; rank ``r`` ends up with chunk ``r`` reduced. Doubling: in round ``i`` it
+    swaps the chunks it holds with rank ``r ^ 2**i``. Each chunk is reduced by one rank
+    only, so every rank gets the same bits."""
+    def rounds(m):
+        r = prog.rank
+        bounds = _bounds(flat.size, m)
 
-    def chunks(lo, hi):
-        return flat[bounds[lo]:bounds[hi]]
+        def chunks(lo, hi):
+            return flat[bounds[lo]:bounds[hi]]
 
-    lo, hi, step = 0, m, 1
-    mask = m >> 1
-    while mask:
-        mid = (lo + hi) // 2
-        partner = r ^ mask
-        keep, give = ((lo, mid), (mid, hi)) if r & mask == 0 else ((mid, hi), (lo, mid))
-        prog.send(partner, step, chunks(*give))
-        x = yield prog.recv(partner, step)
-        v = chunks(*keep)
-        if partner < r:
-            combine(op, x, v, out=v)
-        else:
-            combine(op, v, x, out=v)
-        x = None  # the last view of the sender's segment: it can lend it again
-        lo, hi = keep
-        mask >>= 1
-        step += 1
-    finish(op, chunks(r, r + 1), n)
-    mask = 1
-    while mask < m:
-        partner = r ^ mask
-        prog.send(partner, step, chunks(lo, hi))
-        x = yield prog.recv(partner, step)
-        width = hi - lo
-        plo = lo + width if r & mask == 0 else lo - width
-        chunks(plo, plo + width)[...] = x
-        x = None
-        lo, hi = min(lo, plo), max(hi, plo + width)
-        mask <<= 1
-        step += 1
-    if r + m < n:
-        prog.send(r + m, last, flat)
+        lo, hi, step = 0, m, 1
+        mask = m >> 1
+        while mask:
+            mid = (lo + hi) // 2
+            partner = r ^ mask
+            keep, give = ((lo, mid), (mid, hi)) if r & mask == 0 else ((mid, hi), (lo, mid))
+            prog.send(partner, step, chunks(*give))
+            x = yield prog.recv(partner, step)
+            _add_partial(op, chunks(*keep), x, partner < r)
+            x = None  # the last view of the sender's segment: it can lend it again
+            lo, hi = keep
+            mask >>= 1
+            step += 1
+        finish(op, chunks(r, r + 1), prog.size)
+        mask = 1
+        while mask < m:
+            partner = r ^ mask
+            prog.send(partner, step, chunks(lo, hi))
+            x = yield prog.recv(partner, step)
+            width = hi - lo
+            plo = lo + width if r & mask == 0 else lo - width
+            chunks(plo, plo + width)[...] = x
+            x = None
+            lo, hi = min(lo, plo), max(hi, plo + width)
+            mask <<= 1
+            step += 1
+    return _folded(prog, flat, op, rounds)
 
 
 def reduce_scatter(work, block, op, out, n):
