@@ -159,6 +159,13 @@ class Agent:
         """Why ``rank`` cannot be reached (it died or left), or None."""
         return self.lifecycle.unreachable(rank)
 
+    def follow(self, rank):
+        """Watch ``rank``'s liveness although no call to it waits (work it reports back
+        with a one-way call): :meth:`unreachable` then tells of its death."""
+        t = self.transport
+        if t is not None:
+            t.follow(self.worker_info(rank).id)
+
     # ------------------------------------------------------------------ calling
     def _caller(self):
         caller = self.lifecycle.caller

@@ -382,6 +382,13 @@ class Transport:
         self._poller.register(d, zmq.POLLIN)
         self._poller.register(monitor, zmq.POLLIN)
 
+    def follow(self, r):
+        """Watch peer ``r``'s liveness from now on (any thread; the I/O thread starts soon),
+        so that :meth:`down` reports its death although nothing is sent to it."""
+        if r not in self.dealers and r != self.rank:
+            self._to_watch.append(r)
+            self._wake.signal()
+
     def on_io_thread(self):
         """Whether the calling thread is the I/O thread."""
         return threading.get_ident() == self._io_ident

@@ -8,6 +8,7 @@ import pytest
 import distgrad
 from distgrad.distributed import autograd as dist_autograd
 from distgrad.distributed import rpc
+from distgrad.rpc import current_agent
 from support import contexts
 from support import dist_funcs as f
 
@@ -271,6 +272,72 @@ def test_worker_part_that_never_finishes_times_out_naming_the_worker(rpc_world):
         assert time.monotonic() - t0 < 3.0
     time.sleep(2.0)  # the hung part ends on a released context: harmless
     assert contexts.live_on("worker1") == []
+
+
+# Parts that their first gradient starts: rank 0 -> worker1 (a stage) -> worker2
+# (``fn(key, h)``). The coordinator never talks to worker2: worker1's gradient carries the
+# plan that starts worker2's part, and worker2 reports its end to the coordinator.
+S2_IN = [(5, 5), (5,)]
+
+
+def _via_worker1(fn, seed):
+    _params("worker1", "q1", seed, S1)
+    _params("worker2", "q2", seed + 1, S2_IN)
+    x = distgrad.tensor(_x(seed), requires_grad=True)
+    return rpc.rpc_sync("worker1", f.chain_to, ("q1", x, "worker2", fn, "q2"))
+
+
+def test_a_part_its_first_gradient_starts_needs_no_message_of_its_own(rpc_world):
+    rpc_world(2)
+    agent = current_agent()
+    with dist_autograd.context() as cid:
+        y = _via_worker1(f.stage, 50)
+        sent = agent.stats["messages_sent"]
+        dist_autograd.backward(cid, [y.sum()], retain_graph=True)
+        # one message left the coordinator: worker1's start with its first gradient
+        assert agent.stats["messages_sent"] - sent == 1
+        dist_autograd.backward(cid, [y.sum()])  # retain_graph travelled with the plan
+        got = rpc.rpc_sync("worker2", f.grads_of, (cid, "q2"))
+    xl = distgrad.tensor(_x(50))
+    want = _ref("q2", lambda: f.stage("q2@local", f.stage("q1@local", xl)).sum())
+    _close(got, [2 * w for w in want])
+    assert all(v == [] for v in contexts.live_everywhere().values())
+
+
+def test_a_part_its_first_gradient_starts_reports_its_error(rpc_world):
+    rpc_world(2)
+    with dist_autograd.context() as cid:
+        y = _via_worker1(f.fail_in_backward, 52)
+        with pytest.raises(RuntimeError, match=r"(?s)Error on Node 2: boom in backward.*worker2"):
+            dist_autograd.backward(cid, [y.sum()])
+    assert all(v == [] for v in contexts.live_everywhere().values())
+
+
+@pytest.mark.timeout(60)
+def test_a_part_its_first_gradient_starts_dies_and_the_pass_names_it(rpc_world):
+    rpc_world(2)
+    with dist_autograd.context() as cid:
+        y = _via_worker1(f.die_in_backward, 54)
+        t0 = time.monotonic()
+        with pytest.raises(rpc.WorkerUnreachableError, match="worker2"):
+            dist_autograd.backward(cid, [y.sum()])
+        assert time.monotonic() - t0 < 10.0
+    assert contexts.live_on("worker1") == []
+
+
+@pytest.mark.timeout(60)
+def test_a_part_its_first_gradient_starts_times_out_naming_it(rpc_world):
+    # worker1 finishes (worker2's gradient reached it before worker2 stalls): only the
+    # coordinator's watch of worker2's report can end the pass
+    rpc_world(2, rpc_timeout=1.5)
+    with dist_autograd.context() as cid:
+        y = _via_worker1(f.stage_stalling_at_end, 56)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="worker2"):
+            dist_autograd.backward(cid, [y.sum()])
+        assert time.monotonic() - t0 < 3.0
+    # the stalled part ends on a released context: harmless
+    assert contexts.live_on("worker2", timeout=10.0) == []
 
 
 def test_context_released_while_its_rpc_runs_is_harmless(world2):

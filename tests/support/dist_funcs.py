@@ -60,6 +60,13 @@ def chain(key, x, nxt, key2):
     return z * 2.0 + h
 
 
+def chain_to(key, x, nxt, fn, key2):
+    """A stage here, then ``fn(key2, h)`` on ``nxt``: the coordinator never talks to
+    ``nxt``, whose part of a backward starts with the gradient this worker sends it."""
+    from distgrad.rpc import api
+    return api.rpc_sync(nxt, fn, (key2, stage(key, x)))
+
+
 def diamond(key, x, other, key_b, key_c):
     """``a`` here feeds two calls to ``other``: its subgraph receives two gradients."""
     from distgrad.rpc import api
@@ -172,11 +179,12 @@ def unpack_log(t):
 class _EndNoter:
     """A context extension noting (or failing) the end of this process's backward parts."""
 
-    def __init__(self, context_id, fail):
-        self.context_id, self.fail = context_id, fail
+    def __init__(self, context_id, fail, stall=0.0):
+        self.context_id, self.fail, self.stall = context_id, fail, stall
 
     def on_backward_end(self):
         from distgrad.distributed.autograd import container
+        time.sleep(self.stall)
         if self.fail:
             raise ValueError("boom at the end of backward")
         grads = len(container.require_context(self.context_id).grads)
@@ -185,13 +193,19 @@ class _EndNoter:
             _store.setdefault("@ends", []).append(grads)
 
 
-def stage_noting_ends(key, x, fail=False):
+def stage_noting_ends(key, x, fail=False, stall=0.0):
     """``stage(key, x)`` in a context whose backward parts here end with a note of how many
-    leaf gradients the context holds then (``ends_noted``), or with an error."""
+    leaf gradients the context holds then (``ends_noted``), or with an error; after
+    ``stall`` seconds (its gradients all went out before)."""
     from distgrad.distributed.autograd import container
     cid = container.current_context_id()
-    container.add_extension(cid, _EndNoter(cid, fail))
+    container.add_extension(cid, _EndNoter(cid, fail, stall))
     return stage(key, x)
+
+
+def stage_stalling_at_end(key, x):
+    """A stage whose backward part here ends 3 s after its gradients went out."""
+    return stage_noting_ends(key, x, stall=3.0)
 
 
 def ends_noted():

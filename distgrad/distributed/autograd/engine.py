@@ -8,15 +8,19 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    entries gives exactly the send nodes that will receive a gradient (one each),
    grouped by owner. Send nodes that no gradient can reach (a result the loss does
    not use) are never waited for.
-2. ``_run_pass(ctx, pass, send ids, retain[, first gradient])`` goes to every owner
-   other than the coordinator (an asynchronous handler: its reply is the owner's
-   completion). An owner the roots feed directly gets it together with its first
-   gradient, when the coordinator's engine reaches that recv node (one message, and
-   a blocking call when it is the last thing left); the others get it right after the
-   first of those left (their gradients come later, through other workers). Each
-   process runs one :class:`GraphTask` whose roots are exactly its expected send
-   nodes (plus, on the coordinator, the roots), so nodes shared by several of them
-   wait for all their gradients and nobody waits for a gradient that cannot come.
+2. ``_run_pass(ctx, pass, send ids, retain, first gradients, plan)`` goes to each owner
+   the roots feed directly, together with its first gradients, when the coordinator's
+   engine reaches that recv node (one message, and a blocking call when it is the last
+   thing left); its reply is that owner's completion. The other owners get no message of
+   their own: their gradients come later, through other workers, and the first one
+   carries the *plan* (``{owner rank: send ids}`` of every such owner), which each part
+   passes on with its first delivery to each owner in it. An owner started that way
+   reports its completion to the coordinator with a one-way ``_part_done``; the
+   coordinator follows those owners' liveness and the RPC timeout meanwhile, so one that
+   dies or stalls fails the pass naming it, as a call to it would. Each process runs one
+   :class:`GraphTask` whose roots are exactly its expected send nodes (plus, on the
+   coordinator, the roots), so nodes shared by several of them wait for all their
+   gradients and nobody waits for a gradient that cannot come.
 3. Gradients flow: when an engine runs a recv node it ships the gradient to the
    sender (``_deliver``, a one-way call), whose pass adds it at the send node and
    executes what became ready. Gradients for one peer that become ready together (a
@@ -32,8 +36,9 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    worker's heartbeat error) aborts the pass everywhere else and is raised.
 
 The message economy of a pass, per peer and wave: one message with its gradients
-(the first one to a peer the roots feed directly also starts its part), plus one
-reply per part (its completion). Deliveries need no acknowledgement: a part
+(the first one to a peer also starts its part there), plus one completion per part (a
+reply, or ``_part_done``). A chain through k workers therefore costs k deliveries out
+and back and k completions, with no start message of its own. Deliveries need no acknowledgement: a part
 completes only once all its gradients arrived, so the completions cover them, and a
 peer that dies fails the coordinator's call to it. Releasing a context afterwards
 costs no message of its own: the release is a notice that rides along on the next
@@ -52,13 +57,16 @@ hand-off (``rpc/PROTOCOL.md``).
 import logging
 import threading
 import time
+import traceback
 from collections import defaultdict
 
 from distgrad.autograd._internal import (GraphTask, as_tuple, execute, grad_edge,
                                          make_root_grads, runs_only_builtin_code,
                                          set_task_extension)
 from distgrad._tensor import Tensor
-from distgrad.rpc import Future, RpcError, WorkerUnreachableError, entry_point
+from distgrad.rpc import (Future, ProtocolError, RpcError, RpcTimeoutError,
+                          WorkerUnreachableError, entry_point)
+from distgrad.rpc.errors import describe_exception, rebuild_exception
 from distgrad.rpc.functions import async_execution, never_blocks
 
 from . import container as _c
@@ -106,16 +114,17 @@ def _named(exc):
 class _Pass:
     """This process's part of one distributed backward pass."""
 
-    def __init__(self, ctx, pass_id, send_ids, retain_graph, roots=()):
+    def __init__(self, ctx, pass_id, send_ids, retain_graph, roots=(), plan=None):
         self.ctx, self.id = ctx, pass_id
         self.retain = retain_graph
+        self.plan = plan       # {rank: send ids} of the parts their first gradient starts
+        self.told = set()      # ranks whose part this one's deliveries carried the plan to
         self.lock = threading.Lock()
         self.inbox = []
         self.running = False
         self.finished = False
         self.outgoing = {}     # rank -> [[recv msg id, gradient], ...] of the wave being shipped
-        self.unstarted = None  # coordinator: {rank: send ids} of parts its first gradient starts
-        self.others = None     # coordinator: {rank: send ids} of the other parts (start_others)
+        self.unstarted = None  # coordinator: {rank: send ids} of parts its _run_pass starts
         self.parts = None
         self.deferred = None   # coordinator: starts held back until the roots' execute() returns
         self.defer_thread = None
@@ -231,19 +240,24 @@ class _Pass:
             out, self.outgoing = self.outgoing, {}
             starts = {r: self.unstarted.pop(r) for r in out
                       if self.unstarted and r in self.unstarted}
+            plan = self.plan
+            tell = [r for r in out if plan and r in plan and r not in self.told]
+            self.told.update(tell)
         if not out:
             return
         agent = _c._agent()
         with _c.scope(None):  # gradients are plain data: no recording
             for rank, grads in out.items():
                 if rank not in starts:
-                    if not agent.notify(rank, _deliver, (self.ctx.id, self.id, grads)):
+                    args = (self.ctx.id, self.id, grads, self.retain, plan) if rank in tell \
+                        else (self.ctx.id, self.id, grads)
+                    if not agent.notify(rank, _deliver, args):
                         raise WorkerUnreachableError(
                             f"cannot ship gradients to {agent.describe(rank)}: "
                             f"{agent.unreachable(rank) or 'it left the world'}")
                     continue
                 # the coordinator starts that worker's part with its first gradients
-                args = (self.ctx.id, self.id, starts[rank], self.retain, grads)
+                args = (self.ctx.id, self.id, starts[rank], self.retain, grads, plan)
                 if self.deferred is not None and threading.get_ident() == self.defer_thread \
                         and not self.task.has_ready_nodes():
                     # Nothing local is left to run: start it once execute() returns (maybe
@@ -251,19 +265,6 @@ class _Pass:
                     self.deferred.append((rank, args))
                     continue
                 self.parts[rank] = agent.call(rank, _run_pass, args, None, -1)
-                self.start_others()
-
-    def start_others(self):
-        """(coordinator) Start the parts of the workers the roots do not feed directly, once
-        the first gradients left for those they do (see backward())."""
-        with self.lock:
-            others, self.others = self.others, None
-        if others:
-            agent = _c._agent()
-            with _c.scope(None):
-                for rank, ids in others.items():
-                    self.parts[rank] = agent.call(
-                        rank, _run_pass, (self.ctx.id, self.id, ids, self.retain), None, -1)
 
     # -- completion --
     def _maybe_complete(self):
@@ -310,20 +311,18 @@ def _on_io_thread():
 @entry_point
 @never_blocks
 @async_execution
-def _run_pass(context_id, pass_id, send_ids, retain_graph, first=()):
-    """Runs on a worker: set up its part of a pass (``first``: [[msg id, gradient], ...] to
-    start with); the reply is its completion."""
+def _run_pass(context_id, pass_id, send_ids, retain_graph, first=(), plan=None):
+    """Runs on a worker the roots feed directly: set up its part of a pass (``first``:
+    [[msg id, gradient], ...] to start with; ``plan``: see the module docstring); the reply
+    is its completion."""
     ctx = _c.get_context(context_id)
     if ctx is None:
-        raise RuntimeError(f"worker '{_c.my_name()}' has no autograd context {context_id} "
-                           "(released?)")
+        raise _no_context(context_id)
     try:
         with ctx.lock:
             if pass_id in ctx.aborted:
                 raise RuntimeError(f"distributed backward pass {pass_id} was abandoned")
-            p = _Pass(ctx, pass_id, send_ids, retain_graph)
-            ctx.passes[pass_id] = p
-            early = ctx.early.pop(pass_id, [])
+            p, early = _new_part(ctx, pass_id, send_ids, retain_graph, plan)
     except BaseException as e:
         raise _named(e) from None
     out = Future()
@@ -335,14 +334,31 @@ def _run_pass(context_id, pass_id, send_ids, retain_graph, first=()):
         else:
             out.set_exception(_named(exc))
     p.done._add_inline_callback(relay)
-    if ctx.extensions and _on_io_thread():  # an extension's start may read ahead, or block
-        _c._agent().run_soon(_start_part, ctx, p, [*early, *first])
-    else:
-        _start_part(ctx, p, [*early, *first])
+    _start_part(ctx, p, [*early, *first])
     return out
 
 
+def _no_context(context_id):
+    return RuntimeError(f"worker '{_c.my_name()}' has no autograd context {context_id} "
+                        "(released?)")
+
+
+def _new_part(ctx, pass_id, send_ids, retain_graph, plan):
+    """(this process's part of pass ``pass_id``, the gradients that came before it);
+    under ``ctx.lock``."""
+    p = _Pass(ctx, pass_id, send_ids, retain_graph, plan=plan)
+    ctx.passes[pass_id] = p
+    return p, ctx.early.pop(pass_id, [])
+
+
 def _start_part(ctx, p, grads):
+    if ctx.extensions and _on_io_thread():  # an extension's start may read ahead, or block
+        _c._agent().run_soon(_run_part, ctx, p, grads)
+    else:
+        _run_part(ctx, p, grads)
+
+
+def _run_part(ctx, p, grads):
     _c.backward_starts(ctx)
     p.feed_all(grads)
     p._maybe_complete()
@@ -350,19 +366,77 @@ def _start_part(ctx, p, grads):
 
 @entry_point
 @never_blocks
-def _deliver(context_id, pass_id, grads):
+def _deliver(context_id, pass_id, grads, retain_graph=False, plan=None):
     """A one-way call: gradients ``[[send msg id, gradient], ...]`` for this process's part;
-    late ones (a released context, an abandoned pass) are dropped."""
+    late ones (a released context, an abandoned pass) are dropped. The first delivery to a
+    part the coordinator did not start carries the ``plan`` and starts it (its completion
+    goes to the coordinator as ``_part_done``)."""
+    mine = plan.get(_c.my_rank()) if type(plan) is dict else None
     ctx = _c.get_context(context_id)
     if ctx is None:
+        if mine is not None:
+            _report(context_id, pass_id, _no_context(context_id))
         return
-    with ctx.lock:
-        p = ctx.passes.get(pass_id)
-        if p is None:
-            if pass_id not in ctx.aborted:
-                ctx.early.setdefault(pass_id, []).extend(grads)
-            return
-    p.feed_all(grads)
+    try:
+        with ctx.lock:
+            p = ctx.passes.get(pass_id)
+            if p is None:
+                if pass_id in ctx.aborted:
+                    return
+                if mine is None:
+                    ctx.early.setdefault(pass_id, []).extend(grads)
+                    return
+                p, early = _new_part(ctx, pass_id, mine, retain_graph, plan)
+                p.done._add_inline_callback(
+                    lambda f: _report(context_id, pass_id, f.exception()))
+                grads = [*early, *grads]
+            else:
+                early = None
+    except BaseException as e:  # noqa: BLE001 - the part could not start: the coordinator hears
+        _report(context_id, pass_id, _named(e))
+        return
+    if early is None:
+        p.feed_all(grads)
+    else:
+        _start_part(ctx, p, grads)
+
+
+def _report(context_id, pass_id, exc):
+    """Tell the coordinator (the pass id's creator) that this process's part of the pass
+    ended, with ``exc`` when it failed."""
+    error = None
+    if exc is not None:
+        exc = _named(exc)
+        error = describe_exception(exc, "".join(traceback.format_exception(exc)))
+    _c._agent().notify(_c.creator_of(pass_id), _part_done,
+                       (context_id, pass_id, _c.my_rank(), error))
+
+
+# The coordinator's side: the parts it waits for by _part_done, (context id, pass id) ->
+# {rank: Future}.
+_reported = {}
+_reported_lock = threading.Lock()
+
+
+@entry_point
+@never_blocks
+def _part_done(context_id, pass_id, rank, error):
+    """A one-way call to the coordinator: worker ``rank``'s part (one the plan started)
+    ended; ``error`` describes its failure, as an error reply would."""
+    if type(rank) is not int:
+        return
+    with _reported_lock:
+        fut = _reported.get((context_id, pass_id), {}).get(rank)
+    if fut is None:
+        return  # late (the pass ended) or not a part it waits for
+    name = _c._agent().workers[rank].name
+    if error is None:
+        fut._complete(None, None)
+    elif type(error) is list and len(error) == 4:
+        fut._complete(None, rebuild_exception(*error, name))
+    else:
+        fut._complete(None, ProtocolError(f"malformed report of worker {name!r}'s part of "
+                                          f"distributed backward pass {pass_id}"))
 
 
 @entry_point
@@ -458,32 +532,42 @@ def backward(context_id, roots, retain_graph=False):
     agent = _c._agent()
     me = _c.my_rank()
     pass_id = _c.new_id()
-    p = _Pass(ctx, pass_id, expected.pop(me, ()), retain_graph, root_edges)
+    mine = expected.pop(me, ())
     # A worker the roots feed directly learns its part with its first gradient (one
-    # message instead of two); the others are told once the first of those left: theirs
-    # come later, after hops through other workers (any that arrive first are kept), and
-    # their starts would only delay the first hop.
+    # message instead of two). The others get theirs later, through other workers, and
+    # the plan rides along with the first one (module docstring): no message of their own.
+    others = {r: ids for r, ids in expected.items() if r not in direct}
+    p = _Pass(ctx, pass_id, mine, retain_graph, root_edges, plan=others or None)
     p.parts = parts = {}
     p.unstarted = {r: ids for r, ids in expected.items() if r in direct}
-    p.others = {r: ids for r, ids in expected.items() if r not in direct}
-    with ctx.lock:
-        ctx.passes[pass_id] = p
-    with _c.scope(None):
-        for rank in direct:
-            if agent.workers[rank].name in ctx.extended_peers:
-                # its part starts with its first gradient, but its extensions (offloading's
-                # read-ahead) should start now, while this process runs its own part
-                agent.call(rank, _backward_starting, (context_id,), None, -1)
-    _c.backward_starts(ctx)
-    p.deferred, p.defer_thread = [], threading.get_ident()
+    reported = {r: Future() for r in others}
+    parts.update(reported)
+    with _reported_lock:
+        _reported[(context_id, pass_id)] = reported
     try:
-        p.feed(None, root_edges)
+        for rank in others:
+            agent.follow(rank)  # its death must end the pass although no call to it waits
+        with ctx.lock:
+            ctx.passes[pass_id] = p
+        with _c.scope(None):
+            for rank in expected:
+                if agent.workers[rank].name in ctx.extended_peers:
+                    # its part starts with its first gradient, but its extensions
+                    # (offloading's read-ahead) should start now, while this process runs
+                    # its own part
+                    agent.call(rank, _backward_starting, (context_id,), None, -1)
+        _c.backward_starts(ctx)
+        p.deferred, p.defer_thread = [], threading.get_ident()
+        try:
+            p.feed(None, root_edges)
+        finally:
+            deferred, p.deferred, p.defer_thread = p.deferred, None, None
+        p._maybe_complete()
+        _start_deferred(agent, p, parts, deferred)
+        _wait_all(agent, context_id, pass_id, parts, p, reported)
     finally:
-        deferred, p.deferred, p.defer_thread = p.deferred, None, None
-    p._maybe_complete()
-    _start_deferred(agent, p, parts, deferred, alone=not p.others)
-    p.start_others()
-    _wait_all(agent, context_id, pass_id, parts, p)
+        with _reported_lock:
+            _reported.pop((context_id, pass_id), None)
 
 
 # Every message of a pass uses the RPC default timeout (``rpc_timeout``, 60 s unless
@@ -491,13 +575,13 @@ def backward(context_id, roots, retain_graph=False):
 # part fails the pass with a timeout naming it, instead of hanging the coordinator.
 
 
-def _start_deferred(agent, p, parts, deferred, alone):
+def _start_deferred(agent, p, parts, deferred):
     """Start the parts held back by the roots' execute(): when it is the only part left
-    (``alone``: no other is to start), with a blocking call (its reply is that part's
+    (no other started or awaited), with a blocking call (its reply is that part's
     completion; a failure or a dead worker ends it), otherwise asynchronously."""
     with _c.scope(None):
         deferred = deferred or ()
-        if len(deferred) == 1 and alone and not parts and p.done.done() \
+        if len(deferred) == 1 and not parts and p.done.done() \
                 and p.done.exception() is None:
             rank, args = deferred[0]
             fut = parts[rank] = Future()
@@ -511,13 +595,16 @@ def _start_deferred(agent, p, parts, deferred, alone):
             parts[rank] = agent.call(rank, _run_pass, args, None, -1)
 
 
-def _wait_all(agent, context_id, pass_id, parts, local):
+def _wait_all(agent, context_id, pass_id, parts, local, reported):
     """Wait for the local part, then for every worker's; stop at the first error.
 
-    ``parts`` grows while the local part runs (workers started by their first gradient).
+    ``parts`` grows while the local part runs (workers started by their first gradient);
+    ``reported`` are the parts that report by ``_part_done``, watched meanwhile.
     """
     error, finished = None, set()
     me = agent.rank if agent is not None else 0  # without RPC: a pass of this process alone
+    timeout = agent.options.rpc_timeout if reported else None
+    deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
     while error is None:
         if local.done.done():
             error = local.done.exception()
@@ -530,7 +617,8 @@ def _wait_all(agent, context_id, pass_id, parts, local):
         else:
             pending = [(r, f) for r, f in list(parts.items()) if r not in finished]
             fut = local.done
-        fut.wait_done(_SLICE)
+        if not fut.wait_done(_SLICE) and reported:
+            _watch_reported(agent, pass_id, reported, deadline, timeout)
         for r, f in pending:
             if f.done():
                 finished.add(r)
@@ -553,6 +641,24 @@ def _wait_all(agent, context_id, pass_id, parts, local):
         except Exception:  # noqa: BLE001 - best effort: the error below is what matters
             pass
     raise error
+
+
+def _watch_reported(agent, pass_id, reported, deadline, timeout):
+    """Fail the parts reporting by ``_part_done`` whose worker died or left, or that ran
+    past the RPC timeout, as the reply of a call to them would have."""
+    now = time.monotonic()
+    for r, f in reported.items():
+        if f.done():
+            continue
+        why = agent.unreachable(r)
+        if why is not None:
+            f._complete(None, WorkerUnreachableError(
+                f"{agent.describe(r)} is unreachable: {why} (while running its part of "
+                f"distributed backward pass {pass_id})"))
+        elif deadline is not None and now > deadline:
+            f._complete(None, RpcTimeoutError(
+                f"RPC ran for more than set timeout ({timeout} s) waiting for the part of "
+                f"distributed backward pass {pass_id} on {agent.describe(r)}"))
 
 
 @entry_point
