@@ -22,6 +22,7 @@ id, and cannot itself fail.
 """
 import contextlib
 import logging
+import sys
 import traceback
 
 from . import interceptors, wire
@@ -154,6 +155,32 @@ class Dispatcher:
         # references resolved here to ``never_blocks`` functions: served where they arrive
         # (looked up without resolving: the I/O thread never imports)
         self._on_arrival = set()
+        self._installers_run = set()  # installers requests asked for (interceptors.py), run
+
+    def _installing(self, request):
+        """The installers ``request`` asks for that did not run here yet."""
+        refs = interceptors.installers_of(request.extras)
+        return [r for r in refs if r not in self._installers_run] if refs else refs
+
+    def _install(self, refs):
+        for ref in refs:
+            self.allowlist.resolve(ref)()
+            self._installers_run.add(ref)
+
+    def _installed_on_arrival(self, request):
+        """(I/O thread) Run the installers ``request`` asks for right away when their modules
+        are imported already (the I/O thread never imports), so that they are in place
+        before the next message from its sender (a notice for the interceptor, say) is
+        routed; whether none is left to run on a handler (a malformed or refused one is
+        reported by the handler that serves the request)."""
+        try:
+            refs = self._installing(request)
+            if refs and all(r.partition(":")[0] in sys.modules for r in refs):
+                self._install(refs)
+                return True
+        except Exception:  # noqa: BLE001 - the handler tries again and replies the error
+            return False
+        return not refs
 
     # ------------------------------------------------------------------ arrival (I/O thread)
     def submit(self, request, frames):
@@ -161,7 +188,8 @@ class Dispatcher:
         peer's gate admits it to decoding (``quota.py``); refused at the peer's bound. A
         small call of a ``never_blocks`` function is served right here instead."""
         size = len(frames[0])
-        if self._on_arrival and size <= ON_ARRIVAL_MAX_BODY \
+        installed = self._installed_on_arrival(request)
+        if installed and self._on_arrival and size <= ON_ARRIVAL_MAX_BODY \
                 and _target_ref(memoryview(frames[0])) in self._on_arrival \
                 and not interceptors.hold_messages():  # (fault injection may sleep)
             # one at a time on this thread, each small: the gate has nothing to bound
@@ -228,7 +256,12 @@ class Dispatcher:
                 return
 
     def serve_here(self, request, frames):
-        """A SYSTEM call: serve it on this (the I/O) thread; only :data:`SYSTEM_OPS`."""
+        """A SYSTEM call: serve it on this (the I/O) thread; only :data:`SYSTEM_OPS`. One that
+        asks for an installer not run here yet goes to a handler (an installer may import)."""
+        if not self._installed_on_arrival(request):
+            self.stats["handoffs"] += 1
+            self.pool.submit(self.serve, request, frames, True)
+            return
         self.serve(request, frames, system=True)
 
     # ------------------------------------------------------------------ a handler thread
@@ -270,6 +303,7 @@ class Dispatcher:
         if remote is not None:
             self.owner.add_fork(remote[0], remote[1], 1, req.src)
             req.remote = (tuple(remote[0]), tuple(remote[1]))
+        self._install(self._installing(req))  # before the interceptors read their extras
         args, kwargs = interceptors.receive_request(req, args, kwargs)
         if target.startswith("@"):
             op = self.internal_ops.get(target) or _extra_ops.get(target)

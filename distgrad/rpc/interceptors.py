@@ -9,6 +9,13 @@ these methods (absent ones are skipped):
     :class:`WorkerInfo`. ``extra`` (small, msgpack-able, or None) rides in the
     header; with several interceptors each one's extra travels under its
     ``name`` in a map.
+``installer_for(dst) -> "module:qualname" or None``
+    with ``on_send_request``, for an interceptor whose extra a peer can only read with
+    the interceptor installed: the entry point that installs it, while ``dst`` may not
+    have it yet (None once it does). The reference rides in the header (under
+    :data:`INSTALL`) and the receiver runs it (resolved against its allowlist, on a handler
+    thread, once per process) before its ``on_receive_request`` runs: a feature reaches
+    a new peer without a round trip of its own.
 ``on_send_call(dst, what, how) -> extra``
     on the caller's thread, once every ``on_send_request`` ran (what they did, such as
     a call of their own, comes before), for an interceptor that needs to know what
@@ -47,7 +54,14 @@ Error replies do not pass through interceptors.
 """
 import threading
 
-__all__ = ["add", "remove", "installed", "extra_of", "copies", "hold_messages"]
+from .errors import ProtocolError
+
+__all__ = ["add", "remove", "installed", "extra_of", "copies", "hold_messages", "INSTALL",
+           "installers_of"]
+
+#: The header extra key of the installers a receiver is asked to run first (a list of
+#: ``module:qualname``); no interceptor may be named so.
+INSTALL = "@install"
 
 _lock = threading.Lock()
 _chain = ()  # replaced, never mutated: readers take it without a lock
@@ -60,7 +74,7 @@ def add(interceptor, name=None):
     with _lock:
         if any(i is interceptor for _, i in _chain):
             return
-        if any(n == name for n, _ in _chain):
+        if any(n == name for n, _ in _chain) or name == INSTALL:
             raise ValueError(f"an interceptor named {name!r} is already installed")
         _chain = _chain + ((name, interceptor),)
 
@@ -89,6 +103,10 @@ def send_request(dst, args, kwargs, what=None, how="rpc_async"):
             args, kwargs, extra = f(dst, args, kwargs)
             if extra is not None:
                 extras[name] = extra
+                installer = getattr(ic, "installer_for", None)
+                ref = installer(dst) if installer is not None else None
+                if ref is not None:
+                    extras.setdefault(INSTALL, []).append(ref)
     if what is not None:
         for name, ic in chain:
             f = getattr(ic, "on_send_call", None)
@@ -162,6 +180,17 @@ def hold_messages():
     """Whether an installed interceptor may hold outgoing messages (``on_send_message``: it
     may sleep), so a reply must not be produced on the I/O thread."""
     return any(getattr(ic, "on_send_message", None) is not None for _, ic in _chain)
+
+
+def installers_of(extras):
+    """The installers a request's header asks its receiver to run first (see
+    ``installer_for``): a list of references, empty when none; ProtocolError if malformed."""
+    refs = extras.get(INSTALL) if type(extras) is dict else None
+    if refs is None:
+        return ()
+    if type(refs) is not list or len(refs) > 8 or not all(type(r) is str for r in refs):
+        raise ProtocolError(f"malformed {INSTALL} header extra")
+    return refs
 
 
 def extra_of(extras, name):

@@ -274,6 +274,22 @@ def test_worker_part_that_never_finishes_times_out_naming_the_worker(rpc_world):
     assert contexts.live_on("worker1") == []
 
 
+def test_a_first_call_in_a_context_installs_the_recording_on_the_way(rpc_world):
+    # the peer learns to record this context's tensors from the call itself (its header
+    # names the installer): no round trip before it
+    rpc_world(2)
+    agent = current_agent()
+    _params("worker2", "i2", 60, S1)
+    x = distgrad.tensor(_x(60), requires_grad=True)
+    with dist_autograd.context() as cid:
+        sent = agent.stats["messages_sent"]
+        y = rpc.rpc_sync("worker2", f.stage, ("i2", x))
+        assert agent.stats["messages_sent"] - sent == 1
+        dist_autograd.backward(cid, [y.sum()])
+        got = rpc.rpc_sync("worker2", f.grads_of, (cid, "i2"))
+    _close(got, _ref("i2", lambda: f.stage("i2@local", distgrad.tensor(_x(60))).sum()))
+
+
 # Parts that their first gradient starts: rank 0 -> worker1 (a stage) -> worker2
 # (``fn(key, h)``). The coordinator never talks to worker2: worker1's gradient carries the
 # plan that starts worker2's part, and worker2 reports its end to the coordinator.

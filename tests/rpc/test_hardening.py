@@ -149,6 +149,38 @@ def test_every_call_with_a_readable_header_gets_a_reply(rpc_world):
     assert rpc.rpc_sync("worker1", f.add, (2, 2)) == 4
 
 
+def test_installers_a_header_asks_for_are_checked_like_calls(rpc_world):
+    """``@install`` names entry points the receiver runs before reading a call: malformed
+    lists and references the allowlist refuses are refused as a call of them would be; the
+    call itself is not served; the worker serves on."""
+    rpc_world(1)
+    ctx, s = _raw(1)
+    body = _call("support.rpc_funcs:add", [1, 2])
+    cases = [(5, "malformed"), (["x"] * 9, "malformed"), ([1], "malformed"),
+             (["os:system"], "refused"), (["support.rpc_funcs:nope"], "")]
+    try:
+        for i, (refs, why) in enumerate(cases):
+            s.send_multipart([wire.pack_header(wire.Kind.CALL, 200 + i, 0, {"@install": refs}),
+                              body])
+            kind, mid, frames = _reply(s)
+            assert (kind, mid) == (wire.Kind.ERROR, 200 + i), refs
+            assert why in msgpack.unpackb(frames[0])[2], refs
+            # a SYSTEM message too (it goes to a handler while its installer has not run)
+            s.send_multipart([wire.pack_header(wire.Kind.SYSTEM, 300 + i, 0,
+                                               {"@install": refs}), _call("@barrier", [])])
+            assert _reply(s)[:2] == (wire.Kind.ERROR, 300 + i), refs
+        # one the allowlist allows runs once, then the call is served
+        refs = ["support.rpc_funcs:count_installs"]
+        for mid in (400, 401):
+            s.send_multipart([wire.pack_header(wire.Kind.CALL, mid, 0, {"@install": refs}),
+                              _call("support.rpc_funcs:installs", [])])
+            kind, _, frames = _reply(s)
+            assert kind == wire.Kind.REPLY and msgpack.unpackb(frames[0]) == 1
+    finally:
+        ctx.destroy(linger=0)
+    assert rpc.rpc_sync("worker1", f.add, (2, 2)) == 4
+
+
 def _is_leave(header):
     try:
         return wire.unpack_header(header)[0] == wire.Kind.LEAVE

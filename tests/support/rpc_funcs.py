@@ -297,3 +297,15 @@ def reply_thread_probe_start():
 
 def reply_thread_probe_result():
     return [_reply_probe.get("ran"), _reply_probe.get("sent")]
+
+
+_installs = [0]
+
+
+def count_installs():
+    """An installer a header's ``@install`` may name (tests of it): counts its runs."""
+    _installs[0] += 1
+
+
+def installs():
+    return _installs[0]

@@ -415,9 +415,30 @@ _installed_agent = [None]
 
 @entry_point
 def _installed():
-    """Runs on a peer: importing this module installed the interceptor there."""
+    """Runs on a peer before it reads a message of a context (``installer_for``): the
+    interceptor is installed there (importing this module, if it was not yet)."""
     install()
     return True
+
+
+_INSTALLER = f"{__name__}:_installed"
+
+
+def _knows(rank):
+    """Whether peer ``rank`` is known to run the interceptor (it sent or answered a message
+    of a context)."""
+    agent = _agent()
+    return _installed_agent[0] is agent and rank in _installed_on
+
+
+def _learn(rank):
+    """Peer ``rank`` runs the interceptor."""
+    agent = _agent()
+    with _install_lock:
+        if _installed_agent[0] is not agent:
+            _installed_on.clear()
+            _installed_agent[0] = agent
+        _installed_on.add(rank)
 
 
 def _parse(extra, who):
@@ -479,15 +500,19 @@ class _Interceptor:
         cid = _tls.current
         if cid is None:
             return args, kwargs, None
-        agent = _agent()
-        if dst.id not in _installed_on or _installed_agent[0] is not agent:
-            _ensure_installed(agent, dst.id)
         return args, kwargs, _record_sends(cid, dst, (args, kwargs))
+
+    def installer_for(self, dst):
+        # until ``dst`` showed it runs the interceptor, a message of a context asks it to
+        # install it first (no round trip of its own, as a call of ``_installed`` was)
+        return None if _knows(dst.id) or dst.id == my_rank() else _INSTALLER
 
     def on_receive_request(self, request, args, kwargs):
         extra = request.extra(_NAME)
         if extra is None:
             return args, kwargs
+        if not _knows(request.src):
+            _learn(request.src)
         cid, ids, info = _parse(extra, request.worker.name)
         ctx = admit_context(cid, request.src)
         if ctx is not None:
@@ -507,6 +532,8 @@ class _Interceptor:
     def on_receive_response(self, src, extra, value):
         if extra is None:
             return value
+        if not _knows(src.id):
+            _learn(src.id)  # it answered a message of a context: it installed the interceptor
         cid, ids, info = _parse(extra, src.name)
         ctx = get_context(cid)
         if ctx is not None:  # released meanwhile: the tensors stay plain leaves
@@ -537,23 +564,6 @@ class _RequestScope:
             ext.__exit__(*exc)
         self.scope.__exit__(*exc)
         return False
-
-
-def _ensure_installed(agent, dst):
-    if dst == agent.rank:
-        return
-    with _install_lock:
-        if _installed_agent[0] is not agent:
-            _installed_on.clear()
-            _installed_agent[0] = agent
-        if dst in _installed_on:
-            return
-    with scope(None):  # the install call itself belongs to no context
-        # a peer's first use may import distributed autograd there: not the user's work,
-        # so not the user's (maybe very short) RPC timeout either
-        agent.call_sync(dst, _installed, (), None, max(agent.options.rpc_timeout or 0, 30.0))
-    with _install_lock:
-        _installed_on.add(dst)
 
 
 def _on_peer_down(rank, why, left):
