@@ -25,7 +25,7 @@ import logging
 import sys
 import traceback
 
-from . import interceptors, wire
+from . import functions, interceptors, wire
 from .errors import (BackpressureError, ProtocolError, RefusedCallError, UnknownTypeError,
                      describe_exception)
 from .quota import PeerGate
@@ -189,8 +189,8 @@ class Dispatcher:
         small call of a ``never_blocks`` function is served right here instead."""
         size = len(frames[0])
         installed = self._installed_on_arrival(request)
-        if installed and self._on_arrival and size <= ON_ARRIVAL_MAX_BODY \
-                and _target_ref(memoryview(frames[0])) in self._on_arrival \
+        if installed and size <= ON_ARRIVAL_MAX_BODY \
+                and self._serves_on_arrival(_target_ref(memoryview(frames[0]))) \
                 and not interceptors.hold_messages():  # (fault injection may sleep)
             # one at a time on this thread, each small: the gate has nothing to bound
             self.stats["served_on_arrival"] += 1
@@ -204,6 +204,23 @@ class Dispatcher:
             return
         if now:
             self._start(request, frames, size)
+
+    def _serves_on_arrival(self, target):
+        """Whether calls of ``target`` are served where they arrive: a ``never_blocks``
+        function a handler resolved here before, or one whose module is imported here (its
+        first call is resolved right here then: nothing to import)."""
+        if target in self._on_arrival:
+            return True
+        if target is None or not functions.resolves_without_import(target):
+            return False
+        try:
+            fn = self.allowlist.resolve(target)
+        except Exception:  # noqa: BLE001 - refused here: the handler replies the error
+            return False
+        if getattr(fn, "_distgrad_never_blocks", False) is not True:
+            return False
+        self._on_arrival.add(target)
+        return True
 
     @property
     def next_check(self):

@@ -1,5 +1,6 @@
 """``torch.distributed.rpc.functions``: ``async_execution``; and distgrad's own
 ``never_blocks`` (PyTorch has no such marker)."""
+import sys
 
 
 def async_execution(fn):
@@ -23,4 +24,21 @@ def never_blocks(fn):
     ... def put(key, value): ...
     """
     fn._distgrad_never_blocks = True
+    _marked.add(f"{fn.__module__}:{fn.__qualname__}")
     return fn
+
+
+# References of the functions marked in this process: their modules are imported here, so
+# the I/O thread may resolve them itself (it never imports) instead of handing their first
+# call to a handler thread for that.
+_marked = set()
+
+
+def resolves_without_import(ref):
+    """Whether ``ref`` names a function marked :func:`never_blocks` here whose module has
+    finished importing: resolving it imports nothing."""
+    if ref not in _marked:
+        return False
+    module = sys.modules.get(ref.partition(":")[0])
+    return module is not None and not getattr(getattr(module, "__spec__", None),
+                                              "_initializing", False)

@@ -105,7 +105,8 @@ def test_a_reply_leaves_from_the_handler_that_produced_it(world):
 
 
 def test_a_never_blocks_function_is_served_where_it_arrives(world):
-    # the first call resolves the reference on a handler (the I/O thread never imports)
+    # the first call resolves the reference on a handler: its module is not imported there
+    # yet (the I/O thread never imports)
     assert rpc.rpc_sync("worker1", f.thread_on_arrival) != "rpc-io-worker1"
     there = _handoffs_on("worker1")
     names = {rpc.rpc_sync("worker1", f.thread_on_arrival) for _ in range(N)}
@@ -116,6 +117,16 @@ def test_a_never_blocks_function_is_served_where_it_arrives(world):
     with pytest.raises(ValueError, match="boom"):  # resolved now: raised on the I/O thread
         rpc.rpc_sync("worker1", f.fail_on_arrival, ("boom",))
     assert rpc.rpc_sync("worker1", f.thread_on_arrival) == "rpc-io-worker1"  # still serving
+
+
+def test_a_never_blocks_function_of_an_imported_module_is_served_where_it_arrives_at_once(world):
+    assert rpc.rpc_sync("worker1", f.add, (1, 2)) == 3  # imports its module there (a handler)
+    there = _handoffs_on("worker1")
+    assert rpc.rpc_sync("worker1", f.thread_on_arrival) == "rpc-io-worker1"
+    assert _handoffs_on("worker1") - there == 1  # the snapshot only
+    with pytest.raises(ValueError, match="boom"):  # a first call that raises, raised there
+        rpc.rpc_sync("worker1", f.fail_on_arrival, ("boom",))
+    assert rpc.rpc_sync("worker1", f.thread_name) != "rpc-io-worker1"  # unmarked: never
 
 
 def test_a_large_call_of_a_never_blocks_function_goes_to_a_handler(world):
