@@ -38,9 +38,10 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
 The message economy of a pass, per peer and wave: one message with its gradients
 (the first one to a peer also starts its part there), plus one completion per part (a
 reply, or ``_part_done``). A chain through k workers therefore costs k deliveries out
-and back and k completions, with no start message of its own. Deliveries need no acknowledgement: a part
-completes only once all its gradients arrived, so the completions cover them, and a
-peer that dies fails the coordinator's call to it. Releasing a context afterwards
+and back and k completions, with no start message of its own. Deliveries need no
+acknowledgement: a part completes only once all its gradients arrived, so the
+completions cover them, and a peer that dies fails the pass (its call, or the
+coordinator's watch of the parts that report). Releasing a context afterwards
 costs no message of its own: the release is a notice that rides along on the next
 message to each peer (``distgrad.rpc.bookkeeping``), acknowledged the same way.
 
@@ -404,12 +405,14 @@ def _deliver(context_id, pass_id, grads, retain_graph=False, plan=None):
 def _report(context_id, pass_id, exc):
     """Tell the coordinator (the pass id's creator) that this process's part of the pass
     ended, with ``exc`` when it failed."""
+    agent = _c._agent()
+    if agent is None:  # this process left the world: the coordinator sees it gone
+        return
     error = None
     if exc is not None:
         exc = _named(exc)
         error = describe_exception(exc, "".join(traceback.format_exception(exc)))
-    _c._agent().notify(_c.creator_of(pass_id), _part_done,
-                       (context_id, pass_id, _c.my_rank(), error))
+    agent.notify(_c.creator_of(pass_id), _part_done, (context_id, pass_id, agent.rank, error))
 
 
 # The coordinator's side: the parts it waits for by _part_done, (context id, pass id) ->
