@@ -403,12 +403,12 @@ def test_a_received_tensor_ships_its_gradient_before_later_local_work(world2, mo
     # of micro-batches that were created later (higher sequence numbers run first).
     from distgrad.distributed.autograd import engine
     events = []
-    ship = engine._Pass.ship
+    ship = engine.Part.ship
 
     def recording_ship(self, recv, g):
         events.append("shipped")
         return ship(self, recv, g)
-    monkeypatch.setattr(engine._Pass, "ship", recording_ship)
+    monkeypatch.setattr(engine.Part, "ship", recording_ship)
     x = distgrad.tensor(_x(), requires_grad=True)
     later = distgrad.tensor(_x(1), requires_grad=True)
     with dist_autograd.context() as cid:

@@ -15,6 +15,7 @@ the message flow of a backward and ``container.py`` for the recording of sends/r
 from distgrad.autograd._internal import wrap
 
 from . import container as _context
+from . import coordinator as _coordinator
 from . import engine as _engine
 from . import hooks  # noqa: F401 - cross-process hooks: dist_autograd.hooks.register_*
 from .container import DistAutogradContext, current_context_id
@@ -49,7 +50,7 @@ class context:
 
 def backward(context_id, roots, retain_graph=False):
     """Distributed backward from ``roots`` in context ``context_id`` (this process coordinates)."""
-    _engine.backward(context_id, roots, retain_graph)
+    _coordinator.backward(context_id, roots, retain_graph)
 
 
 def get_gradients(context_id):
