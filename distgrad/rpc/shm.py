@@ -293,6 +293,7 @@ class SameHost:
         self._wanted = collections.deque()  # of those, the ones to ask at the next tick
         self._releases = collections.deque()
         self._wake = wake
+        self._closed = False
 
     @property
     def on(self):
@@ -377,6 +378,8 @@ class SameHost:
         self._asked.discard(rank)
 
     def _queue_release(self, src, names):  # a finalizer, any thread
+        if self._closed:  # a view that outlived its world: there is nobody to tell
+            return
         self._releases.append((src, names))
         self._wake()
 
@@ -410,6 +413,8 @@ class SameHost:
         return self.pool.stats() if self.pool is not None else None
 
     def close(self):
+        self._closed = True
+        self._releases.clear()
         if self.pool is not None:
             self.pool.close()
             self.maps.close()

@@ -144,12 +144,17 @@ def test_the_socket_path_when_shared_memory_is_off(rpc_world):
     assert not current_agent().shm.on and not _segments(os.getpid())
 
 
-def test_sigkill_of_a_sender_mid_message(rpc_world):
-    """A worker killed while its reply (through shared memory) is on the way."""
+@pytest.mark.parametrize("replies_first", [0, 5])
+def test_sigkill_of_a_sender_mid_message(rpc_world, replies_first):
+    """A worker killed while its replies (through shared memory) are on the way: some
+    arrived (their arrays stay mapped until the test's frame is collected: the failed
+    Futures' errors hold it in a cycle), the rest fail."""
     world = rpc_world(1, shm_threshold=THRESHOLD)
     _wait_probed()
     wpid = world.procs["worker1"].pid
     futs = [rpc.rpc_async("worker1", f.make_array, (1 << 18,)) for _ in range(20)]
+    if replies_first:
+        assert futs[replies_first - 1].wait_done(30)
     os.kill(wpid, signal.SIGKILL)
     got = 0
     for fut in futs:
@@ -160,3 +165,42 @@ def test_sigkill_of_a_sender_mid_message(rpc_world):
     world.procs["worker1"].wait(10)
     SegmentPool(shm_root(), 1024, 1 << 20).close()  # the next process sweeps
     assert not _segments(wpid)
+
+
+def _eventfds():
+    out = set()
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{n}") == "anon_inode:[eventfd]":
+                out.add(int(n))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "eventfd"), reason="needs eventfd (Linux)")
+def test_an_array_that_outlives_its_world_stays_valid_and_writes_to_no_file(rpc_world):
+    """Freeing a view of a peer's segment queues a release and wakes the I/O thread. Once
+    the world closed, that wake-up's descriptor number belongs to another file: the
+    release must write nothing there (it wrote 8 bytes into whatever reused the number)."""
+    world = rpc_world(1, shm_threshold=THRESHOLD)
+    _wait_probed()
+    a = rpc.rpc_sync("worker1", f.make_array, (1 << 18, 2.0))
+    ours = _eventfds()
+    rpc.shutdown()
+    world.procs["worker1"].wait(10)
+    assert float(a.sum()) == 2.0 * (1 << 18)  # the mapping outlives the world
+    freed = ours - _eventfds()  # the world's wake-up among them
+    assert freed
+    reused = []
+    try:
+        while not freed <= set(reused) and len(reused) < 4096:  # take every freed number
+            reused.append(os.eventfd(0, os.EFD_NONBLOCK))
+        assert freed <= set(reused)
+        del a  # the last view goes: its release has nobody to go to
+        for fd in reused:
+            with pytest.raises(BlockingIOError):
+                os.read(fd, 8)
+    finally:
+        for fd in reused:
+            os.close(fd)
