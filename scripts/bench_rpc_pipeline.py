@@ -9,10 +9,13 @@ and steps a ``DistributedOptimizer`` (SGD). The model: 8 layers of Linear(1024, 
 on PyTorch (``torch``) and on distgrad (``import distgrad as torch``), against the
 same model trained in one process with one BLAS thread (the floor each framework
 has to beat). Prints samples/s and the ratio to one process per micro-batch count,
-then one JSON line. A third row, ``distgrad+defer``, is the program with three lines
-added (each shard defers its linear weights' gradients and the loop flushes them
-before the optimizer step, as ``distgrad launch`` does), against its one process
-doing the same.
+then one JSON line. The unchanged program on distgrad defers its linear weights'
+gradients to the end of each worker's part of the backward (distributed autograd does
+that by itself); the row ``distgrad+eager`` turns that off
+(``DISTGRAD_DEFER_WEIGHT_GRADS=0``), to show what it brings. A row ``distgrad+defer``
+is the program with three lines added (each shard defers its linear weights' gradients
+over the whole step and the loop flushes them before the optimizer step, as
+``distgrad launch`` does), against its one process doing the same.
 
 Targets (issue "Distribution that pays"): distgrad at least 1.3x its one-process
 rate with 4 micro-batches, and more micro-batches never slower than fewer by more
@@ -214,11 +217,12 @@ def pipeline(micro_list, steps, warmup, out):
 
 
 def _in_child(variant, fn, *args):
-    """Run ``fn`` in a fresh spawned process of ``variant`` ("torch", "distgrad" or
-    "distgrad+defer"; each run alone in its own)."""
-    framework, _, defer = variant.partition("+")
+    """Run ``fn`` in a fresh spawned process of ``variant`` ("torch", "distgrad",
+    "distgrad+eager" or "distgrad+defer"; each run alone in its own)."""
+    framework, _, option = variant.partition("+")
     os.environ[FRAMEWORK_ENV] = framework
-    os.environ[DEFER_ENV] = "1" if defer else "0"
+    os.environ[DEFER_ENV] = "1" if option == "defer" else "0"
+    os.environ["DISTGRAD_DEFER_WEIGHT_GRADS"] = "0" if option == "eager" else "1"
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=fn, args=(*args, q))
@@ -245,7 +249,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="repetitions; medians reported")
     args = ap.parse_args()
     steps, warmup = (12, 3) if args.quick else (30, 5)
-    frameworks = ["distgrad", "distgrad+defer"]
+    frameworks = ["distgrad", "distgrad+eager", "distgrad+defer"]
     if not args.no_torch:
         try:
             importlib.import_module("torch")
@@ -269,8 +273,10 @@ def main():
     # distgrad's variants train the whole batch in one process alike (deferring one part
     # makes the same product, only later): one floor for both, the median of their runs
     own_single = {f: med[f]["single"] for f in frameworks}  # the split rows' floor
-    pooled = statistics.median(rates["distgrad"]["single"] + rates["distgrad+defer"]["single"])
-    med["distgrad"]["single"] = med["distgrad+defer"]["single"] = pooled
+    ours = [f for f in frameworks if f.startswith("distgrad")]
+    pooled = statistics.median([r for f in ours for r in rates[f]["single"]])
+    for f in ours:
+        med[f]["single"] = pooled
     seq = {f: {m: statistics.median(v) for m, v in r.items()} for f, r in sequential.items()}
     print(f"RPC pipeline (pytorch/examples shape): 2 stages x {LAYERS // 2} layers of {DIM}, "
           f"batch {BATCH}, one BLAS thread per process; samples/s, medians of {args.rounds}")

@@ -176,6 +176,10 @@ class GraphTask:
         # pass under "distributed" (a recv node, DDP's hooks find it there), checkpointing
         # its recomputation under "checkpoint"; see task_extension.
         self.extensions = {}
+        # Where linear nodes leave their weights' gradients for later (a
+        # deferred_weight_grads.WeightGradStore), or None: computed as the pass runs. A
+        # part of a distributed backward keeps one and flushes it when the part ends.
+        self.weight_grads = None
         self._heap = []
         self._tiebreak = count()
 

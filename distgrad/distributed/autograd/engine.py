@@ -32,11 +32,13 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    soon as it is ready (it ranks above every op node), so a pipeline's upstream stage
    gets a micro-batch's gradient while this process goes on with the next one.
 4. A process's part is complete when all its expected send nodes were fed and its
-   engine is idle; the context's extensions then see its end (``on_backward_end``,
-   for work that must follow the part: a launch stage steps its optimizer there)
-   before the part reports completion. ``backward`` returns once the coordinator's part and every
-   ``_run_pass`` reply are in; the first error (a worker's, with its name; or a dead
-   worker's heartbeat error) aborts the pass everywhere else and is raised.
+   engine is idle. It then computes the weight gradients its linear nodes left for
+   later (``DEFER_WEIGHT_GRADS`` below), and the context's extensions see its end
+   (``on_backward_end``, for work that must follow the part: a launch stage steps its
+   optimizer there) before the part reports completion. ``backward`` returns once the
+   coordinator's part and every ``_run_pass`` reply are in; the first error (a
+   worker's, with its name; or a dead worker's heartbeat error) aborts the pass
+   everywhere else and is raised.
 
 The message economy of a pass, per peer and wave: one message with its gradients
 (the first one to a peer also starts its part there), plus one completion per part (a
@@ -59,12 +61,14 @@ they run on a handler thread. A hop of a chain of small steps then costs no thre
 hand-off (``rpc/PROTOCOL.md``).
 """
 import logging
+import os
 import threading
 import time
 import traceback
 
 from distgrad.autograd._internal import (GraphTask, execute, runs_only_builtin_code,
                                          set_task_extension)
+from distgrad.autograd.deferred_weight_grads import WeightGradStore
 from distgrad.rpc import Future, ProtocolError, RpcError, WorkerUnreachableError, entry_point
 from distgrad.rpc.errors import describe_exception, rebuild_exception
 from distgrad.rpc.functions import async_execution, never_blocks
@@ -80,6 +84,20 @@ log = logging.getLogger("distgrad.distributed.autograd")
 # the running thread's CPU time: a run preempted on a busy machine is not a long one.
 _ON_ARRIVAL_BUDGET = 0.001  # seconds
 _last_run = 0.0              # the CPU time of this process's last run of a pass's nodes
+
+# A part leaves its linear weights' gradients for its end, when it computes them in one
+# product per weight over every micro-batch of the pass (autograd/deferred_weight_grads.py):
+# the input gradients, which the stage before waits for, leave first. The part reports its
+# end only after that, so a context's gradients are complete whenever anyone can read them.
+# Every part defers the same weights whichever thread runs it, so a result is the same on
+# every run (it differs from the plain backward's by float rounding: one product over all
+# rows instead of a sum of one per micro-batch). Not deferred: weights with hooks, inputs
+# under saved-tensor hooks (offloaded: they would be kept), and contexts with extensions
+# (a launch stage defers its own way). Off with DISTGRAD_DEFER_WEIGHT_GRADS=0.
+DEFER_WEIGHT_GRADS = os.environ.get("DISTGRAD_DEFER_WEIGHT_GRADS", "1") != "0"
+# The end's products run on the I/O thread up to this many multiply-adds (about the
+# on-arrival budget); more go to a handler thread.
+_FLUSH_ON_ARRIVAL_MAX = 1 << 21
 
 
 def _node_error(exc):
@@ -145,6 +163,8 @@ class Part:
         self.expected = set(send_ids)
         task = self.task = GraphTask(retain_graph, False, accumulate=ctx.accumulate)
         set_task_extension(task, "distributed", self)
+        task.weight_grads = self.weight_grads = \
+            WeightGradStore() if DEFER_WEIGHT_GRADS and not ctx.extensions else None
         task.compute_dependencies(sends + [edge[0] for edge, _ in roots])
 
     # -- feeding (any thread) --
@@ -276,9 +296,23 @@ class Part:
                 node.freed = True
         with self.ctx.lock:
             self.ctx.passes.pop(self.id, None)
+        if self.weight_grads is not None and \
+                self.weight_grads.work() > _FLUSH_ON_ARRIVAL_MAX and _on_io_thread():
+            _c._agent().run_soon(self._end)  # a batch's products: not on the I/O thread
+            return
+        self._end()
+
+    def _end(self):
+        """The part ran every node: compute its deferred weight gradients, let the
+        context's extensions see the end, report."""
         try:
+            if self.weight_grads is not None:
+                deferred = self.weight_grads.flush()
+                agent = _c._agent()
+                if deferred and agent is not None:
+                    agent.stats["weight_grads_deferred"] += deferred
             _c.backward_ends(self.ctx)
-        except BaseException as e:  # noqa: BLE001 - the part fails with the extension's error
+        except BaseException as e:  # noqa: BLE001 - the part fails with the flush's or extension's error
             self.done.set_exception(_node_error(e))
             return
         self.done.set_result(None)
@@ -291,6 +325,8 @@ class Part:
         with self.ctx.lock:
             self.ctx.passes.pop(self.id, None)
             self.ctx.aborted.add(self.id)
+        if self.weight_grads is not None:
+            self.weight_grads.discard()  # the pass failed: its gradients are not wanted
         self.done.set_exception(exc)
 
     abort = fail

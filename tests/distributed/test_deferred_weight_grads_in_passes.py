@@ -1,0 +1,102 @@
+"""A part of a distributed backward leaves its linear weights' gradients for its end and
+computes them there in one product per weight over every micro-batch of the pass: the
+gradients read from the context are those of the plain backward, a hooked weight is not
+deferred, a failed pass leaves nothing half-accumulated, and a second pass adds up."""
+import numpy as np
+import pytest
+
+import distgrad
+from distgrad import nn
+from distgrad.distributed import autograd as dist_autograd
+from distgrad.distributed import rpc
+from support import deferral_funcs as f
+
+pytestmark = pytest.mark.timeout(60)
+
+SEED, D, LAYERS, MICRO, ROWS = 3, 16, 2, 4, 5
+
+
+@pytest.fixture
+def stage(rpc_world):
+    rpc_world(1)
+    rpc.rpc_sync("worker1", f.run_nodes_on_handlers)
+    return rpc.rpc_sync("worker1", f.make_stage, (SEED, D, LAYERS))
+
+
+def _batches():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((ROWS, D)).astype(np.float32) for _ in range(MICRO)]
+
+
+def _reference(times=1):
+    """The same stage and micro-batches in this process (no deferral): its gradients."""
+    distgrad.manual_seed(SEED)
+    model = nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(D, D), nn.Tanh())])
+    for _ in range(times):
+        sum(model(distgrad.tensor(x)).pow(2).sum() for x in _batches()).backward()
+    return [p.grad.numpy() for p in model.parameters()]
+
+
+def _pass(cid, forward=f.forward, retain_graph=False, times=1, inputs_grad=False):
+    outs = [rpc.rpc_sync("worker1", forward, (distgrad.tensor(x, requires_grad=inputs_grad),))
+            for x in _batches()]
+    loss = sum(o.pow(2).sum() for o in outs)
+    for _ in range(times):
+        dist_autograd.backward(cid, [loss], retain_graph=retain_graph)
+
+
+def _deferred():
+    return rpc.rpc_sync("worker1", f.deferred_count)
+
+
+def test_the_gradients_are_the_plain_backwards_and_every_weight_was_deferred(stage):
+    before = _deferred()
+    with dist_autograd.context() as cid:
+        _pass(cid)
+        got = rpc.rpc_sync("worker1", f.grads, (cid,))
+    for g, want in zip(got, _reference()):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+    assert _deferred() - before == LAYERS * MICRO  # one per weight and micro-batch
+
+
+def test_a_hooked_weight_is_computed_as_the_pass_runs_and_the_others_deferred(stage):
+    rpc.rpc_sync("worker1", f.hook_first_weight)
+    before = _deferred()
+    with dist_autograd.context() as cid:
+        _pass(cid)
+        got = rpc.rpc_sync("worker1", f.grads, (cid,))
+    for g, want in zip(got, _reference()):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+    # as in PyTorch: one call per pass, with the sum of the micro-batches' gradients
+    assert rpc.rpc_sync("worker1", f.hook_calls) == 1
+    assert _deferred() - before == (LAYERS - 1) * MICRO
+
+
+def test_a_second_pass_with_retain_graph_adds_up(stage):
+    with dist_autograd.context() as cid:
+        _pass(cid, retain_graph=True, times=2)
+        got = rpc.rpc_sync("worker1", f.grads, (cid,))
+    for g, want in zip(got, _reference(times=2)):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_failed_pass_accumulates_no_deferred_gradient(stage):
+    before = _deferred()
+    with dist_autograd.context() as cid:
+        with pytest.raises(RuntimeError, match="failed on purpose"):
+            _pass(cid, forward=f.forward_failing_after_the_layers, inputs_grad=True)
+        got = rpc.rpc_sync("worker1", f.grads, (cid,))
+    weights = got[0::2]
+    assert all(g is None for g in weights), "a failed pass's deferred products were computed"
+    assert _deferred() == before
+
+
+def test_inputs_under_saved_tensor_hooks_are_not_kept_for_later(stage):
+    """Offloaded inputs would come back and stay in memory until the part's end."""
+    before = _deferred()
+    with dist_autograd.context() as cid:
+        _pass(cid, forward=f.forward_under_saved_tensor_hooks)
+        got = rpc.rpc_sync("worker1", f.grads, (cid,))
+    for g, want in zip(got, _reference()):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+    assert _deferred() == before
