@@ -17,9 +17,9 @@ is the program with three lines added (each shard defers its linear weights' gra
 over the whole step and the loop flushes them before the optimizer step, as
 ``distgrad launch`` does), against its one process doing the same.
 
-Targets (issue "Distribution that pays"): distgrad at least 1.3x its one-process
-rate with 4 micro-batches, and more micro-batches never slower than fewer by more
-than the extra bubble.
+Targets (issue "Small messages at PyTorch's speed"): the unchanged program's ratio to
+its one process at least PyTorch's at every micro-batch count, and at least 1.0x with
+4 micro-batches.
 
     python scripts/bench_rpc_pipeline.py [--quick] [--no-torch] [--micro 1 2 4 8]
 """
@@ -280,18 +280,18 @@ def main():
     seq = {f: {m: statistics.median(v) for m, v in r.items()} for f, r in sequential.items()}
     print(f"RPC pipeline (pytorch/examples shape): 2 stages x {LAYERS // 2} layers of {DIM}, "
           f"batch {BATCH}, one BLAS thread per process; samples/s, medians of {args.rounds}")
-    header = f"{'micro-batches':<24}" + "".join(f"{m:>10}" for m in args.micro) + f"{'1 process':>12}"
+    header = f"{'micro-batches':<28}" + "".join(f"{m:>10}" for m in args.micro) + f"{'1 process':>12}"
     print(header)
     result = {"bench": "rpc_pipeline", "micro_batches": args.micro, "frameworks": {}}
     for f in frameworks:
         single = med[f]["single"]
         ratios = {m: med[f][m] / single for m in args.micro}
-        print(f"{f + ' samples/s':<24}" + "".join(f"{med[f][m]:10.0f}" for m in args.micro)
+        print(f"{f + ' samples/s':<28}" + "".join(f"{med[f][m]:10.0f}" for m in args.micro)
               + f"{single:12.0f}")
-        print(f"{f + ' ratio':<24}" + "".join(f"{ratios[m]:9.2f}x" for m in args.micro)
+        print(f"{f + ' ratio':<28}" + "".join(f"{ratios[m]:9.2f}x" for m in args.micro)
               + f"{'1.00x':>12}")
         # the same micro-batches one after another in one process: what splitting costs
-        print(f"{f + ' 1 proc split':<24}" + "".join(f"{seq[f][m] / own_single[f]:9.2f}x"
+        print(f"{f + ' 1 proc split':<28}" + "".join(f"{seq[f][m] / own_single[f]:9.2f}x"
                                                      for m in args.micro))
         result["frameworks"][f] = {"single": single, "rates": {str(m): med[f][m]
                                                                for m in args.micro},
@@ -299,7 +299,8 @@ def main():
                                    "one_process_split": {str(m): seq[f][m] / own_single[f]
                                                          for m in args.micro}}
     dg = result["frameworks"]["distgrad"]["ratios"]
-    ok = dg.get("4", 0) >= 1.3
+    theirs = result["frameworks"].get("torch", {}).get("ratios", {})
+    ok = dg.get("4", 0) >= 1.0 and all(dg[m] >= theirs.get(m, 0) for m in dg)
     result["targets_met"] = bool(ok)
     print(json.dumps(result))
 
