@@ -100,3 +100,25 @@ def test_inputs_under_saved_tensor_hooks_are_not_kept_for_later(stage):
     for g, want in zip(got, _reference()):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
     assert _deferred() == before
+
+
+def test_a_part_ending_on_the_io_thread_computes_a_large_deferral_on_a_handler(rpc_world):
+    """The nodes ran where the gradient arrived; the end's products (4M multiply-adds, past
+    the on-arrival bound) go to a handler, so the I/O thread goes on serving."""
+    rpc_world(1)
+    rpc.rpc_sync("worker1", f.run_nodes_where_they_arrive)
+    d, rows = 1024, 4
+    rpc.rpc_sync("worker1", f.make_stage, (SEED, d, 1))
+    x = np.random.default_rng(1).standard_normal((rows, d)).astype(np.float32)
+    runs_before, ends_before = rpc.rpc_sync("worker1", f.handed_off)
+    with dist_autograd.context() as cid:
+        out = rpc.rpc_sync("worker1", f.forward, (distgrad.tensor(x),))
+        dist_autograd.backward(cid, [out.pow(2).sum()])
+        got = rpc.rpc_sync("worker1", f.grads, (cid,))
+    runs, ends = rpc.rpc_sync("worker1", f.handed_off)
+    assert (runs - runs_before, ends - ends_before) == (0, 1)
+    distgrad.manual_seed(SEED)
+    model = nn.Sequential(nn.Linear(d, d), nn.Tanh())
+    model(distgrad.tensor(x)).pow(2).sum().backward()
+    for g, p in zip(got, model.parameters()):
+        np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-4, atol=1e-5)

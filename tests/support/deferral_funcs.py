@@ -70,3 +70,15 @@ def forward_under_saved_tensor_hooks(x):
     from distgrad.autograd.graph import saved_tensors_hooks
     with saved_tensors_hooks(lambda t: t, lambda t: t):
         return _stage["model"](x)
+
+
+def run_nodes_where_they_arrive():
+    """Every run of a pass's nodes on the I/O thread, however long it took."""
+    from distgrad.distributed.autograd import engine
+    engine._ON_ARRIVAL_BUDGET = 1e9
+
+
+def handed_off():
+    """(runs of nodes, ends of parts) this worker handed to a handler thread."""
+    s = current_agent().stats
+    return s["backward_runs_handed_off"], s["backward_ends_handed_off"]

@@ -298,7 +298,9 @@ class Part:
             self.ctx.passes.pop(self.id, None)
         if self.weight_grads is not None and \
                 self.weight_grads.work() > _FLUSH_ON_ARRIVAL_MAX and _on_io_thread():
-            _c._agent().run_soon(self._end)  # a batch's products: not on the I/O thread
+            agent = _c._agent()
+            agent.stats["backward_ends_handed_off"] += 1
+            agent.run_soon(self._end)  # a batch's products: not on the I/O thread
             return
         self._end()
 
