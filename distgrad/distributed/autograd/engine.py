@@ -314,7 +314,7 @@ class Part:
                 if deferred and agent is not None:
                     agent.stats["weight_grads_deferred"] += deferred
             _c.backward_ends(self.ctx)
-        except BaseException as e:  # noqa: BLE001 - the part fails with the flush's or extension's error
+        except BaseException as e:  # noqa: BLE001 - the flush's or an extension's error fails it
             self.done.set_exception(_node_error(e))
             return
         self.done.set_result(None)
