@@ -2,6 +2,8 @@
 they arrive (the RPC I/O thread, no hand-off), and the nodes they make ready there too only
 when they are distgrad's own code and short; a user's code in backward (hooks, custom
 Functions, saved-tensor hooks, a blocking RPC) and heavy work run on handler threads."""
+import time
+
 import numpy as np
 import pytest
 
@@ -89,3 +91,21 @@ def test_after_heavy_backward_work_the_next_goes_to_a_handler(world):
     # long, as above)
     later = [_step(f.scale_on)[2][0] for _ in range(4)]
     assert later[0] == 1 and sum(later[1:]) <= 1, later
+
+
+def test_a_context_release_is_done_where_it_arrives(world):
+    """A released context without extensions is dropped on the I/O thread that receives
+    the release: no hand-off (a thread woken on every step of a training loop)."""
+    x = distgrad.tensor(np.ones((4, 8)), requires_grad=True)
+    rpc.rpc_sync("worker1", f.scale_on, (x,))  # references resolved
+    first = rpc.rpc_sync("worker1", f.stats)
+    with dist_autograd.context():
+        rpc.rpc_sync("worker1", f.scale_on, (x,))  # the context now lives on worker1 too
+    # the release rides along on the next message to worker1 (or leaves on its own)
+    second = rpc.rpc_sync("worker1", f.stats)
+    # the call in the context and this stats call went to a handler; the release did not
+    assert second.get("handoffs", 0) - first.get("handoffs", 0) == 2
+    deadline = time.monotonic() + 10
+    while dist_autograd.debug_live_contexts()["worker1"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dist_autograd.debug_live_contexts()["worker1"] == []

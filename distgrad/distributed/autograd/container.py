@@ -296,12 +296,30 @@ def release_everywhere(context_id, exclude=()):
 
 
 def _on_release(src, context_ids):
-    """Notices from ``src``: it released these contexts. They arrive on the I/O thread;
-    releasing may close extensions (offloaded files), so it runs on a handler thread."""
+    """Notices from ``src``: it released these contexts. They arrive on the I/O thread,
+    where most are released at once: dropping a forward's graph and telling the peers
+    is quick, and a hand-off to a handler thread on every step of a training loop woke
+    a thread that competed for the cores with the next step's work. A context with
+    extensions (whose close may remove offloaded files) or a pass still running (which
+    it aborts) is released on a handler thread."""
     agent = _agent()
     ids = [cid for cid in context_ids if type(cid) is int]
-    if ids:
-        agent.run_soon(_release_all, ids, agent.workers[src].name)
+    src_name = agent.workers[src].name
+    later = [cid for cid in ids if not _quick_to_release(cid)]
+    for cid in ids:
+        if cid not in later:
+            release_everywhere(cid, exclude={src_name})
+    if later:
+        agent.run_soon(_release_all, later, src_name)
+
+
+def _quick_to_release(context_id):
+    with _lock:
+        ctx = _contexts.get(context_id)
+    if ctx is None:
+        return True
+    with ctx.lock:
+        return not ctx.extensions and not ctx.passes
 
 
 def _release_all(context_ids, src_name):
