@@ -93,19 +93,29 @@ def test_after_heavy_backward_work_the_next_goes_to_a_handler(world):
     assert later[0] == 1 and sum(later[1:]) <= 1, later
 
 
-def test_a_context_release_is_done_where_it_arrives(world):
-    """A released context without extensions is dropped on the I/O thread that receives
-    the release: no hand-off (a thread woken on every step of a training loop)."""
+@pytest.mark.parametrize("extension", [None, "end only", "closable"])
+def test_a_context_release_is_done_where_it_arrives_unless_it_closes_something(
+        world, extension):
+    """A released context is dropped on the I/O thread that receives the release: no
+    hand-off (a thread woken on every step of a training loop); one with an extension to
+    close (offloading removes files there) goes to a handler thread."""
     x = distgrad.tensor(np.ones((4, 8)), requires_grad=True)
-    rpc.rpc_sync("worker1", f.scale_on, (x,))  # references resolved
+    call = (f.scale_on, (x,)) if extension is None else \
+        (f.scale_with_extension, (x, extension == "closable"))
+    rpc.rpc_sync("worker1", *call)  # references resolved
     first = rpc.rpc_sync("worker1", f.stats)
     with dist_autograd.context():
-        rpc.rpc_sync("worker1", f.scale_on, (x,))  # the context now lives on worker1 too
+        rpc.rpc_sync("worker1", *call)  # the context now lives on worker1 too
     # the release rides along on the next message to worker1 (or leaves on its own)
     second = rpc.rpc_sync("worker1", f.stats)
-    # the call in the context and this stats call went to a handler; the release did not
-    assert second.get("handoffs", 0) - first.get("handoffs", 0) == 2
+    # the call in the context and this stats call went to a handler; the release did not,
+    # unless it closes an extension
+    handed = 3 if extension == "closable" else 2
+    assert second.get("handoffs", 0) - first.get("handoffs", 0) == handed
     deadline = time.monotonic() + 10
     while dist_autograd.debug_live_contexts()["worker1"] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert dist_autograd.debug_live_contexts()["worker1"] == []
+    if extension == "closable":
+        closed = rpc.rpc_sync("worker1", f.closed_on)
+        assert closed and not closed[-1].startswith("rpc-io"), closed

@@ -96,3 +96,30 @@ def heavy(x, n):
     w = distgrad.tensor(np.random.default_rng(0).standard_normal((x.shape[1], n)) / n)
     v = distgrad.tensor(np.random.default_rng(1).standard_normal((n, n)) / n)
     return (x @ w @ v @ v).sum(dim=1)
+
+
+class _EndOnly:
+    def on_backward_end(self):
+        pass
+
+
+class _Closable(_EndOnly):
+    closed = []
+
+    def close(self):
+        _Closable.closed.append(threading.current_thread().name)
+
+
+def scale_with_extension(x, closable):
+    """``scale_on`` with an extension added to the caller's context here (one with a
+    ``close``, as offloading's, or one without, as a launch stage's)."""
+    from distgrad.distributed.autograd import container
+    cid = container.current_context_id()
+    if cid is not None:
+        container.add_extension(cid, _Closable() if closable else _EndOnly())
+    return scale_on(x)
+
+
+def closed_on():
+    """The threads that closed a closable extension here."""
+    return list(_Closable.closed)

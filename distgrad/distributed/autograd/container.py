@@ -299,8 +299,8 @@ def _on_release(src, context_ids):
     """Notices from ``src``: it released these contexts. They arrive on the I/O thread,
     where most are released at once: dropping a forward's graph and telling the peers
     is quick, and a hand-off to a handler thread on every step of a training loop woke
-    a thread that competed for the cores with the next step's work. A context with
-    extensions (whose close may remove offloaded files) or a pass still running (which
+    a thread that competed for the cores with the next step's work. A context with an
+    extension to close (offloading's close removes files) or a pass still running (which
     it aborts) is released on a handler thread."""
     agent = _agent()
     ids = [cid for cid in context_ids if type(cid) is int]
@@ -319,7 +319,7 @@ def _quick_to_release(context_id):
     if ctx is None:
         return True
     with ctx.lock:
-        return not ctx.extensions and not ctx.passes
+        return not ctx.passes and not any(hasattr(ext, "close") for ext in ctx.extensions)
 
 
 def _release_all(context_ids, src_name):
