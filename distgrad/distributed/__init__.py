@@ -36,7 +36,7 @@ from ..utils.lazy import submodules_on_first_use as _submodules_on_first_use
 _use_default_group(get_rank, get_world_size)  # DistributedSampler's rank and world size
 # what peers call on a worker for distributed autograd, RemoteModule, DistributedOptimizer
 _register_entry_point_modules(
-    "distgrad.distributed.autograd.container", "distgrad.distributed.autograd.engine",
+    "distgrad.distributed.autograd.recording", "distgrad.distributed.autograd.engine",
     "distgrad.distributed.autograd.hooks", "distgrad.distributed.nn.remote_module",
     "distgrad.distributed.optim.optimizer")
 

@@ -41,7 +41,7 @@ from ..autograd._internal import (AccumulateGrad, array_of, bump_version, grad_e
 from .._tensor import Tensor
 from ..nn.modules.module import Module
 from ..nn.parallel import distributed as _declared
-from .autograd.container import running_pass
+from .autograd.recording import running_pass
 from .collectives import all_reduce, broadcast
 from .object_collectives import all_gather_object
 from .process_group import get_global_rank, get_rank, get_world_size, group

@@ -49,35 +49,35 @@ def _deferred():
     return rpc.rpc_sync("worker1", f.deferred_count)
 
 
+def _grads_after_a_pass(**how):
+    """The stage's gradients in a context after one ``_pass(cid, **how)``."""
+    with dist_autograd.context() as cid:
+        _pass(cid, **how)
+        return rpc.rpc_sync("worker1", f.grads, (cid,))
+
+
+def _assert_close(got, want):
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
 def test_the_gradients_are_the_plain_backwards_and_every_weight_was_deferred(stage):
     before = _deferred()
-    with dist_autograd.context() as cid:
-        _pass(cid)
-        got = rpc.rpc_sync("worker1", f.grads, (cid,))
-    for g, want in zip(got, _reference()):
-        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+    _assert_close(_grads_after_a_pass(), _reference())
     assert _deferred() - before == LAYERS * MICRO  # one per weight and micro-batch
 
 
 def test_a_hooked_weight_is_computed_as_the_pass_runs_and_the_others_deferred(stage):
     rpc.rpc_sync("worker1", f.hook_first_weight)
     before = _deferred()
-    with dist_autograd.context() as cid:
-        _pass(cid)
-        got = rpc.rpc_sync("worker1", f.grads, (cid,))
-    for g, want in zip(got, _reference()):
-        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+    _assert_close(_grads_after_a_pass(), _reference())
     # as in PyTorch: one call per pass, with the sum of the micro-batches' gradients
     assert rpc.rpc_sync("worker1", f.hook_calls) == 1
     assert _deferred() - before == (LAYERS - 1) * MICRO
 
 
 def test_a_second_pass_with_retain_graph_adds_up(stage):
-    with dist_autograd.context() as cid:
-        _pass(cid, retain_graph=True, times=2)
-        got = rpc.rpc_sync("worker1", f.grads, (cid,))
-    for g, want in zip(got, _reference(times=2)):
-        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+    _assert_close(_grads_after_a_pass(retain_graph=True, times=2), _reference(times=2))
 
 
 def test_a_failed_pass_accumulates_no_deferred_gradient(stage):
@@ -94,11 +94,7 @@ def test_a_failed_pass_accumulates_no_deferred_gradient(stage):
 def test_inputs_under_saved_tensor_hooks_are_not_kept_for_later(stage):
     """Offloaded inputs would come back and stay in memory until the part's end."""
     before = _deferred()
-    with dist_autograd.context() as cid:
-        _pass(cid, forward=f.forward_under_saved_tensor_hooks)
-        got = rpc.rpc_sync("worker1", f.grads, (cid,))
-    for g, want in zip(got, _reference()):
-        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+    _assert_close(_grads_after_a_pass(forward=f.forward_under_saved_tensor_hooks), _reference())
     assert _deferred() == before
 
 

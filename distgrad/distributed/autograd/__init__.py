@@ -15,6 +15,7 @@ the message flow of a backward and ``container.py`` for the recording of sends/r
 from distgrad.autograd._internal import wrap
 
 from . import container as _context
+from . import recording as _recording
 from . import coordinator as _coordinator
 from . import engine as _engine
 from . import hooks  # noqa: F401 - cross-process hooks: dist_autograd.hooks.register_*
@@ -37,6 +38,7 @@ class context:
     """
 
     def __enter__(self):
+        _recording.install()  # follows a new agent (init_rpc after shutdown)
         self.context_id = _context.new_context()
         self._scope = _context.scope(self.context_id)
         self._scope.__enter__()
@@ -84,4 +86,4 @@ def debug_live_contexts():
     return {name: f.wait() for name, f in futs.items()}
 
 
-_context.install()
+_recording.install()

@@ -14,6 +14,7 @@ from distgrad.rpc import Future, RpcTimeoutError, WorkerUnreachableError
 
 from . import container as _c
 from . import engine as _e
+from .recording import reachable_recvs
 
 __all__ = ["backward", "plan"]
 
@@ -24,7 +25,7 @@ def plan(context_id, root_nodes):
     """({owner rank: [send msg ids that will receive a gradient]}, ranks the roots feed directly)."""
     info, stack, direct = {}, [], set()
     for node in root_nodes:
-        for r in _c.reachable_recvs(node, context_id):
+        for r in reachable_recvs(node, context_id):
             for entry in r.upstream:
                 info.setdefault(entry[0], entry)
             stack.append(r.msg_id)

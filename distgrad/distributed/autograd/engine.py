@@ -74,6 +74,7 @@ from distgrad.rpc.errors import describe_exception, rebuild_exception
 from distgrad.rpc.functions import async_execution, never_blocks
 
 from . import container as _c
+from .recording import RecvNode, SendNode, install
 
 log = logging.getLogger("distgrad.distributed.autograd")
 
@@ -194,7 +195,7 @@ class Part:
         could block, no extension of the context), and short work by the last measure."""
         if self.plain is None:
             self.plain = not self.ctx.extensions and all(
-                type(n) is _c.SendNode or type(n) is _c.RecvNode or runs_only_builtin_code(n)
+                type(n) is SendNode or type(n) is RecvNode or runs_only_builtin_code(n)
                 for n in self.task.graph_nodes)
         return self.plain and _last_run < _ON_ARRIVAL_BUDGET
 
@@ -251,7 +252,7 @@ class Part:
         engine's next node is not another recv node (or it has none)."""
         with self.lock:
             self.outgoing.setdefault(recv.src_rank, []).append([recv.msg_id, g])
-        if type(self.task.peek_ready()) is not _c.RecvNode:
+        if type(self.task.peek_ready()) is not RecvNode:
             self._flush()
 
     def _flush(self):
@@ -518,5 +519,5 @@ def _abort_pass(context_id, pass_id):
 @entry_point
 def live_contexts():
     """Runs on each worker for :func:`debug_live_contexts`."""
-    _c.install()
+    install()
     return _c.live_context_ids()
