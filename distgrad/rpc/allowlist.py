@@ -251,6 +251,14 @@ class Allowlist:
         self._cache = {}
         self._lock = threading.Lock()
 
+    def prepare(self):
+        """Find what checking references needs, once per process: where the standard
+        library and installed packages live (``sysconfig``: 4 ms). Done when the agent
+        starts; found on first need instead, it held up the first call of each process
+        in a world that carries a distributed autograd context (its installer is checked
+        on the I/O thread, where every message of that process waits)."""
+        _shared_code_dirs()
+
     def extend(self, modules):
         with self._lock:
             self.modules = tuple(dict.fromkeys(self.modules + tuple(_canonical(m) for m in modules)))
@@ -342,10 +350,13 @@ class Allowlist:
             _within(module, _PUBLIC_ORIGINS)
 
     def _is_entry_point(self, obj):
-        if id(obj) in default_entry_points():
+        # the marker first: distgrad's own entry points (distributed autograd's, resolved on
+        # the I/O thread) must not wait for the public API's table, which imports every
+        # public namespace the first time (30 ms; a coordinator's first backward waited)
+        if getattr(obj, "__distgrad_entry_point__", False) is True and inspect.isfunction(obj) \
+                and obj.__module__ in _entry_point_modules:
             return True
-        return getattr(obj, "__distgrad_entry_point__", False) is True and inspect.isfunction(obj) \
-            and obj.__module__ in _entry_point_modules
+        return id(obj) in default_entry_points()
 
     def _refusal(self, ref, module):
         unimported = ""

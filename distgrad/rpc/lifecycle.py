@@ -88,6 +88,7 @@ class Lifecycle:
         # peers' requests run on handler threads: keep the memory they free for the next
         # one instead of page-faulting it in again (see utils/allocator.py)
         keep_freed_memory()
+        self.allowlist.prepare()
         events = Events(self.name, self.rank, self, self.bookkeeping, self.owner,
                         self.peer_listeners)
         self.transport = t = Transport(self.name, self.rank, self.world_size, opts, events,

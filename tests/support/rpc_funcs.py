@@ -309,3 +309,17 @@ def count_installs():
 
 def installs():
     return _installs[0]
+
+
+def io_socket_peers():
+    """The ranks the I/O thread of this process has a socket of its own to."""
+    from distgrad.rpc import current_agent
+    return sorted(current_agent().transport._io_socks)
+
+
+def set_quiet_sockets_interval(seconds):
+    """How long, while messages flow, this process's I/O thread looks only at its busy
+    sockets (``transport._QUIET_SOCKETS_EVERY``); returns the value it replaces."""
+    from distgrad.rpc import transport
+    old, transport._QUIET_SOCKETS_EVERY = transport._QUIET_SOCKETS_EVERY, seconds
+    return old
