@@ -19,6 +19,7 @@ bound in two places instead: routers never hand an identity over to a newer conn
 read, so it takes nothing over), and every message of a connection whose identity is
 neither router-numbered nor of its admitted rank's form is refused.
 """
+import functools
 import hashlib
 import hmac
 import logging
@@ -44,6 +45,7 @@ def new_identity(rank):
     return b"%d:%s" % (rank, os.urandom(_TAG_BYTES).hex().encode())
 
 
+@functools.lru_cache(maxsize=4096)  # asked twice per request; a process sees few identities
 def own_identity(ident, rank):
     """Whether routing identity ``ident`` has the form of rank ``rank``'s sockets'."""
     prefix = b"%d:" % rank

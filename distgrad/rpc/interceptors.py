@@ -66,23 +66,36 @@ INSTALL = "@install"
 _lock = threading.Lock()
 _chain = ()  # replaced, never mutated: readers take it without a lock
 
+_HOOKS = ("on_send_request", "on_send_call", "on_receive_request", "request_scope",
+          "on_send_response", "on_receive_response", "on_send_message")
+# hook name -> ((interceptor name, interceptor, its bound hook), ...) in installation order,
+# replaced with the chain: a message asks only the interceptors that have a hook, instead of
+# every interceptor by getattr (several per message, on every message of the process)
+_hooks = {h: () for h in _HOOKS}
+
+
+def _set_chain(chain):
+    """Install ``chain`` and its hook tables (under ``_lock``)."""
+    global _chain, _hooks
+    hooks = {h: tuple((n, ic, getattr(ic, h)) for n, ic in chain
+                      if getattr(ic, h, None) is not None) for h in _HOOKS}
+    _hooks, _chain = hooks, chain
+
 
 def add(interceptor, name=None):
     """Install ``interceptor`` (once; ``name`` keys its header extra, default its class name)."""
-    global _chain
     name = name or type(interceptor).__name__
     with _lock:
         if any(i is interceptor for _, i in _chain):
             return
         if any(n == name for n, _ in _chain) or name == INSTALL:
             raise ValueError(f"an interceptor named {name!r} is already installed")
-        _chain = _chain + ((name, interceptor),)
+        _set_chain(_chain + ((name, interceptor),))
 
 
 def remove(interceptor):
-    global _chain
     with _lock:
-        _chain = tuple((n, i) for n, i in _chain if i is not interceptor)
+        _set_chain(tuple((n, i) for n, i in _chain if i is not interceptor))
 
 
 def installed():
@@ -93,93 +106,74 @@ def installed():
 def send_request(dst, args, kwargs, what=None, how="rpc_async"):
     """Run every ``on_send_request`` and ``on_send_call``; return (args, kwargs, header
     extra)."""
-    chain = _chain
-    if not chain:
+    hooks = _hooks
+    requests, calls = hooks["on_send_request"], hooks["on_send_call"]
+    if not requests and not calls:
         return args, kwargs, None
     extras = {}
-    for name, ic in chain:
-        f = getattr(ic, "on_send_request", None)
-        if f is not None:
-            args, kwargs, extra = f(dst, args, kwargs)
+    for name, ic, f in requests:
+        args, kwargs, extra = f(dst, args, kwargs)
+        if extra is not None:
+            extras[name] = extra
+            installer = getattr(ic, "installer_for", None)
+            ref = installer(dst) if installer is not None else None
+            if ref is not None:
+                extras.setdefault(INSTALL, []).append(ref)
+    if what is not None:
+        for name, _, f in calls:
+            extra = f(dst, what, how)
             if extra is not None:
                 extras[name] = extra
-                installer = getattr(ic, "installer_for", None)
-                ref = installer(dst) if installer is not None else None
-                if ref is not None:
-                    extras.setdefault(INSTALL, []).append(ref)
-    if what is not None:
-        for name, ic in chain:
-            f = getattr(ic, "on_send_call", None)
-            if f is not None:
-                extra = f(dst, what, how)
-                if extra is not None:
-                    extras[name] = extra
     return args, kwargs, extras or None
 
 
 def receive_request(request, args, kwargs):
-    for _, ic in _chain:
-        f = getattr(ic, "on_receive_request", None)
-        if f is not None:
-            args, kwargs = f(request, args, kwargs)
+    for _, _, f in _hooks["on_receive_request"]:
+        args, kwargs = f(request, args, kwargs)
     return args, kwargs
 
 
 def request_scopes(request):
     """The context managers the handler of ``request`` runs in (outermost first)."""
     out = []
-    for _, ic in _chain:
-        f = getattr(ic, "request_scope", None)
-        if f is not None:
-            scope = f(request)
-            if scope is not None:
-                out.append(scope)
+    for _, _, f in _hooks["request_scope"]:
+        scope = f(request)
+        if scope is not None:
+            out.append(scope)
     return out
 
 
 def send_response(request, value):
-    chain = _chain
-    if not chain:
-        return value, None
     extras = None
-    for name, ic in chain:
-        f = getattr(ic, "on_send_response", None)
-        if f is not None:
-            value, extra = f(request, value)
-            if extra is not None:
-                if extras is None:
-                    extras = {}
-                extras[name] = extra
+    for name, _, f in _hooks["on_send_response"]:
+        value, extra = f(request, value)
+        if extra is not None:
+            if extras is None:
+                extras = {}
+            extras[name] = extra
     return value, extras
 
 
 def receive_response(src, extras, value):
-    for name, ic in _chain:
-        f = getattr(ic, "on_receive_response", None)
-        if f is not None:
-            value = f(src, extra_of(extras, name), value)
+    for name, _, f in _hooks["on_receive_response"]:
+        value = f(src, extra_of(extras, name), value)
     return value
 
 
 def copies(dst, kind, what):
     """How many times to send an outgoing message (each ``on_send_message`` multiplies)."""
-    chain = _chain
-    if not chain:
-        return 1
     n = 1
-    for _, ic in chain:
-        f = getattr(ic, "on_send_message", None)
-        if f is not None:
-            c = f(dst, kind, what)
-            if c is not None:
-                n *= c
+    for _, _, f in _hooks["on_send_message"]:
+        c = f(dst, kind, what)
+        if c is not None:
+            n *= c
     return n
 
 
 def hold_messages():
     """Whether an installed interceptor may hold outgoing messages (``on_send_message``: it
     may sleep), so a reply must not be produced on the I/O thread."""
-    return any(getattr(ic, "on_send_message", None) is not None for _, ic in _chain)
+    return bool(_hooks["on_send_message"])
 
 
 def installers_of(extras):
