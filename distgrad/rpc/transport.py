@@ -266,27 +266,18 @@ class Transport:
         ``dst`` (made on first use). No thread hand-off. Returns False if it could not be
         sent (this side is closing, or the peer is gone)."""
         own = threading.get_ident() != self._io_ident
-        revivals = self.liveness.revivals
         if not own:
+            revivals = self.liveness.revivals
             sock = self._io_socks.get(dst)
             if sock is None or (revivals and self._io_revival.get(dst) != revivals.get(dst)):
                 sock = self.io_socket(dst)
         else:
-            socks = getattr(self._tls, "socks", None)
-            if socks is None:
-                socks = self._tls.socks = _ThreadSockets()
-            sock = socks.get(dst)
-            if sock is not None and revivals and socks.revival.get(dst) != revivals.get(dst):
-                self._drop_stale(socks, dst)
-                sock = None
+            sock = self._thread_socket(dst)
             if sock is None:
                 if self._closed.is_set() or self._stop:
                     self.stats["send_failed"] += 1
                     return False
-                if len(socks) >= OWN_SOCKETS_PER_THREAD:
-                    return self._relay(dst, frames)
-                sock = socks[dst] = self._own_socket(dst)
-                socks.revival[dst] = revivals.get(dst)
+                return self._relay(dst, frames)
         try:
             send_frames(sock, frames)
         except zmq.ZMQError as e:  # closing, or a peer that vanished: an expected event
@@ -303,6 +294,35 @@ class Transport:
             # first; with nothing else to run here this returns at once.
             os.sched_yield()
         return True
+
+    def _thread_socket(self, dst):
+        """The calling thread's own socket to ``dst``, made on first use (and anew once
+        ``dst`` came back after it was reported down); None when this side is closing or
+        the thread keeps sockets to its share of peers already."""
+        revivals = self.liveness.revivals
+        socks = getattr(self._tls, "socks", None)
+        if socks is None:
+            socks = self._tls.socks = _ThreadSockets()
+        sock = socks.get(dst)
+        if sock is not None and revivals and socks.revival.get(dst) != revivals.get(dst):
+            self._drop_stale(socks, dst)
+            sock = None
+        if sock is None:
+            if self._closed.is_set() or self._stop or len(socks) >= OWN_SOCKETS_PER_THREAD:
+                return None
+            sock = socks[dst] = self._own_socket(dst)
+            socks.revival[dst] = revivals.get(dst)
+        return sock
+
+    def connect_for_reply(self, ident, src):
+        """The calling thread (a handler) is about to serve the request that came on
+        connection ``ident`` from rank ``src``: make the socket its reply leaves from now,
+        so that a new connection's handshake runs while the request does (a chain's
+        first step paid one per hop otherwise). Nothing on the I/O thread, which replies
+        at once, nor for a reply that goes back on the connection (``reply``)."""
+        if threading.get_ident() != self._io_ident and ident is not None \
+                and own_identity(ident, src):
+            self._thread_socket(src)
 
     def _drop_stale(self, socks, dst):
         """Drop the calling thread's socket to ``dst``, which came back after it was

@@ -75,3 +75,11 @@ def test_a_small_world_connects_the_io_threads_sockets_to_every_peer_at_start(rp
         rank = int(name[-1])
         assert rpc.rpc_sync(name, f.io_socket_peers) == [r for r in range(3) if r != rank]
     assert f.io_socket_peers() == [1, 2]
+
+
+def test_a_handler_connects_for_its_reply_before_it_runs_the_request(rpc_world):
+    # worker2 calls worker1 for the first time: the handler serving it has its socket back
+    # to worker2 while the function runs (the handshake overlaps the work), not only once
+    # it replies
+    rpc_world(2)
+    assert rpc.rpc_sync("worker2", f.ask_whether_it_has_a_socket_back, ("worker1", 2)) is True

@@ -323,3 +323,17 @@ def set_quiet_sockets_interval(seconds):
     from distgrad.rpc import transport
     old, transport._QUIET_SOCKETS_EVERY = transport._QUIET_SOCKETS_EVERY, seconds
     return old
+
+
+def has_own_socket_to(rank):
+    """Whether the calling thread (a handler, while it serves) has a socket of its own to
+    rank ``rank``."""
+    from distgrad.rpc import current_agent
+    socks = getattr(current_agent().transport._tls, "socks", None)
+    return socks is not None and rank in socks
+
+
+def ask_whether_it_has_a_socket_back(name, my_rank):
+    """Call ``has_own_socket_to(my_rank)`` on worker ``name`` (a first call between them)."""
+    from distgrad.distributed import rpc
+    return rpc.rpc_sync(name, has_own_socket_to, (my_rank,))
