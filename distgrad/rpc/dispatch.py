@@ -250,9 +250,9 @@ class Dispatcher:
         job = (request, frames, size)
         while job is not None:
             src = job[0].src
-            if job[0].msg_id != 0:  # its reply's connection, made while it runs
-                self.transport.connect_for_reply(job[0].ident, src)
             try:
+                if job[0].msg_id != 0:  # its reply's connection, made while it runs
+                    self.transport.connect_for_reply(job[0].ident, src)
                 job = self.serve(*job[:2], gated=job[2])
             finally:
                 self._start_all(self.gate.finished(src))

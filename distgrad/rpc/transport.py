@@ -322,7 +322,10 @@ class Transport:
         at once, nor for a reply that goes back on the connection (``reply``)."""
         if threading.get_ident() != self._io_ident and ident is not None \
                 and own_identity(ident, src):
-            self._thread_socket(src)
+            try:
+                self._thread_socket(src)
+            except zmq.ZMQError:  # closing meanwhile: the reply, if any, finds out itself
+                pass
 
     def _drop_stale(self, socks, dst):
         """Drop the calling thread's socket to ``dst``, which came back after it was
