@@ -46,9 +46,9 @@ own socket (a client of another kind) is answered on the connection it came on,
 which only the router's owner can do: such replies go through the outbox, a deque
 plus an eventfd (a pipe where there is none) that wakes the I/O thread.
 
-While messages flow, the I/O thread polls only the router and its wake-up (a poll's cost
-grows with its sockets, and it is on the path of every message); the monitors, the ZAP
-socket and the dealers are polled whenever traffic stops and at least every 10 ms.
+While messages flow, the I/O thread polls only the router, its wake-up and the ZAP
+handler (a poll's cost grows with its sockets, and it is on the path of every message);
+the monitors and the dealers are polled whenever traffic stops and at least every 10 ms.
 
 The I/O thread never dies silently: an unexpected error stops it with
 ``on_fatal(cause)``, which fails every pending and future call, and the peers are
@@ -72,6 +72,7 @@ from .errors import ProtocolError
 from .frames import frames_nbytes, recv_frames, send_frames
 from .link import SimulatedLink, parse_link
 from .liveness import PeerLiveness
+from .own_sockets import OwnSockets
 from .routing import Routing
 from .wakeup import Wakeup
 
@@ -82,7 +83,6 @@ Kind = wire.Kind
 
 _BATCH = 64               # messages taken from one socket before looking at the others
 _LEAVE_LINGER = 100       # ms a LEAVE may take to reach a live peer when we close
-_OWN_LINGER = 1000        # ms a thread's last messages may take to leave after it ends
 # While messages flow, the I/O thread polls only the router, its wake-up and the ZAP handler:
 # a poll's cost grows with its sockets (7 for two processes: ~6 us against ~1.6 us, and more
 # once it blocks), and it is on the path of every message. ZAP is among them because every
@@ -92,28 +92,7 @@ _OWN_LINGER = 1000        # ms a thread's last messages may take to leave after 
 _QUIET_SOCKETS_EVERY = 0.01
 #: Worlds up to this size watch every peer from the start; larger ones on first contact.
 WATCH_ALL_UP_TO = 16
-#: Peers a thread keeps sockets of its own to; it hands messages to others to the I/O thread
-#: (a handler pool that answered everyone of 1,000 ranks would otherwise hold 16,000).
-OWN_SOCKETS_PER_THREAD = 16
-
 _POLLIN, _EVENTS = int(zmq.POLLIN), int(zmq.EVENTS)  # plain ints: enum arithmetic is slow
-
-
-class _ThreadSockets(dict):
-    """A thread's own sockets (peer rank -> DEALER), closed when the thread ends (its
-    thread-local storage dies with it, on that thread). What they still hold leaves
-    within the linger. ``revival[rank]``: the peer's revivals when its socket was made."""
-
-    def __init__(self):
-        super().__init__()
-        self.revival = {}
-
-    def __del__(self):
-        for s in self.values():
-            try:
-                s.close(linger=_OWN_LINGER)
-            except Exception:  # noqa: BLE001 - the context is already gone
-                pass
 
 
 class Transport:
@@ -149,13 +128,13 @@ class Transport:
         self._outbox = collections.deque()  # (router identity, frames) for the I/O thread
         self._relayed = collections.deque()  # (rank, frames) the I/O thread sends for others
         self._wake = Wakeup()
-        self._tls = threading.local()      # .socks: the calling thread's own sockets
         self._io_ident = None               # thread id of the I/O thread, once running
         self._one_core = False              # the process runs on one core (set at connect)
         # a network between hosts, simulated: messages from others are held on arrival
         self.link = SimulatedLink(*parse_link(options.simulated_link)) \
             if getattr(options, "simulated_link", None) else None
         self.liveness = PeerLiveness(rank, options, handlers)
+        self.own_sockets = OwnSockets(self._own_socket, self.liveness.revivals)
         self._stop = False
         self._announce = None      # reason sent in LEAVE messages on close, if any
         self._closed = threading.Event()
@@ -296,23 +275,11 @@ class Transport:
         return True
 
     def _thread_socket(self, dst):
-        """The calling thread's own socket to ``dst``, made on first use (and anew once
-        ``dst`` came back after it was reported down); None when this side is closing or
-        the thread keeps sockets to its share of peers already."""
-        revivals = self.liveness.revivals
-        socks = getattr(self._tls, "socks", None)
-        if socks is None:
-            socks = self._tls.socks = _ThreadSockets()
-        sock = socks.get(dst)
-        if sock is not None and revivals and socks.revival.get(dst) != revivals.get(dst):
-            self._drop_stale(socks, dst)
-            sock = None
-        if sock is None:
-            if self._closed.is_set() or self._stop or len(socks) >= OWN_SOCKETS_PER_THREAD:
-                return None
-            sock = socks[dst] = self._own_socket(dst)
-            socks.revival[dst] = revivals.get(dst)
-        return sock
+        """The calling thread's own socket to ``dst`` (``own_sockets.py``); None when this
+        side is closing or the thread keeps sockets to its share of peers already."""
+        if self._closed.is_set() or self._stop:
+            return None
+        return self.own_sockets.get(dst)
 
     def connect_for_reply(self, ident, src):
         """The calling thread (a handler) is about to serve the request that came on
@@ -327,19 +294,10 @@ class Transport:
             except zmq.ZMQError:  # closing meanwhile: the reply, if any, finds out itself
                 pass
 
-    def _drop_stale(self, socks, dst):
-        """Drop the calling thread's socket to ``dst``, which came back after it was
-        reported down: that socket's connection may have dropped meanwhile, and one it made
-        again would present its identity while ``dst`` still holds the old connection,
-        which is never handed over (``bind``). A new socket has an identity of its own.
-        What the old one still held belonged to calls that failed when ``dst`` went down."""
-        socks.pop(dst).close(linger=0)
-        socks.revival.pop(dst, None)
-
     def _relay(self, dst, frames):
         """Have the I/O thread send a message of a thread that talks to more peers than it
         keeps sockets for (one hand-off): a process's sockets stay within its threads times
-        :data:`OWN_SOCKETS_PER_THREAD`, plus one per peer for the I/O thread."""
+        ``own_sockets.OWN_SOCKETS_PER_THREAD``, plus one per peer for the I/O thread."""
         self.stats["relayed"] += 1
         self._relayed.append((dst, frames))
         self._wake.signal()
@@ -389,7 +347,8 @@ class Transport:
 
     def io_socket(self, dst):
         """The I/O thread's own socket to ``dst`` (I/O thread only), made on first use, and
-        made anew once ``dst`` came back after it was reported down (see ``_drop_stale``)."""
+        made anew once ``dst`` came back after it was reported down (as a thread's own are, see
+        ``own_sockets.py``)."""
         sock = self._io_socks.get(dst)
         revival = self.liveness.revivals.get(dst)
         if sock is not None and self._io_revival.get(dst) != revival:

@@ -155,15 +155,15 @@ def test_while_faults_may_hold_replies_a_never_blocks_function_goes_to_a_handler
 
 def test_a_thread_past_its_share_of_sockets_relays_through_the_io_thread(rpc_world,
                                                                         monkeypatch):
-    from distgrad.rpc import transport
+    from distgrad.rpc import own_sockets
     rpc_world(3)
-    monkeypatch.setattr(transport, "OWN_SOCKETS_PER_THREAD", 1)
+    monkeypatch.setattr(own_sockets, "OWN_SOCKETS_PER_THREAD", 1)
     relayed = current_agent().stats["relayed"]
 
     def calls(out):
         out.extend(rpc.rpc_sync(f"worker{w}", f.add, (w, i)) for i in range(5)
                    for w in (1, 2, 3))
-        out.append(len(current_agent().transport._tls.socks))
+        out.append(len(current_agent().transport.own_sockets.mine()))
     out = []
     t = threading.Thread(target=calls, args=(out,))
     t.start()

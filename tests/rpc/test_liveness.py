@@ -144,7 +144,7 @@ def test_a_connection_that_drops_while_its_peer_holds_the_gil_waits_for_it(serve
 def test_a_stopped_worker_is_reported_within_the_bound_and_revives(rpc_world, caplog):
     world = rpc_world(1, **FAST)
     pending = rpc.rpc_async("worker1", f.sleep_and_return, (0.5, "late"))
-    socks = current_agent().transport._tls.socks   # this thread's own sockets
+    socks = current_agent().transport.own_sockets.mine()   # this thread's own sockets
     before = socks[1].identity
     os.kill(world.procs["worker1"].pid, signal.SIGSTOP)
     t0 = time.monotonic()

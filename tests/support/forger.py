@@ -97,7 +97,7 @@ def calls_beside_a_taker(dst, dst_name, taker, n=200):
     from distgrad.distributed import rpc
     from support.rpc_funcs import add
     assert rpc.rpc_sync(dst_name, add, (0, 0)) == 0
-    identity = current_agent().transport._tls.socks[dst].identity
+    identity = current_agent().transport.own_sockets.mine()[dst].identity
     futures = [rpc.rpc_async(dst_name, add, (i, i)) for i in range(n)]
     took = rpc.rpc_sync(taker, take_identity, (dst, identity))
     futures += [rpc.rpc_async(dst_name, add, (i, i)) for i in range(n, 2 * n)]

@@ -329,8 +329,7 @@ def has_own_socket_to(rank):
     """Whether the calling thread (a handler, while it serves) has a socket of its own to
     rank ``rank``."""
     from distgrad.rpc import current_agent
-    socks = getattr(current_agent().transport._tls, "socks", None)
-    return socks is not None and rank in socks
+    return rank in current_agent().transport.own_sockets.mine()
 
 
 def ask_whether_it_has_a_socket_back(name, my_rank):
