@@ -214,7 +214,7 @@ class Agent:
         next message there, or leaves on its own shortly."""
         transport = self.transport
         if self.bookkeeping.post(dst, kind, item, ack) and transport is not None:
-            transport.wake()  # a new deadline for the I/O thread
+            transport.wake_by(self.bookkeeping.next_due)  # the I/O thread flushes notices
 
     # ------------------------------------------------------------------ RRefs (forks.py)
     def adopt_rref(self, rref):

@@ -77,8 +77,8 @@ class Caller:
         except BaseException:
             self.contexts.give_back(dst, ctx)
             raise
-        if earliest and not self.transport.on_io_thread():
-            self.transport.wake()  # the I/O thread expires calls: it must look at this deadline
+        if earliest:
+            self.transport.wake_by(deadline)  # the I/O thread expires calls
         self._send(dst, frames, copies)
         return fut
 

@@ -128,6 +128,8 @@ class Transport:
         self._outbox = collections.deque()  # (router identity, frames) for the I/O thread
         self._relayed = collections.deque()  # (rank, frames) the I/O thread sends for others
         self._wake = Wakeup()
+        # until when the I/O thread may sleep without looking at deadlines (see wake_by)
+        self._asleep_until = float("inf")
         self._io_ident = None               # thread id of the I/O thread, once running
         self._one_core = False              # the process runs on one core (set at connect)
         # a network between hosts, simulated: messages from others are held on arrival
@@ -389,7 +391,20 @@ class Transport:
 
     def wake(self):
         """Make the I/O thread run its ``on_tick`` soon (work was queued for it)."""
+        self.stats["wakes"] += 1
         self._wake.signal()
+
+    def wake_by(self, due):
+        """A new deadline ``due`` (``time.monotonic()``) was added where the I/O thread
+        looks for them: wake it only if it may sleep past it. Most deadlines are far
+        (an RPC's timeout, a notice's 100 ms) and the I/O thread, which looks at them
+        before each poll and polls for at most a second, would see them in time; a
+        wake-up per call cost every process an extra pass of its loop (and the GIL)
+        per message. Called after the deadline was added: the I/O thread marks itself
+        as deciding (``inf``) before it reads the deadlines, so either it reads the new
+        one or this sees that it must wake it."""
+        if due < self._asleep_until:
+            self.wake()
 
     def down(self, rank):
         """Why peer ``rank`` cannot be reached (dead or left), or None."""
@@ -452,15 +467,21 @@ class Transport:
         all_due = 0.0  # until then, only the router and the wake-up are polled
         router, handlers = self.router, self.handlers
         while not self._stop:
+            self._asleep_until = float("inf")  # deciding (wake_by)
             now = time.monotonic()
             wait = min(handlers.next_deadline(), liveness.next_deadline(now + 1.0),
                        self.link.next_due if self.link is not None else now + 1.0) - now
-            if now < all_due:
+            busy_only = now < all_due
+            if busy_only:
                 # what came meanwhile to the others waits for the next full poll, whose
                 # first pass sees it (zmq_poll asks each socket before it blocks)
-                events = busy.poll(max(0, int(min(wait, all_due - now) * 1000) + 1))
+                wait = min(wait, all_due - now)
+            timeout_ms = max(0, int(wait * 1000) + 1)
+            self._asleep_until = now + timeout_ms / 1000.0
+            if busy_only:
+                events = busy.poll(timeout_ms)
             else:
-                events = poller.poll(max(0, int(wait * 1000) + 1))
+                events = poller.poll(timeout_ms)
                 all_due = time.monotonic() + _QUIET_SOCKETS_EVERY if events else 0.0
             if any(s == wake_fd for s, _ in events):
                 self._wake.clear()  # clear first, then look at the work: a later wake signals

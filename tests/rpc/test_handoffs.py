@@ -171,3 +171,30 @@ def test_a_thread_past_its_share_of_sockets_relays_through_the_io_thread(rpc_wor
     assert out[:-1] == [w + i for i in range(5) for w in (1, 2, 3)]
     assert out[-1] == 1  # one socket of its own; the calls to the other two peers relayed
     assert current_agent().stats["relayed"] - relayed == 10
+
+
+def test_steps_of_distributed_autograd_wake_no_io_thread(world):
+    # A step's context is released on the workers by notices that ride along on the next
+    # step's messages; a notice or a call's timeout is a deadline the I/O thread looks at
+    # before it polls (every 10 ms at most while messages flow), so none of them needs a
+    # wake-up of its own (Transport.wake_by).
+    import distgrad
+    import distgrad.distributed.autograd as dist_autograd
+
+    x = distgrad.ones(4, requires_grad=True)
+
+    def steps(n):
+        for _ in range(n):
+            with dist_autograd.context() as cid:
+                y = rpc.rpc_sync("worker1", f.add, (x, 1.0)).sum()
+                dist_autograd.backward(cid, [y])
+
+    steps(3)
+    there = rpc.rpc_sync("worker1", f.agent_stats).get("wakes", 0)
+    here = current_agent().stats["wakes"]
+    steps(N)
+    woken_there = rpc.rpc_sync("worker1", f.agent_stats).get("wakes", 0) - there
+    woken_here = current_agent().stats["wakes"] - here
+    # (every step woke the coordinator's I/O thread before; a step whose end found that
+    # thread in a long poll, which a loaded machine makes now and then, still does)
+    assert woken_there < N // 2 and woken_here < N // 2, (woken_here, woken_there)
