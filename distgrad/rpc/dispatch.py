@@ -332,6 +332,11 @@ class Dispatcher:
         fn = self.allowlist.resolve(target)
         if getattr(fn, "_distgrad_never_blocks", False) is True:
             self._on_arrival.add(target)  # as many as marked functions: a few
+        if getattr(fn, "_distgrad_receives_caller", False) is True:
+            if "caller" in kwargs:
+                raise RefusedCallError(f"{target!r} is told who calls it: a call may not name "
+                                       f"its caller (keyword argument 'caller')")
+            kwargs["caller"] = req.worker  # kwargs is this request's own, freshly decoded
         return fn, args, kwargs
 
     def _decode(self, req, frames):

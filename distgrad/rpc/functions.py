@@ -1,5 +1,5 @@
 """``torch.distributed.rpc.functions``: ``async_execution``; and distgrad's own
-``never_blocks`` (PyTorch has no such marker)."""
+``never_blocks`` and ``receives_caller`` (PyTorch has no such markers)."""
 import sys
 
 
@@ -25,6 +25,21 @@ def never_blocks(fn):
     """
     fn._distgrad_never_blocks = True
     _marked.add(f"{fn.__module__}:{fn.__qualname__}")
+    return fn
+
+
+def receives_caller(fn):
+    """Mark ``fn`` as told who calls it: a process serving a call of ``fn`` passes the
+    caller's :class:`~distgrad.rpc.WorkerInfo` as the keyword argument ``caller``, taken
+    from the connection the call came on (authenticated), never from anything the caller
+    wrote; a call that sends ``caller`` itself is refused. For functions whose answer
+    depends on who asks (a report of a worker's own work), which must not trust a rank
+    named in the arguments.
+
+    >>> @receives_caller
+    ... def report(done, caller=None): ...
+    """
+    fn._distgrad_receives_caller = True
     return fn
 
 

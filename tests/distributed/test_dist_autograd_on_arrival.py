@@ -119,3 +119,24 @@ def test_a_context_release_is_done_where_it_arrives_unless_it_closes_something(
     if extension == "closable":
         closed = rpc.rpc_sync("worker1", f.closed_on)
         assert closed and not closed[-1].startswith("rpc-io"), closed
+
+
+def test_a_worker_cannot_report_another_workers_part_done(rpc_world):
+    # The coordinator waits for a part's one-way report (_part_done) from each worker a
+    # plan started; a member that reported another's part would end the pass before that
+    # part's gradients are in. The report counts only from the worker it names.
+    from distgrad.distributed.autograd import engine
+    from support import rpc_funcs
+
+    rpc_world(2)
+    context_id, pass_id = 1 << 40, 7
+    waits = engine.await_reports(context_id, pass_id, [1, 2])
+    try:
+        # worker1 reports worker2's part (forged), then its own, in this order
+        rpc.rpc_sync("worker1", rpc_funcs.report_part, (0, context_id, pass_id, [2, 1]))
+        assert waits[1].wait_done(30)
+        assert not waits[2].done()
+        rpc.rpc_sync("worker2", rpc_funcs.report_part, (0, context_id, pass_id, [2]))
+        assert waits[2].wait_done(30)
+    finally:
+        engine.stop_awaiting(context_id, pass_id)

@@ -87,6 +87,15 @@ def test_nested_calls_bounce_between_workers(world):
     assert all(len(x.wait()) == 7 for x in futs)
 
 
+def test_a_function_marked_receives_caller_is_told_who_calls_it(world):
+    assert rpc.rpc_sync("worker1", f.who_calls) == "worker0"
+    assert rpc.rpc_sync("worker1", f.nested_call, ("worker2", f.who_calls)) == "worker1"
+    assert rpc.rpc_async("worker2", f.who_calls).wait() == "worker0"
+    # the callee says who calls: a caller that names one is refused, not believed
+    with pytest.raises(RuntimeError, match="may not name its caller"):
+        rpc.rpc_sync("worker1", f.who_calls, kwargs={"caller": "worker2"})
+
+
 def test_many_threads_call_at_once(world):
     errors, results = [], []
 

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from distgrad.rpc.functions import never_blocks
+from distgrad.rpc.functions import never_blocks, receives_caller
 
 
 def echo(x):
@@ -336,3 +336,20 @@ def ask_whether_it_has_a_socket_back(name, my_rank):
     """Call ``has_own_socket_to(my_rank)`` on worker ``name`` (a first call between them)."""
     from distgrad.distributed import rpc
     return rpc.rpc_sync(name, has_own_socket_to, (my_rank,))
+
+
+@receives_caller
+def who_calls(caller=None):
+    """The name of the worker that called this (told by the callee's RPC layer)."""
+    return caller.name
+
+
+def report_part(to, context_id, pass_id, ranks):
+    """Report to ``to`` the end of distributed backward pass ``pass_id``'s parts of
+    ``ranks``, one one-way call each from this thread (so they arrive in this order)."""
+    from distgrad.distributed.autograd import engine
+    from distgrad.rpc import current_agent
+    agent = current_agent()
+    for rank in ranks:
+        agent.notify(to, engine._part_done, (context_id, pass_id, rank, None))
+    return True

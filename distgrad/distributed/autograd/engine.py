@@ -71,7 +71,7 @@ from distgrad.autograd._internal import (GraphTask, execute, runs_only_builtin_c
 from distgrad.autograd.deferred_weight_grads import WeightGradStore
 from distgrad.rpc import Future, ProtocolError, RpcError, WorkerUnreachableError, entry_point
 from distgrad.rpc.errors import describe_exception, rebuild_exception
-from distgrad.rpc.functions import async_execution, never_blocks
+from distgrad.rpc.functions import async_execution, never_blocks, receives_caller
 
 from . import container as _c
 from .recording import RecvNode, SendNode, install
@@ -474,10 +474,16 @@ def stop_awaiting(context_id, pass_id):
 
 @entry_point
 @never_blocks
-def _part_done(context_id, pass_id, rank, error):
+@receives_caller
+def _part_done(context_id, pass_id, rank, error, caller=None):
     """A one-way call to the coordinator: worker ``rank``'s part (one the plan started)
-    ended; ``error`` describes its failure, as an error reply would."""
-    if type(rank) is not int:
+    ended; ``error`` describes its failure, as an error reply would. Only ``rank`` itself
+    reports its part (``caller``: the connection it came on): a member that reported
+    another's would end the pass before that part's gradients are in."""
+    if type(rank) is not int or caller is None or caller.id != rank:
+        if caller is not None:
+            log.warning("a report of worker %r's part of distributed backward pass %s came "
+                        "from %r and was dropped", rank, pass_id, caller.name)
         return
     with _reported_lock:
         fut = _reported.get((context_id, pass_id), {}).get(rank)
