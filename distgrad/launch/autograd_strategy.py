@@ -17,7 +17,15 @@ The coordinator computes each micro-batch's loss on the last stage's output and 
 part of the backward is done (``RemoteStage.finish_step``: after computing its
 deferred weight gradients), so a stage steps while the stages before it still run
 their backward, and ``backward`` returns with the whole step done: no message goes
-to the stages between the backward and the next step's forward. With
+to the stages between the backward and the next step's forward. Steps are in flight
+(``run.in_flight`` of them, as the pipeline strategy's commands): a step's forwards are
+sent, in a context of their own (``HeldContext``), before the step before it has run
+its backward, so the first stage starts the next forward as soon as it has stepped (it
+waits for its optimizer step there: the forward sees the stepped parameters) instead of
+after a message to the coordinator and one back; the forwards are numbered in step
+order, so the stages run them in that order and every run does the same arithmetic.
+With ``[[hooks]]`` (their values are a step's) a step is complete before the next is
+sent; before a checkpoint, the steps sent are completed first. With
 ``model.aux_weight`` an auxiliary loss (the weighted mean square of the outputs)
 takes a second backward over the same forward (``retain_graph=True`` in the first);
 the forwards tell the stages that a step has two passes, and they step after the
@@ -74,6 +82,7 @@ class AutogradStrategy:
         self.aux_weight = model["aux_weight"]
         self.hooks = CoordinatorHooks(run.plan)
         self.passes = 2 if self.aux_weight > 0 else 1  # backward passes per step
+        self._sent = []        # _StepSent of the steps sent and not completed, in order
 
     # -- setup --
     def setup(self):
@@ -112,15 +121,21 @@ class AutogradStrategy:
                         or f"{w} " in text or text.startswith(w)), 0)
         return self.calls.diagnose(culprit, error, step)
 
-    def _forward(self, key, xs, train):
-        """The last stage's outputs for micro-batches ``xs``, all sent at once: the first
-        stage gets the inputs, each stage pushes its outputs to the next (activations
-        and gradients go stage to stage, not through this process)."""
-        count, n = len(self.stages), len(xs)
+    def _number(self, n):
+        """The turns of the next ``n`` forwards on each stage: numbered in the order the
+        steps are issued (on the coordinator's thread), each stage runs them in it."""
         turns = []
-        for k in range(count):  # numbered now: each stage runs them in micro-batch order
+        for k in range(len(self.stages)):
             turns.append(range(self.turns[k] + 1, self.turns[k] + 1 + n))
             self.turns[k] += n
+        return turns
+
+    def _send_forwards(self, key, xs, train, turns):
+        """Send micro-batches ``xs`` through the stages, all at once: the first stage gets
+        the inputs, each stage pushes its outputs to the next (activations and gradients
+        go stage to stage, not through this process). Returns the futures of the stages
+        that push and those of the last stage's outputs (``(stage, future)`` pairs)."""
+        count = len(self.stages)
         pushed, results = [], []
         # in training, each stage learns when to step its optimizer (RemoteStage.forward)
         finish = [self.passes, self.optimizer.id] if train else None
@@ -131,7 +146,12 @@ class AutogradStrategy:
                 fut = stage.rpc_async(timeout=self.timeout).forward(
                     turns[k][mb], key, mb, value, train, finish)
                 (results if k + 1 == count else pushed).append((k, fut))
-        outputs = []
+        return pushed, results
+
+    def _outputs(self, key, pushed, results):
+        """The last stage's outputs of :meth:`_send_forwards`' micro-batches, once every
+        stage's forward is done."""
+        count, outputs = len(self.stages), []
         for mb, (_, fut) in enumerate(results):
             outputs.append(self._wait_output(fut, pushed, key, mb))
             self.trace.message("receive", "result",
@@ -166,40 +186,93 @@ class AutogradStrategy:
             k, error = _first_failure(pushed) or (len(self.stages) - 1, e)
             raise self.calls.diagnose(k, error, key) from None
 
-    def _run_step(self, step):
+    def _number(self, n):
+        """The turns of the next ``n`` forwards on each stage, numbered in the order they
+        are sent: each stage runs them in it."""
+        turns = []
+        for k in range(len(self.stages)):
+            turns.append(range(self.turns[k] + 1, self.turns[k] + 1 + n))
+            self.turns[k] += n
+        return turns
+
+    def _send_step(self, step):
+        """Step ``step``'s forwards sent, in a context of its own: a :class:`_StepSent`."""
         x, y = self.run.batches.batch(step)
         n = min(self.run.micro, len(x))
-        ys = micro_batches(y, n)
-        out = {"loss": 0.0, "correct": 0, "count": len(y)}
-        self.hooks.begin_step()
-        with self.trace.span("step", lane="steps", step=step), \
-                dist_autograd.context() as cid:
+        xs = micro_batches(x, n)
+        sent = _StepSent(step, micro_batches(y, n), dist_autograd.HeldContext())
+        try:
+            with sent.context.entered():
+                sent.pushed, sent.results = self._send_forwards(step, xs, True,
+                                                                self._number(n))
+        except BaseException:
+            sent.context.release()
+            raise
+        return sent
+
+    def _finish_step(self, sent):
+        """Complete a step sent by :meth:`_send_step`: its outputs, losses and backward
+        (which returns once every stage stepped); then its context is released."""
+        step, ys, cid = sent.step, sent.targets, sent.context.context_id
+        total = sum(len(t) for t in ys)
+        out = {"loss": 0.0, "correct": 0, "count": total}
+        try:
             with self.trace.span("forward", step=step):
-                outputs = self._forward(step, micro_batches(x, n), train=True)
-                losses = [add_micro_batch_loss(out, self.loss_fn, z, ym, len(y), self.classify)
+                outputs = self._outputs(step, sent.pushed, sent.results)
+                losses = [add_micro_batch_loss(out, self.loss_fn, z, ym, total, self.classify)
                           for z, ym in zip(outputs, ys)]
             try:  # the stages step their optimizers before the last backward returns
                 with self.trace.span("backward", step=step):
                     dist_autograd.backward(cid, losses, retain_graph=self.passes > 1)
                     if self.passes > 1:
-                        auxes = [auxiliary_loss(z, self.aux_weight, len(ym), len(y))
+                        auxes = [auxiliary_loss(z, self.aux_weight, len(ym), total)
                                  for z, ym in zip(outputs, ys)]
                         out["aux_loss"] = sum(a.item() for a in auxes)
                         dist_autograd.backward(cid, auxes)
             except Exception as e:  # noqa: BLE001 - the run fails, naming the worker
                 raise self._failure(e, step) from None
-        out.update(self.hooks.end_step())
+        finally:
+            sent.context.release()
+            self.trace.add_span("step", sent.started, self.trace.now(), lane="steps",
+                                step=step)
         return out
 
     def steps_per_command(self):
         return 1  # the coordinator runs each step itself: nothing to save in messages
 
     def issue_steps(self, first, count):
-        # one step at a time: the next forward needs this step's optimizer step
-        return [(self._run_step(step), time.perf_counter())
-                for step in range(first, first + count)]
+        """Send steps ``first .. first + count - 1`` (their forwards); with hooks, whose
+        values are a step's, each runs to completion here, one after the other."""
+        steps = []
+        for step in range(first, first + count):
+            self.hooks.begin_step()  # (no hooks: nothing to begin or end)
+            steps.append(self._send_step(step))
+            self._sent.append(steps[-1])
+            if self.hooks.entries:
+                self._complete(steps[-1])
+        return steps
 
-    def complete_steps(self, first, count, done):
+    def _complete(self, sent):
+        """Complete ``sent`` (once; its result or error is kept for complete_steps)."""
+        if sent.outcome is None:
+            try:
+                out = self._finish_step(sent)
+                out.update(self.hooks.end_step())
+                sent.outcome = ((out, time.perf_counter()), None)
+            except BaseException as e:  # noqa: BLE001 - raised by complete_steps, in order
+                sent.outcome = (None, e)
+            self._sent.remove(sent)
+        return sent.outcome[1] is None
+
+    def complete_steps(self, first, count, steps):
+        """(result, when it finished) of each of ``steps``."""
+        done = []
+        for sent in steps:
+            self._complete(sent)
+            value, error = sent.outcome
+            if error is not None:
+                raise error
+            done.append(value)
         return done
 
     # -- evaluation, checkpoints, the end --
@@ -209,13 +282,19 @@ class AutogradStrategy:
         out = {"loss": 0.0, "correct": 0, "count": len(y)}
         self.hooks.begin_step()  # hooks fire on evaluation forwards too: not logged
         with distgrad.no_grad():
-            outputs = self._forward(key, micro_batches(x, n), train=False)
+            xs = micro_batches(x, n)
+            outputs = self._outputs(key, *self._send_forwards(key, xs, False,
+                                                               self._number(len(xs))))
             for z, ym in zip(outputs, micro_batches(y, n)):
                 add_micro_batch_loss(out, self.loss_fn, z, ym, len(y), self.classify)
         self.hooks.end_step()
         return [StepResult.of(out)]
 
     def save(self, directory, step_count):
+        # after every step sent has stepped the stages; after a failed one, nothing is
+        # saved (complete_steps raises its error first)
+        if not all([self._complete(sent) for sent in list(self._sent)]):
+            return []
         return [s.rpc_async(timeout=self.timeout).save(directory, step_count, self.optimizer.id)
                 for s in self.stages]
 
@@ -227,5 +306,17 @@ class AutogradStrategy:
         return events
 
     def close(self):
-        pass  # nothing of its own outlives the world
+        """Release the contexts of steps sent and never completed (a failed run's)."""
+        for sent in self._sent:
+            sent.context.release()
+        self._sent = []
 
+
+class _StepSent:
+    """A training step whose forwards were sent: what completing it needs, and then its
+    outcome (``(result, None)`` or ``(None, error)``)."""
+
+    def __init__(self, step, targets, context):
+        self.step, self.targets, self.context = step, targets, context
+        self.started = _trace.Recorder.now()
+        self.pushed = self.results = self.outcome = None

@@ -24,8 +24,12 @@ reports that part complete. So a stage whose backward is done steps while the st
 before it still run theirs, the coordinator's ``dist_autograd.backward`` returns with
 every stage stepped, and no message is spent on either (the same arithmetic as
 ``DistributedOptimizer.step``, so the same parameters bit for bit).
+The coordinator sends a step's forwards before the step before it has ended (steps in
+flight): a training forward of a new step waits for the last step's optimizer step here,
+so it sees the stepped parameters.
 """
 import threading
+import time
 
 import distgrad
 from distgrad.distributed.autograd import container as _contexts
@@ -39,6 +43,8 @@ from .stage import CommandOrder, Inbox, build_modules, load_stage_state, stage_s
 from .trace import Recorder, flow_id, grad_flow_id
 
 __all__ = ["RemoteStage"]
+
+_WATCH_SLICE = 0.05  # how often a forward waiting for the last step looks for its failure
 
 
 class RemoteStage:
@@ -96,6 +102,8 @@ class RemoteStage:
         else:
             self.trace.message("receive", "input", flow_id("input", key, mb, self.index))
         with self.order.turn(turn):
+            if train and finish is not None:
+                self._previous_step_done()
             with distgrad.set_grad_enabled(train), \
                     self.trace.span("forward", step=key, micro_batch=mb):
                 y = self.module(x)
@@ -111,6 +119,14 @@ class RemoteStage:
                 self.trace.on_gradient(x, ("send", "grad", grad_flow_id(key, mb, self.index - 1)))
             self.trace.on_gradient(y, ("receive", "grad", grad_flow_id(key, mb, self.index)))
         return y if self.last else pushed
+
+    def _previous_step_done(self):
+        """A training forward of a new step runs after the step before it stepped this
+        stage's optimizer: the coordinator sends a step's forwards while the step before
+        it is still in its backward, so the first one may wait here."""
+        finisher = self.finisher
+        if finisher is not None and finisher.context_id != _contexts.current_context_id():
+            finisher.wait_done(self.timeout or None)
 
     def _finish_after(self, key, passes, optimizer_id):
         """The first training forward of a step's context: its optimizer step will follow
@@ -169,6 +185,7 @@ class StepFinisher:
         self.passes, self.optimizer_id = passes, optimizer_id
         self.ended = 0
         self._lock = threading.Lock()
+        self._stepped = threading.Event()
 
     def on_backward_end(self):
         with self._lock:
@@ -180,6 +197,19 @@ class StepFinisher:
                                "optimizer step already ran")
         if ended == self.passes:
             self.stage.finish_step(self.key, self.context_id, self.optimizer_id)
+            self._stepped.set()
+
+    def wait_done(self, timeout):
+        """Wait until the step's optimizer step ran, then as :meth:`check_done`. A step
+        whose context is gone without it (its backward failed, and the coordinator let
+        go of the step) fails the wait at once; ``timeout`` bounds it otherwise."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stepped.wait(_WATCH_SLICE):
+            if _contexts.get_context(self.context_id) is None:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        self.check_done()
 
     def check_done(self):
         """Raise unless the step's optimizer step ran (called when the next step starts)."""
@@ -187,3 +217,6 @@ class StepFinisher:
             raise RuntimeError(f"stage {self.stage.index}: step {self.key + 1} ended after "
                                f"its part of {self.ended} of the {self.passes} backward passes "
                                "its forward announced, so its optimizer did not step")
+        if not self._stepped.is_set():
+            raise RuntimeError(f"stage {self.stage.index}: the optimizer step of step "
+                               f"{self.key + 1} failed or has not ended")

@@ -213,6 +213,36 @@ def test_concurrent_contexts_from_threads_do_not_mix(world2):
         _close(results[k][1], [p.grad.numpy() for p in f.params("m2@local")])
 
 
+def test_held_contexts_interleave_with_a_thread_of_their_own(world2):
+    # distgrad's HeldContext: two steps' forwards sent, each in its own context, then the
+    # backwards in order, all on one thread; each has its own gradients, as two threads'
+    _params("worker1", "h1", 14, S1)
+    f.make_params("h2", 15, S2)
+    held = [dist_autograd.HeldContext() for _ in range(2)]
+    futs = []
+    for k, h in enumerate(held):
+        with h.entered():
+            assert dist_autograd.current_context_id() == h.context_id
+            futs.append(rpc.rpc_async("worker1", f.stage, ("h1", distgrad.tensor(_x(30 + k)))))
+    assert dist_autograd.current_context_id() is None
+    with dist_autograd.context() as other:  # a context of this thread meanwhile is fine
+        assert other not in (held[0].context_id, held[1].context_id)
+    grads = []
+    for k, (h, fut) in enumerate(zip(held, futs)):
+        loss = (f.stage("h2", fut.wait()) * (k + 1)).sum()
+        dist_autograd.backward(h.context_id, [loss])
+        grads.append(rpc.rpc_sync("worker1", f.grads_of, (h.context_id, "h1")))
+        h.release()
+        h.release()  # harmless
+        with pytest.raises(RuntimeError, match="Could not find autograd context"):
+            dist_autograd.get_gradients(h.context_id)
+    f.make_params("h2@local", 15, S2)
+    for k in range(2):
+        x = distgrad.tensor(_x(30 + k))
+        _close(grads[k], _ref("h1", lambda: (f.stage("h2@local", f.stage("h1@local", x))
+                                             * (k + 1)).sum()))
+
+
 def test_error_in_worker_backward_reaches_coordinator_and_context_releases(world2):
     _params("worker1", "e1", 14, S1)
     _params("worker2", "e2", 15, S1)

@@ -85,3 +85,21 @@ def test_deferred_weight_gradients_train_like_one_process(launcher, tiny_config,
     spans = {(e["pid"], e["name"]) for e in trace if e["ph"] == "X"}
     assert {(k, "weight gradients") for k in (1, 2, 3)} <= spans
     assert_all_gone(launch.pids().values())
+
+
+def test_steps_in_flight_overlap_and_train_like_one_process(launcher, tiny_config, tmp_path):
+    # No hooks: each step runs on a thread of its own, so the next step's forwards are
+    # sent while this one's backward runs (run.in_flight = 2), and each stage runs a
+    # step's first forward only after its optimizer stepped for the step before
+    overrides = AUTOGRAD + ["world.workers=3", "model.aux_weight=0.5", "run.eval_every=3"]
+    launch = launcher(tiny_config, *overrides, "--trace", "trace.json")
+    assert launch.wait() == 0, launch.output
+    assert launch.losses() == reference(tiny_config, overrides)      # bit for bit
+    assert [r["step"] for r in launch.metrics() if "eval_loss" in r] == [3, 6]
+    trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    steps = sorted((e["args"]["step"], e["ts"], e["ts"] + e["dur"]) for e in trace
+                   if e["ph"] == "X" and e["pid"] == 0 and e["name"] == "step")
+    # a step starts before the one before it ended, except after an evaluation
+    overlapping = [s for (s, start, _), (_, _, end) in zip(steps[1:], steps) if start < end]
+    assert overlapping and not {3, 6} & set(overlapping), steps
+    assert_all_gone(launch.pids().values())

@@ -50,6 +50,33 @@ class context:
         return False
 
 
+class HeldContext:
+    """distgrad's own (PyTorch has none): a distributed autograd context held beyond a
+    ``with`` block, for a driver that keeps several in flight (``distgrad launch``'s
+    autograd strategy sends a step's forwards while the step before it is in its
+    backward). It is this thread's current context only inside ``with held.entered():``
+    (RPCs made there record in it), so ``with context()`` works meanwhile too;
+    ``release()`` ends it as leaving ``with context()`` does (twice is harmless).
+
+    >>> held = HeldContext()
+    >>> with held.entered():
+    ...     out = rpc.rpc_async("worker1", forward, (x,))
+    >>> dist_autograd.backward(held.context_id, [out.wait().sum()])
+    >>> held.release()
+    """
+
+    def __init__(self):
+        _recording.install()  # follows a new agent (init_rpc after shutdown)
+        with _context.scope(None):  # made outside whatever context this thread is in
+            self.context_id = _context.new_context()
+
+    def entered(self):
+        return _context.scope(self.context_id)
+
+    def release(self):
+        _context.release_everywhere(self.context_id)
+
+
 def backward(context_id, roots, retain_graph=False):
     """Distributed backward from ``roots`` in context ``context_id`` (this process coordinates)."""
     _coordinator.backward(context_id, roots, retain_graph)
