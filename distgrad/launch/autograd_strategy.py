@@ -18,14 +18,16 @@ part of the backward is done (``RemoteStage.finish_step``: after computing its
 deferred weight gradients), so a stage steps while the stages before it still run
 their backward, and ``backward`` returns with the whole step done: no message goes
 to the stages between the backward and the next step's forward. Steps are in flight
-(``run.in_flight`` of them, as the pipeline strategy's commands): a step's forwards are
-sent, in a context of their own (``HeldContext``), before the step before it has run
-its backward, so the first stage starts the next forward as soon as it has stepped (it
-waits for its optimizer step there: the forward sees the stepped parameters) instead of
-after a message to the coordinator and one back; the forwards are numbered in step
-order, so the stages run them in that order and every run does the same arithmetic.
-With ``[[hooks]]`` (their values are a step's) a step is complete before the next is
-sent; before a checkpoint, the steps sent are completed first. With
+(``run.in_flight`` of them, as the pipeline strategy's commands): a step's first
+micro-batch is sent, in a distributed autograd context of the step's own
+(``HeldContext``), before the step before it has run its backward, so the first stage
+starts the next forward as soon as it has stepped (it waits for its optimizer step
+there: the forward sees the stepped parameters) instead of after a message to the
+coordinator and one back; the step's other micro-batches follow once the step before
+is complete. The forwards are numbered in step order, so the stages run them in that
+order and every run does the same arithmetic. With ``[[hooks]]`` (their values are a
+step's) a step is complete before the next is sent; before a checkpoint, the steps
+sent are completed first. With
 ``model.aux_weight`` an auxiliary loss (the weighted mean square of the outputs)
 takes a second backward over the same forward (``retain_graph=True`` in the first);
 the forwards tell the stages that a step has two passes, and they step after the
@@ -130,16 +132,18 @@ class AutogradStrategy:
             self.turns[k] += n
         return turns
 
-    def _send_forwards(self, key, xs, train, turns):
-        """Send micro-batches ``xs`` through the stages, all at once: the first stage gets
-        the inputs, each stage pushes its outputs to the next (activations and gradients
-        go stage to stage, not through this process). Returns the futures of the stages
-        that push and those of the last stage's outputs (``(stage, future)`` pairs)."""
+    def _send_forwards(self, key, xs, train, turns, first=0, pushed=None, results=None):
+        """Send micro-batches ``xs`` (numbered from ``first``) through the stages, all at
+        once: the first stage gets the inputs, each stage pushes its outputs to the next
+        (activations and gradients go stage to stage, not through this process). Returns
+        the futures of the stages that push and those of the last stage's outputs
+        (``(stage, future)`` pairs, added to ``pushed`` and ``results`` if given)."""
         count = len(self.stages)
-        pushed, results = [], []
+        pushed = [] if pushed is None else pushed
+        results = [] if results is None else results
         # in training, each stage learns when to step its optimizer (RemoteStage.forward)
         finish = [self.passes, self.optimizer.id] if train else None
-        for mb, x in enumerate(xs):
+        for mb, x in enumerate(xs, first):
             self.trace.message("send", "input", _trace.flow_id("input", key, mb, 0))
             for k, stage in enumerate(self.stages):
                 value = distgrad.from_numpy(x) if k == 0 else None  # None: pushed to it
@@ -196,15 +200,19 @@ class AutogradStrategy:
         return turns
 
     def _send_step(self, step):
-        """Step ``step``'s forwards sent, in a context of its own: a :class:`_StepSent`."""
+        """Step ``step``'s first micro-batch sent, in a context of its own: a
+        :class:`_StepSent`. That one is what the first stage starts with once the step
+        before has stepped it; the others follow when this one is completed (sent ahead,
+        they would only wait there, and their sending competes with the stages' compute)."""
         x, y = self.run.batches.batch(step)
         n = min(self.run.micro, len(x))
         xs = micro_batches(x, n)
-        sent = _StepSent(step, micro_batches(y, n), dist_autograd.HeldContext())
+        sent = _StepSent(step, xs, micro_batches(y, n), self._number(n),
+                         dist_autograd.HeldContext())
         try:
             with sent.context.entered():
-                sent.pushed, sent.results = self._send_forwards(step, xs, True,
-                                                                self._number(n))
+                sent.pushed, sent.results = self._send_forwards(step, xs[:1], True,
+                                                                sent.turns)
         except BaseException:
             sent.context.release()
             raise
@@ -218,6 +226,9 @@ class AutogradStrategy:
         out = {"loss": 0.0, "correct": 0, "count": total}
         try:
             with self.trace.span("forward", step=step):
+                with sent.context.entered():  # the rest of its micro-batches
+                    self._send_forwards(step, sent.inputs[1:], True, sent.turns, 1,
+                                        sent.pushed, sent.results)
                 outputs = self._outputs(step, sent.pushed, sent.results)
                 losses = [add_micro_batch_loss(out, self.loss_fn, z, ym, total, self.classify)
                           for z, ym in zip(outputs, ys)]
@@ -316,7 +327,8 @@ class _StepSent:
     """A training step whose forwards were sent: what completing it needs, and then its
     outcome (``(result, None)`` or ``(None, error)``)."""
 
-    def __init__(self, step, targets, context):
-        self.step, self.targets, self.context = step, targets, context
+    def __init__(self, step, inputs, targets, turns, context):
+        self.step, self.inputs, self.targets = step, inputs, targets
+        self.turns, self.context = turns, context
         self.started = _trace.Recorder.now()
         self.pushed = self.results = self.outcome = None
