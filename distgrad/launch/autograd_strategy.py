@@ -124,8 +124,8 @@ class AutogradStrategy:
         return self.calls.diagnose(culprit, error, step)
 
     def _number(self, n):
-        """The turns of the next ``n`` forwards on each stage: numbered in the order the
-        steps are issued (on the coordinator's thread), each stage runs them in it."""
+        """The turns of the next ``n`` forwards on each stage, numbered in the order the
+        steps are issued: each stage runs them in that order, whenever they arrive."""
         turns = []
         for k in range(len(self.stages)):
             turns.append(range(self.turns[k] + 1, self.turns[k] + 1 + n))
@@ -189,15 +189,6 @@ class AutogradStrategy:
             # the first stage whose forward failed is at fault; else the last
             k, error = _first_failure(pushed) or (len(self.stages) - 1, e)
             raise self.calls.diagnose(k, error, key) from None
-
-    def _number(self, n):
-        """The turns of the next ``n`` forwards on each stage, numbered in the order they
-        are sent: each stage runs them in it."""
-        turns = []
-        for k in range(len(self.stages)):
-            turns.append(range(self.turns[k] + 1, self.turns[k] + 1 + n))
-            self.turns[k] += n
-        return turns
 
     def _send_step(self, step):
         """Step ``step``'s first micro-batch sent, in a context of its own: a
