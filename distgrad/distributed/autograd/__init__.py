@@ -56,13 +56,13 @@ class HeldContext:
     autograd strategy sends a step's forwards while the step before it is in its
     backward). It is this thread's current context only inside ``with held.entered():``
     (RPCs made there record in it), so ``with context()`` works meanwhile too;
-    ``release()`` ends it as leaving ``with context()`` does (twice is harmless).
+    ``release()`` ends it as leaving ``with context()`` does (twice is harmless)::
 
-    >>> held = HeldContext()
-    >>> with held.entered():
-    ...     out = rpc.rpc_async("worker1", forward, (x,))
-    >>> dist_autograd.backward(held.context_id, [out.wait().sum()])
-    >>> held.release()
+        held = dist_autograd.HeldContext()
+        with held.entered():
+            out = rpc.rpc_async("worker1", forward, (x,))
+        dist_autograd.backward(held.context_id, [out.wait().sum()])
+        held.release()
     """
 
     def __init__(self):
