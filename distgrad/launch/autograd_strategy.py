@@ -293,8 +293,9 @@ class AutogradStrategy:
         return [StepResult.of(out)]
 
     def save(self, directory, step_count):
-        # after every step sent has stepped the stages; after a failed one, nothing is
-        # saved (complete_steps raises its error first)
+        # after every step sent has stepped the stages (each completed: a list, not a
+        # short-circuit); after a failed one, nothing is saved (complete_steps raises its
+        # error first)
         if not all([self._complete(sent) for sent in list(self._sent)]):
             return []
         return [s.rpc_async(timeout=self.timeout).save(directory, step_count, self.optimizer.id)

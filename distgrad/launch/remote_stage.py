@@ -135,8 +135,7 @@ class RemoteStage:
         context_id = _contexts.current_context_id()
         if self.finisher is not None and self.finisher.context_id == context_id:
             return
-        if self.finisher is not None:
-            self.finisher.check_done()
+        # (the last step's optimizer step ran: _previous_step_done waited for it)
         self.finisher = StepFinisher(self, key, context_id, passes, optimizer_id)
         _contexts.add_extension(context_id, self.finisher)
 

@@ -398,9 +398,10 @@ class Transport:
         """A new deadline ``due`` (``time.monotonic()``) was added where the I/O thread
         looks for them: wake it only if it may sleep past it. Most deadlines are far
         (an RPC's timeout, a notice's 100 ms) and the I/O thread, which looks at them
-        before each poll and polls for at most a second, would see them in time; a
-        wake-up per call cost every process an extra pass of its loop (and the GIL)
-        per message. Called after the deadline was added: the I/O thread marks itself
+        before each poll and polls for at most a second (10 ms while messages flow),
+        would see them in time; a wake-up for every release notice cost every process of
+        a distributed autograd step an extra pass of its loop (and the GIL). Called
+        after the deadline was added: the I/O thread marks itself
         as deciding (``inf``) before it reads the deadlines, so either it reads the new
         one or this sees that it must wake it."""
         if due < self._asleep_until:
