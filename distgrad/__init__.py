@@ -39,6 +39,7 @@ from .ops.diag import diag, diag_embed, diagflat  # noqa: F401
 from ._tensor_str import set_printoptions  # noqa: F401
 from .compiler import compile  # noqa: A004
 from .threads import get_num_threads, set_num_threads
+from .flush_denormal import set_flush_denormal
 from . import autograd
 from . import nn
 from . import utils

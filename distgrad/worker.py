@@ -139,6 +139,9 @@ def add_arguments(p):
                    help="hold messages from other processes as if they came over a link "
                         "of this latency and bandwidth, e.g. '200us 10Gbit/s' (measuring "
                         "on one machine what hosts would see; env: DISTGRAD_SIMULATED_LINK)")
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="treat subnormal floats as zero in this process's threads "
+                        "(torch.set_flush_denormal(True) before it joins the world)")
     p.add_argument("--cpus", type=_cpus, default=env("DISTGRAD_WORKER_CPUS"), metavar="LIST",
                    help="run on these cores only, e.g. '0-1,4' (pinned before any thread "
                         "starts; env: DISTGRAD_WORKER_CPUS)")
@@ -191,6 +194,11 @@ def run(args, parser=None):
             pin_to(args.cpus, f"worker {args.name}")
         except ValueError as e:
             parser.error(f"--cpus: {e}")
+    if args.flush_denormal:  # before the RPC threads start: they inherit the setting
+        from distgrad.flush_denormal import set_flush_denormal
+        if not set_flush_denormal(True):
+            parser.error("--flush-denormal: this platform's floating-point control register "
+                         "cannot be set from Python here")
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(levelname)s %(name)s: %(message)s")
     if os.environ.get("DISTGRAD_PDEATHSIG"):

@@ -152,6 +152,11 @@ SCHEMA = {
                                             "say otherwise; 0.0.0.0: every interface"),
         "blas_threads": Field("int_or_auto", "auto", low=1, doc="BLAS threads per process; "
                                                                "auto: cores / workers"),
+        "flush_denormal": Field(bool, False, doc="every process treats subnormal floats as "
+                                                 "zero (torch.set_flush_denormal): gradients "
+                                                 "that shrink toward zero stop slowing the "
+                                                 "backward down, and the arithmetic differs "
+                                                 "from a run without it"),
         "pin_workers": Field(bool, True, doc="pin each worker process started here to "
                                              "cores of its own (blas_threads of them, in "
                                              "turn over the cores the launcher may use); "

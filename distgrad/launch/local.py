@@ -25,6 +25,7 @@ in every schedule but Looped BFS, whose backward passes run in reverse (here too
 from contextlib import nullcontext
 
 import distgrad
+from distgrad.flush_denormal import flushing
 
 from .data import Batches, micro_batches, split
 from .resolve import deferred_weights, plan
@@ -37,8 +38,15 @@ __all__ = ["train_in_one_process"]
 def train_in_one_process(config, steps=None, on_step=None):
     """Train as ``config`` says for ``steps`` (default: the config's) steps; the losses.
 
-    ``on_step(step, loss)`` is called after each step (a benchmark's clock).
+    ``on_step(step, loss)`` is called after each step (a benchmark's clock). With
+    ``world.flush_denormal`` it computes as the stages do, flushing subnormals, and puts
+    the calling thread's setting back at the end.
     """
+    with flushing(config["world"].get("flush_denormal", False)):
+        return _train(config, steps, on_step)
+
+
+def _train(config, steps, on_step):
     p = plan(config)
     run, data = config["run"], config["data"]
     train, _ = split(p.source(**data["kwargs"]), data["eval_fraction"], run["seed"])

@@ -166,6 +166,8 @@ class Supervisor:
                "--heartbeat-interval", str(heartbeat_interval(world["heartbeat_timeout"]))]
         if world.get("simulated_link"):
             cmd += ["--simulated-link", world["simulated_link"]]
+        if world["flush_denormal"]:
+            cmd += ["--flush-denormal"]
         if rank in self.cores:
             cmd += ["--cpus", format_cpus(self.cores[rank])]
         for module in self.worker_modules:

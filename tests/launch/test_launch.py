@@ -279,3 +279,37 @@ def test_each_stage_offloads_its_activations_and_trains_the_same(launcher, tiny_
     assert {e["name"] for e in io} == {"offload write", "offload read"}
     assert {e["pid"] for e in io} <= {1, 2}  # pids 1 and 2: the two stages
     assert all(e["args"]["bytes"] > 0 for e in io)
+
+
+#: a model whose layers each add a copy of their output that went through float32's
+#: subnormal range and back (factors float32 holds; detached, so that the backward, which
+#: multiplies in the other order, does not overflow): about x where subnormals are kept,
+#: x / 2 where they are flushed, so every stage's setting shows in the losses
+SUBNORMAL_DETOUR = '''
+from distgrad import nn
+from distgrad.launch.models import mlp
+
+
+class Detour(nn.Module):
+    def forward(self, x):
+        return (x + x.detach() * 2.0 ** -70 * 2.0 ** -70 * 2.0 ** 70 * 2.0 ** 70) * 0.5
+
+
+def model():
+    return nn.Sequential(*[m for layer in mlp([2, 8, 8, 2]) for m in (layer, Detour())])
+'''
+
+
+@STRATEGIES
+def test_flush_denormal_makes_every_process_flush_as_one_process_does(
+        launcher, tiny_config, tmp_path, monkeypatch, strategy):
+    (tmp_path / "detour.py").write_text(SUBNORMAL_DETOUR)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the reference imports it here too
+    model = ['model.factory="detour:model"', "model.kwargs={}"]
+    launch = launcher(tiny_config, *strategy, *model, "world.flush_denormal=true")
+    assert launch.wait() == 0, launch.output
+    flushed = reference(tiny_config, [*model, "world.flush_denormal=true"])
+    kept = reference(tiny_config, model)
+    assert flushed != kept  # the setting changes this model's arithmetic
+    assert launch.losses() == flushed  # bit for bit: the coordinator and both stages flushed
+    assert float((distgrad.tensor([1e-39]) * 1.0)[0]) > 0  # the reference put this thread back
