@@ -75,11 +75,15 @@ def _flushes():
         return bool((tiny * np.float32(1.0))[0] == 0)
 
 
-def set_flush_denormal(mode):
+def set_flush_denormal(mode, /):
     """Flush subnormal floats to zero (``mode`` True) or compute with them (False) in this
     thread and the threads it starts from now on; True when the setting was made, False
-    where this platform's control register cannot be set (nothing changed)."""
-    mode = bool(mode)
+    where this platform's control register cannot be set (nothing changed). ``mode`` is a
+    bool, as PyTorch insists (RuntimeError otherwise: 1 or "yes" are not taken for one)."""
+    if type(mode) is not bool:
+        t = type(mode)
+        name = t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__}"
+        raise RuntimeError(f"flush_denormal expects a bool, but got {name}")
     layout = _LAYOUTS.get((platform.system(), platform.machine()))
     libm = _library() if layout is not None and sys.byteorder == "little" else None
     if libm is None:

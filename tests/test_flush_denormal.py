@@ -94,3 +94,22 @@ def test_results_match_pytorch_in_both_modes():
             assert ours.tobytes() == theirs.tobytes(), mode
     finally:
         torch.set_flush_denormal(False)
+
+
+@pytest.mark.parametrize("mode", [1, "yes", None, np.bool_(True)])
+def test_only_a_bool_is_taken_as_pytorch_insists(mode):
+    with pytest.raises(RuntimeError, match="flush_denormal expects a bool, but got "):
+        distgrad.set_flush_denormal(mode)
+    with pytest.raises(TypeError):
+        distgrad.set_flush_denormal(mode=True)  # positional only, as PyTorch's
+    assert _product() > 0  # nothing changed
+
+
+def test_the_refusal_names_the_type_as_pytorch_does():
+    torch = pytest.importorskip("torch")
+    for mode in (1, "yes", np.bool_(True)):
+        with pytest.raises(RuntimeError) as theirs:
+            torch.set_flush_denormal(mode)
+        with pytest.raises(RuntimeError) as ours:
+            distgrad.set_flush_denormal(mode)
+        assert str(ours.value) == str(theirs.value)
