@@ -113,3 +113,18 @@ def test_the_refusal_names_the_type_as_pytorch_does():
         with pytest.raises(RuntimeError) as ours:
             distgrad.set_flush_denormal(mode)
         assert str(ours.value) == str(theirs.value)
+
+
+def test_a_worker_asked_to_flush_where_it_cannot_says_so_before_joining(monkeypatch, capsys):
+    import argparse
+
+    from distgrad import worker
+    parser = worker.add_arguments(argparse.ArgumentParser(prog="distgrad worker"))
+    args = parser.parse_args(["--name", "w1", "--rank", "1", "--world-size", "2",
+                              "--init-method", "tcp://127.0.0.1:9", "--flush-denormal"])
+    monkeypatch.setattr(flush_denormal.platform, "system", lambda: "Plan9")
+    with pytest.raises(SystemExit) as exited:
+        worker.run(args, parser)
+    assert exited.value.code == 2
+    assert "--flush-denormal: this platform's floating-point control register" \
+        in capsys.readouterr().err
