@@ -5,7 +5,10 @@ Between two processes on this machine, over tcp loopback:
     user's function (served on a handler thread: one hand-off in each process) and to one
     marked ``rpc.functions.never_blocks`` (served on the callee's I/O thread: one hand-off,
     in the caller);
-  * echo throughput of 1, 16 and 64 MB tensors (raw pyzmq zero-copy echo vs ``rpc_sync``).
+  * echo throughput of 1, 16 and 64 MB tensors (raw pyzmq zero-copy echo vs ``rpc_sync``);
+  * where a round trip's time goes: beside raw pyzmq, the design's skeleton (the same
+    threads and hand-offs, nothing else: ``rpc_skeleton.py``), so that what distgrad's
+    layers cost and what its threads cost read apart.
 Prints a table of medians and ratios and one JSON line. Targets (issue 19): round trip
 at most 1.8x raw pyzmq and below PyTorch's; throughput at least 0.8x raw pyzmq for 1 MB and larger and
 above PyTorch's at every size; with the same-host shared-memory path, 64 MB at
@@ -26,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from distgrad.utils.ports import free_port  # noqa: E402
+from rpc_skeleton import SkeletonClient  # noqa: E402 - beside this script
 
 SIZES_MB = (1, 16, 64)
 
@@ -97,12 +102,16 @@ def _interleaved(fns, reps, batches):
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold):
+def bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold,
+                           skeleton=False):
     """Raw pyzmq and distgrad interleaved, in a fresh world (``shm_threshold`` 0: the
-    socket path for every size)."""
+    socket path for every size); ``skeleton``: the design's skeleton (``rpc_skeleton.py``)
+    beside them in the round trip."""
     from distgrad.distributed import rpc
     from distgrad.testing.world import World
     raw = RawClient()
+    skeletons = {"skeleton": SkeletonClient(), "skeleton_on_arrival": SkeletonClient(True)} \
+        if skeleton else {}
     world = World(1, transport="tcp", num_worker_threads=4, allowed_modules=["bench_remote"],
                   shm_threshold=shm_threshold).start()
     f, marked = "bench_remote:echo", "bench_remote:echo_on_arrival"
@@ -111,11 +120,16 @@ def bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold
             raw(small)
             rpc.rpc_sync("worker1", f, (small_dg,))
             rpc.rpc_sync("worker1", marked, (small_dg,))
+            for client in skeletons.values():
+                client(small)
         res = _interleaved({"raw": lambda: raw(small),
                             "dg": lambda: rpc.rpc_sync("worker1", f, (small_dg,)),
-                            "marked": lambda: rpc.rpc_sync("worker1", marked, (small_dg,))},
+                            "marked": lambda: rpc.rpc_sync("worker1", marked, (small_dg,)),
+                            **{name: partial(client, small)
+                               for name, client in skeletons.items()}},
                            reps, batches)
-        out = {"raw": {"rt": res["raw"]}, "dg": {"rt": res["dg"], "rt_marked": res["marked"]}}
+        out = {"raw": {"rt": res["raw"], **{name: res[name] for name in skeletons}},
+               "dg": {"rt": res["dg"], "rt_marked": res["marked"]}}
         for mb, a in arrays.items():
             for _ in range(3):
                 raw(a), rpc.rpc_sync("worker1", f, (a,))
@@ -127,6 +141,8 @@ def bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold
     finally:
         world.close()
         raw.close()
+        for client in skeletons.values():
+            client.close()
 
 
 def bench_auth(small_dg, big, reps, batches, rounds):
@@ -310,7 +326,8 @@ def main():
         result["targets_met"] = bool(report_auth(auth, result))
         print(json.dumps(result))
         return
-    raw, dg = bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold=0)
+    raw, dg = bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, shm_threshold=0,
+                                     skeleton=True)
     raw2, shm = bench_raw_and_distgrad(small, small_dg, arrays, reps, batches, 1 << 20)
     th = None if args.no_torch else bench_torch(reps, batches)
 
@@ -336,7 +353,16 @@ def main():
                        "distgrad_shm": shm["rt"] * 1e6, "torch": th["rt"] * 1e6 if th else None,
                        "ratio": dg["rt"] / raw["rt"],
                        "distgrad_never_blocks": dg["rt_marked"] * 1e6,
-                       "ratio_never_blocks": dg["rt_marked"] / raw["rt"]}
+                       "ratio_never_blocks": dg["rt_marked"] / raw["rt"],
+                       "skeleton": raw["skeleton"] * 1e6,
+                       "skeleton_on_arrival": raw["skeleton_on_arrival"] * 1e6}
+    print("\nwhere a 16-float round trip's time goes: the sockets (raw pyzmq), then the design's\n"
+          "threads and hand-offs alone (rpc_skeleton.py), then distgrad's layers too")
+    for name, sec in (("raw pyzmq", raw["rt"]), ("skeleton, handler thread", raw["skeleton"]),
+                      ("distgrad rpc_sync", dg["rt"]),
+                      ("skeleton, served on arrival", raw["skeleton_on_arrival"]),
+                      ("distgrad never_blocks fn", dg["rt_marked"])):
+        print(f"  {name:<29}{sec * 1e6:8.1f} us{sec / raw['rt']:7.2f}x raw")
     for mb in SIZES_MB:
         result[f"echo_{mb}MB_MBps"] = {
             "raw": mbps(raw[mb], mb), "distgrad": mbps(dg[mb], mb),
