@@ -1,9 +1,9 @@
 """``torch.set_flush_denormal``: treat subnormal floats as zero on the CPU.
 
 Gradients that shrink toward zero end in subnormal numbers (float32 below 1.2e-38), and
-many processors compute on those far more slowly (on one machine a 1024-wide MLP's
-backward matrix products ran 7-8 times slower once its gradients held them; another
-showed no penalty at all). With flushing on, the
+many processors compute on those far more slowly (on an Intel Xeon a 1024-wide MLP's
+backward matrix products ran 7-8 times slower once its gradients held them; an AMD EPYC
+showed no penalty). With flushing on, the
 processor's floating-point control register (MXCSR on x86-64: FTZ and DAZ; FPCR on
 AArch64: FZ) makes such inputs and results zero, as PyTorch's switch does, and NumPy's
 arithmetic follows, BLAS included.
