@@ -37,7 +37,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["set_flush_denormal", "flushing"]
+__all__ = ["set_flush_denormal", "flush_or_raise", "flushing"]
 
 # Where the control register sits in the C library's ``fenv_t`` and which of its bits
 # flush, per (system, machine). glibc x86-64: the x87 environment (28 bytes), then
@@ -106,6 +106,14 @@ def set_flush_denormal(mode, /):
     return True
 
 
+def flush_or_raise(what):
+    """Flush subnormals in this thread (and those it starts) as ``what`` asked (a config key,
+    a command-line flag): RuntimeError naming it where this platform cannot."""
+    if not set_flush_denormal(True):
+        raise RuntimeError(f"{what}: this platform's floating-point control register "
+                           "cannot be set from Python here")
+
+
 class flushing:
     """``with flushing(mode):`` flush subnormals in this thread while inside (``mode``
     False: leave the setting alone), and put back what was set before: the one-process
@@ -119,9 +127,7 @@ class flushing:
     def __enter__(self):
         if self.mode:
             self.before = _flushes()
-            if not set_flush_denormal(True):
-                raise RuntimeError(f"{self.key}: this platform's floating-point control "
-                                   "register cannot be set from Python here")
+            flush_or_raise(self.key)
         return self
 
     def __exit__(self, *exc):

@@ -195,10 +195,11 @@ def run(args, parser=None):
         except ValueError as e:
             parser.error(f"--cpus: {e}")
     if args.flush_denormal:  # before the RPC threads start: they inherit the setting
-        from distgrad.flush_denormal import set_flush_denormal
-        if not set_flush_denormal(True):
-            parser.error("--flush-denormal: this platform's floating-point control register "
-                         "cannot be set from Python here")
+        from distgrad.flush_denormal import flush_or_raise
+        try:
+            flush_or_raise("--flush-denormal")
+        except RuntimeError as e:
+            parser.error(str(e))
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(levelname)s %(name)s: %(message)s")
     if os.environ.get("DISTGRAD_PDEATHSIG"):

@@ -11,7 +11,7 @@ import signal
 import sys
 
 from distgrad.distributed import rpc
-from distgrad.flush_denormal import set_flush_denormal
+from distgrad.flush_denormal import flush_or_raise
 from distgrad.utils.processes import die_with_parent
 
 from .config import heartbeat_interval
@@ -82,11 +82,12 @@ def main(argv=None):
     with open(os.path.join(run_dir, LAUNCH), encoding="utf-8") as fh:
         launch = json.load(fh)
     world = dict(launch["world"], config=launch["config"]["world"])
-    if world["config"]["flush_denormal"] and not set_flush_denormal(True):
-        # the coordinator computes too (losses, the autograd strategy's backward)
-        print("world.flush_denormal: this platform's floating-point control register cannot "
-              "be set from Python here", file=sys.stderr, flush=True)
-        return 1
+    if world["config"]["flush_denormal"]:  # the coordinator computes too (losses, a backward)
+        try:
+            flush_or_raise("world.flush_denormal")
+        except RuntimeError as e:
+            print(e, file=sys.stderr, flush=True)
+            return 1
     coordinator = Coordinator(run_dir, launch)
     for sig in (signal.SIGTERM, signal.SIGINT):  # stop at the next step boundary
         signal.signal(sig, lambda *_: coordinator.stop_requested.set())
