@@ -7,8 +7,10 @@ import pytest
 
 import distgrad
 from distgrad import nn
+from distgrad.autograd.deferred_weight_grads import WeightGradStore
 from distgrad.distributed import autograd as dist_autograd
 from distgrad.distributed import rpc
+from distgrad.rpc import current_agent
 from support import deferral_funcs as f
 
 pytestmark = pytest.mark.timeout(60)
@@ -98,9 +100,38 @@ def test_inputs_under_saved_tensor_hooks_are_not_kept_for_later(stage):
     assert _deferred() == before
 
 
+def test_a_part_that_ships_nothing_and_uses_each_weight_once_defers_nothing(stage):
+    """Deferring would buy it nothing (no process waits for its gradients, no product
+    over several micro-batches): its products run as the nodes do, as in a local
+    backward, bit for bit."""
+    x = _batches()[0]
+    before = _deferred()
+    with dist_autograd.context() as cid:
+        out = rpc.rpc_sync("worker1", f.forward, (distgrad.tensor(x),))
+        dist_autograd.backward(cid, [out.pow(2).sum()])
+        got = rpc.rpc_sync("worker1", f.grads, (cid,))
+    assert _deferred() == before
+    distgrad.manual_seed(SEED)
+    model = nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(D, D), nn.Tanh())])
+    model(distgrad.tensor(x)).pow(2).sum().backward()
+    for g, p in zip(got, model.parameters()):
+        np.testing.assert_array_equal(g, p.grad.numpy())
+
+
+def test_a_part_that_ships_its_input_gradient_defers_with_one_micro_batch(stage):
+    before = _deferred()
+    with dist_autograd.context() as cid:
+        x = distgrad.tensor(_batches()[0], requires_grad=True)
+        out = rpc.rpc_sync("worker1", f.forward, (x,))
+        dist_autograd.backward(cid, [out.pow(2).sum()])
+        assert dist_autograd.get_gradients(cid)[x] is not None
+    assert _deferred() - before == LAYERS
+
+
 def test_a_part_ending_on_the_io_thread_computes_a_large_deferral_on_a_handler(rpc_world):
     """The nodes ran where the gradient arrived; the end's products (4M multiply-adds, past
-    the on-arrival bound) go to a handler, so the I/O thread goes on serving."""
+    the on-arrival bound) go to a handler, so the I/O thread goes on serving. (The input
+    requires grad: the part ships its gradient, so it defers.)"""
     rpc_world(1)
     rpc.rpc_sync("worker1", f.run_nodes_where_they_arrive)
     d, rows = 1024, 4
@@ -108,7 +139,7 @@ def test_a_part_ending_on_the_io_thread_computes_a_large_deferral_on_a_handler(r
     x = np.random.default_rng(1).standard_normal((rows, d)).astype(np.float32)
     runs_before, ends_before = rpc.rpc_sync("worker1", f.handed_off)
     with dist_autograd.context() as cid:
-        out = rpc.rpc_sync("worker1", f.forward, (distgrad.tensor(x),))
+        out = rpc.rpc_sync("worker1", f.forward, (distgrad.tensor(x, requires_grad=True),))
         dist_autograd.backward(cid, [out.pow(2).sum()])
         got = rpc.rpc_sync("worker1", f.grads, (cid,))
     runs, ends = rpc.rpc_sync("worker1", f.handed_off)
@@ -118,3 +149,24 @@ def test_a_part_ending_on_the_io_thread_computes_a_large_deferral_on_a_handler(r
     model(distgrad.tensor(x)).pow(2).sum().backward()
     for g, p in zip(got, model.parameters()):
         np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_coordinator_starts_the_part_it_held_back_before_its_own_weight_gradients(
+        stage, monkeypatch):
+    """The coordinator's last node ships the gradient that starts worker1's part; the
+    coordinator computes its own deferred products while that part runs, not before."""
+    agent = current_agent()
+    sent_at_flush = []
+    flush = WeightGradStore.flush
+
+    def flush_and_record(store):
+        sent_at_flush.append(agent.stats["messages_sent"])
+        return flush(store)
+    monkeypatch.setattr(WeightGradStore, "flush", flush_and_record)
+    layer = nn.Linear(D, D)  # the coordinator's own stage, after worker1's
+    with dist_autograd.context() as cid:
+        h = rpc.rpc_sync("worker1", f.forward, (distgrad.tensor(_batches()[0]),))
+        sent = agent.stats["messages_sent"]
+        dist_autograd.backward(cid, [layer(h).pow(2).sum()])
+        assert layer.weight in dist_autograd.get_gradients(cid)
+    assert sent_at_flush == [sent + 1]  # worker1's start left first

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from distgrad.autograd._internal import as_tuple, grad_edge, make_root_grads
 from distgrad._tensor import Tensor
-from distgrad.rpc import Future, RpcTimeoutError, WorkerUnreachableError
+from distgrad.rpc import RpcTimeoutError, WorkerUnreachableError
 
 from . import container as _c
 from . import engine as _e
@@ -131,23 +131,16 @@ def backward(context_id, roots, retain_graph=False):
 
 
 def _start_deferred(agent, p, parts, deferred):
-    """Start the parts held back by the roots' execute(): when it is the only part left
-    (no other started or awaited), with a blocking call (its reply is that part's
-    completion; a failure or a dead worker ends it), otherwise asynchronously."""
-    with _c.scope(None):
-        deferred = deferred or ()
-        if len(deferred) == 1 and not parts and p.done.done() \
-                and p.done.exception() is None:
-            rank, args = deferred[0]
-            fut = parts[rank] = Future()
-            try:
-                agent.call_sync(rank, _e._run_pass, args, None, -1)
-                fut.set_result(None)
-            except BaseException as e:  # noqa: BLE001 - reported by _wait_all
-                fut.set_exception(e)
-            return
-        for rank, args in deferred:
-            parts[rank] = agent.call(rank, _e._run_pass, args, None, -1)
+    """Start the parts held back by the roots' execute(), then end the local part if its
+    end waited for them (its deferred weight gradients are computed while they run)."""
+    try:
+        with _c.scope(None):
+            for rank, args in deferred or ():
+                parts[rank] = agent.call(rank, _e._run_pass, args, None, -1)
+    finally:
+        if p.end_held:
+            p.end_held = False
+            p._end()
 
 
 def _wait_all(agent, context_id, pass_id, parts, local, reported):

@@ -13,8 +13,9 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    not use) are never waited for.
 2. ``_run_pass(ctx, pass, send ids, retain, first gradients, plan)`` goes to each owner
    the roots feed directly, together with its first gradients, when the coordinator's
-   engine reaches that recv node (one message, and a blocking call when it is the last
-   thing left); its reply is that owner's completion. The other owners get no message of
+   engine reaches that recv node (one message; when nothing local is left to run, it
+   leaves once the coordinator's execute() returns, and the coordinator's own weight
+   gradients are computed while that part runs); its reply is that owner's completion. The other owners get no message of
    their own: their gradients come later, through other workers, and the first one
    carries the *plan* (``{owner rank: send ids}`` of every such owner), which each part
    passes on with its first delivery to each owner in it. An owner started that way
@@ -66,8 +67,8 @@ import threading
 import time
 import traceback
 
-from distgrad.autograd._internal import (GraphTask, execute, runs_only_builtin_code,
-                                         set_task_extension)
+from distgrad.autograd._internal import (AccumulateGrad, GraphTask, execute,
+                                         runs_only_builtin_code, set_task_extension)
 from distgrad.autograd.deferred_weight_grads import WeightGradStore
 from distgrad.rpc import Future, ProtocolError, RpcError, WorkerUnreachableError, entry_point
 from distgrad.rpc.errors import describe_exception, rebuild_exception
@@ -92,7 +93,8 @@ _last_run = 0.0              # the CPU time of this process's last run of a pass
 # end only after that, so a context's gradients are complete whenever anyone can read them.
 # Every part defers the same weights whichever thread runs it, so a result is the same on
 # every run (it differs from the plain backward's by float rounding: one product over all
-# rows instead of a sum of one per micro-batch). Not deferred: weights with hooks, inputs
+# rows instead of a sum of one per micro-batch). Only a part that gains defers
+# (_deferral_pays). Not deferred: weights with hooks, inputs
 # under saved-tensor hooks (offloaded: they would be kept), and contexts with extensions
 # (a launch stage defers its own way). Off with DISTGRAD_DEFER_WEIGHT_GRADS=0.
 DEFER_WEIGHT_GRADS = os.environ.get("DISTGRAD_DEFER_WEIGHT_GRADS", "1") != "0"
@@ -146,6 +148,7 @@ class Part:
         self.parts = None
         self.deferred = None   # coordinator: starts held back until the roots' execute() returns
         self.defer_thread = None
+        self.end_held = False  # coordinator: its end waits for those starts
         self.plain = None      # whether its nodes run distgrad's code only (_runs_on_arrival)
         self.done = Future()
         sends = []
@@ -164,9 +167,10 @@ class Part:
         self.expected = set(send_ids)
         task = self.task = GraphTask(retain_graph, False, accumulate=ctx.accumulate)
         set_task_extension(task, "distributed", self)
-        task.weight_grads = self.weight_grads = \
-            WeightGradStore() if DEFER_WEIGHT_GRADS and not ctx.extensions else None
         task.compute_dependencies(sends + [edge[0] for edge, _ in roots])
+        task.weight_grads = self.weight_grads = WeightGradStore() \
+            if DEFER_WEIGHT_GRADS and not ctx.extensions and _deferral_pays(ctx.id, task) \
+            else None
 
     # -- feeding (any thread) --
     def feed(self, msg_id, g):
@@ -280,8 +284,9 @@ class Part:
                 args = (self.ctx.id, self.id, starts[rank], self.retain, grads, plan)
                 if self.deferred is not None and threading.get_ident() == self.defer_thread \
                         and not self.task.has_ready_nodes():
-                    # Nothing local is left to run: start it once execute() returns (maybe
-                    # with a blocking call, the cheapest round trip; see coordinator.py).
+                    # Nothing local is left to run: start it once execute() returns, and
+                    # then end this part (its weight gradients) while it runs; see
+                    # coordinator.py.
                     self.deferred.append((rank, args))
                     continue
                 self.parts[rank] = agent.call(rank, _run_pass, args, None, -1)
@@ -297,6 +302,11 @@ class Part:
                 node.freed = True
         with self.ctx.lock:
             self.ctx.passes.pop(self.id, None)
+        if self.deferred and threading.get_ident() == self.defer_thread:
+            # the coordinator holds parts back until its roots' execute() returns: it
+            # starts them first and ends its own part while they run (coordinator.py)
+            self.end_held = True
+            return
         if self.weight_grads is not None and \
                 self.weight_grads.work() > _FLUSH_ON_ARRIVAL_MAX and _on_io_thread():
             agent = _c._agent()
@@ -333,6 +343,24 @@ class Part:
         self.done.set_exception(exc)
 
     abort = fail
+
+
+def _deferral_pays(context_id, task):
+    """Whether a part gains by leaving its linear weights' gradients for its end: it ships
+    gradients to another process (they leave sooner, and that process starts sooner), or
+    a weight feeds several nodes of the pass (micro-batches: one product over all their
+    rows). Otherwise the products run as the nodes do, as in a local backward, and the
+    part pays no bookkeeping for them (a stage that ships nothing, with one micro-batch,
+    spent a tenth of its backward on it)."""
+    dependencies = task.dependencies
+    for node in task.graph_nodes:
+        kind = type(node)
+        if kind is RecvNode:
+            if node.context_id == context_id:  # (another context's leads nowhere here)
+                return True
+        elif kind is AccumulateGrad and dependencies.get(node, 0) > 1:
+            return True
+    return False
 
 
 def _on_io_thread():
