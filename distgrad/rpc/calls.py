@@ -34,6 +34,7 @@ class PendingCalls:
         self._calls = {}                       # msg id -> Pending
         self._inflight = [0] * world_size      # per destination rank
         self._max = max_inflight
+        self._waiting = 0                      # callers waiting for a slot (notified when freed)
         self._closed = None                    # the error new calls get once closed
         self.next_deadline = _FOREVER
 
@@ -59,7 +60,11 @@ class PendingCalls:
                     raise RpcTimeoutError(
                         f"RPC ran for more than set timeout ({pending.timeout} s) waiting "
                         f"for one of the {self._max} in-flight calls to rank {dst} to finish")
-                self._slot_freed.wait(min(left, 1.0))
+                self._waiting += 1
+                try:
+                    self._slot_freed.wait(min(left, 1.0))
+                finally:
+                    self._waiting -= 1
             if self._closed is not None:
                 raise self._closed
             self._inflight[dst] += 1
@@ -71,7 +76,8 @@ class PendingCalls:
 
     def _release(self, p):  # with the lock held
         self._inflight[p.dst] -= 1
-        self._slot_freed.notify()
+        if self._waiting:  # (a reply costs no notify while nobody waits for a slot)
+            self._slot_freed.notify()
 
     # ------------------------------------------------------------------ completion
     def pop(self, mid, src=None):

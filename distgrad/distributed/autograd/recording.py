@@ -235,7 +235,10 @@ class _Interceptor:
         return args, kwargs
 
     def request_scope(self, request):
-        return _RequestScope(request.state.get(_NAME))
+        cid = request.state.get(_NAME)
+        if cid is None and current_context_id() is None:
+            return None  # no context to enter, none to leave: nothing to do around it
+        return _RequestScope(cid)
 
     def on_send_response(self, request, value):
         cid = request.state.get(_NAME)
