@@ -8,7 +8,8 @@ Between two processes on this machine, over tcp loopback:
   * echo throughput of 1, 16 and 64 MB tensors (raw pyzmq zero-copy echo vs ``rpc_sync``);
   * where a round trip's time goes: beside raw pyzmq, the design's skeleton (the same
     threads and hand-offs, nothing else: ``rpc_skeleton.py``), so that what distgrad's
-    layers cost and what its threads cost read apart.
+    layers cost and what its threads cost read apart (``rpc_timeline.py`` splits one
+    round trip into its stages, in both processes).
 Prints a table of medians and ratios and one JSON line. Targets (issue 19): round trip
 at most 1.8x raw pyzmq and below PyTorch's; throughput at least 0.8x raw pyzmq for 1 MB and larger and
 above PyTorch's at every size; with the same-host shared-memory path, 64 MB at

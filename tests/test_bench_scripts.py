@@ -113,6 +113,18 @@ def test_bench_chain_runs_a_short_chain_without_torch(tmp_path):
     assert "torch" not in {r["library"] for r in json.loads(out.strip().splitlines()[-1])["rows"]}
 
 
+def test_rpc_timeline_splits_a_round_trip_into_stages_that_follow_each_other(tmp_path):
+    """The two processes' stamps line up (no message arrives before it was sent), and
+    the stages add up to about one call."""
+    out = _run_without_torch(tmp_path, "rpc_timeline.py", "--calls", "50")
+    result = json.loads(out.strip().splitlines()[-1])
+    stages = result["stages"]
+    assert [s["from"] for s in stages][:3] == ["C.call", "C.send", "C.sent"]
+    assert stages[-1]["to"] == "C.woke" and len(stages) == 13
+    assert result["aligned"]
+    assert sum(s["median_us"] for s in stages) < 10 * result["per_call_us"]
+
+
 def test_soak_prints_memory_per_process_per_period_and_where_it_grew():
     # two periods of 3 s with allocation tracing: exit status 1 only says a target was not
     # met (steps/s of so short a run on a busy machine is noise), not that it failed
