@@ -15,16 +15,17 @@ Message flow of ``backward(context_id, roots)`` on the coordinator:
    the roots feed directly, together with its first gradients, when the coordinator's
    engine reaches that recv node (one message; when nothing local is left to run, it
    leaves once the coordinator's execute() returns, and the coordinator's own weight
-   gradients are computed while that part runs); its reply is that owner's completion. The other owners get no message of
-   their own: their gradients come later, through other workers, and the first one
-   carries the *plan* (``{owner rank: send ids}`` of every such owner), which each part
-   passes on with its first delivery to each owner in it. An owner started that way
-   reports its completion to the coordinator with a one-way ``_part_done``; the
-   coordinator follows those owners' liveness and the RPC timeout meanwhile, so one that
-   dies or stalls fails the pass naming it, as a call to it would. Each process runs one
-   :class:`GraphTask` whose roots are exactly its expected send nodes (plus, on the
-   coordinator, the roots), so nodes shared by several of them wait for all their
-   gradients and nobody waits for a gradient that cannot come.
+   gradients are computed while that part runs); its reply is that owner's completion.
+   The other owners get no message of their own: their gradients come later, through
+   other workers, and the first one carries the *plan* (``{owner rank: send ids}`` of
+   every such owner), which each part passes on with its first delivery to each owner in
+   it. An owner started that way reports its completion to the coordinator with a
+   one-way ``_part_done``; the coordinator follows those owners' liveness and the RPC
+   timeout meanwhile, so one that dies or stalls fails the pass naming it, as a call to
+   it would. Each process runs one :class:`GraphTask` whose roots are exactly its
+   expected send nodes (plus, on the coordinator, the roots), so nodes shared by several
+   of them wait for all their gradients and nobody waits for a gradient that cannot
+   come.
 3. Gradients flow: when an engine runs a recv node it ships the gradient to the
    sender (``_deliver``, a one-way call), whose pass adds it at the send node and
    executes what became ready. Gradients for one peer that become ready together (a
@@ -94,9 +95,9 @@ _last_run = 0.0              # the CPU time of this process's last run of a pass
 # Every part defers the same weights whichever thread runs it, so a result is the same on
 # every run (it differs from the plain backward's by float rounding: one product over all
 # rows instead of a sum of one per micro-batch). Only a part that gains defers
-# (_deferral_pays). Not deferred: weights with hooks, inputs
-# under saved-tensor hooks (offloaded: they would be kept), and contexts with extensions
-# (a launch stage defers its own way). Off with DISTGRAD_DEFER_WEIGHT_GRADS=0.
+# (_deferral_pays). Not deferred: weights with hooks, inputs under saved-tensor hooks
+# (offloaded: they would be kept), and contexts with extensions (a launch stage defers
+# its own way). Off with DISTGRAD_DEFER_WEIGHT_GRADS=0.
 DEFER_WEIGHT_GRADS = os.environ.get("DISTGRAD_DEFER_WEIGHT_GRADS", "1") != "0"
 # The end's products run on the I/O thread up to this many multiply-adds (about the
 # on-arrival budget); more go to a handler thread.
@@ -350,8 +351,8 @@ def _deferral_pays(context_id, task):
     gradients to another process (they leave sooner, and that process starts sooner), or
     a weight feeds several nodes of the pass (micro-batches: one product over all their
     rows). Otherwise the products run as the nodes do, as in a local backward, and the
-    part pays no bookkeeping for them (a stage that ships nothing, with one micro-batch,
-    spent a tenth of its backward on it)."""
+    part pays no bookkeeping for them (a 4-layer stage that ships nothing, with one
+    micro-batch, spent a quarter of its backward on it)."""
     dependencies = task.dependencies
     for node in task.graph_nodes:
         kind = type(node)
