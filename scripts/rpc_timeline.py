@@ -121,10 +121,23 @@ def stamps():
 
 
 def _busy_loops():
-    """One lowest-priority busy loop per core (killed by the caller)."""
+    """One lowest-priority busy loop per core (killed by the caller); none is left running
+    when starting one of them fails."""
     loop = [sys.executable, "-c", "while True: pass"]
-    return [subprocess.Popen(loop, preexec_fn=lambda: os.nice(19))
-            for _ in range(os.cpu_count() or 1)]
+    started = []
+    try:
+        for _ in range(os.cpu_count() or 1):
+            started.append(subprocess.Popen(loop, preexec_fn=lambda: os.nice(19)))
+    except BaseException:
+        _stop(started)
+        raise
+    return started
+
+
+def _stop(processes):
+    for p in processes:
+        p.kill()
+        p.wait()
 
 
 def _stages(ours, theirs, n):
@@ -137,7 +150,6 @@ def _stages(ours, theirs, n):
     marks = {k: [t for t in v if t >= start][:n] for k, v in marks.items()}
     return {(a, b): [(marks[b][i] - marks[a][i]) / 1000 for i in range(n)]
             for a, b in [p[:2] for p in PATH] + CAUSAL}
-
 
 
 def measure(calls):
@@ -186,9 +198,7 @@ def main():
     try:
         per_call, raw_rt, stages = measure(args.calls)
     finally:
-        for p in loops:
-            p.kill()
-            p.wait()
+        _stop(loops)
     print(f"rpc_sync of 16 floats to a handler-served function: {per_call:.1f} us a call "
           f"(stamped); raw pyzmq round trip: {raw_rt:.1f} us"
           + ("; a busy loop on every core" if args.busy_cores else ""))
