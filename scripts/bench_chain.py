@@ -20,7 +20,8 @@ back through every rank. Per world size and library:
     python scripts/bench_chain.py --sizes 4 --steps 5 --no-torch
 
 Every process runs on this host's loopback with one BLAS thread. Prints a table and one
-JSON line.
+JSON line. Where a hop of the backward spends its time (receiving, processing, the
+wire): ``backward_timeline.py``.
 """
 import argparse
 import json

@@ -125,6 +125,19 @@ def test_rpc_timeline_splits_a_round_trip_into_stages_that_follow_each_other(tmp
     assert sum(s["median_us"] for s in stages) < 10 * result["per_call_us"]
 
 
+def test_backward_timeline_follows_every_hop_of_a_chains_backward(tmp_path):
+    """Every measured backward's stamps follow the chain's path (out to the last worker
+    and back, each hop's three stages in order), and the path adds up to about one
+    backward."""
+    out = _run_without_torch(tmp_path, "backward_timeline.py", "--ranks", "3",
+                             "--steps", "30")
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["hops"] == 4 and result["measured"] == 30
+    assert result["followed"] == 30
+    assert [s["stage"] for s in result["stages"]] == ["receive", "process", "wire"]
+    assert all(s["median_us"] > 0 for s in result["stages"])
+    assert result["path_us"] < 10 * result["backward_us"]
+
 def test_soak_prints_memory_per_process_per_period_and_where_it_grew():
     # two periods of 3 s with allocation tracing: exit status 1 only says a target was not
     # met (steps/s of so short a run on a busy machine is noise), not that it failed
