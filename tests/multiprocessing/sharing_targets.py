@@ -5,9 +5,11 @@ import signal
 import distgrad
 
 
-def add_one(tensors, done):
-    """Add 1 in place to each tensor, then report back by setting ``done``."""
-    with distgrad.no_grad():
+def add_one(tensors, done, lock):
+    """Add 1 in place to each tensor, then report back by setting ``done``. The children
+    add under ``lock``: an in-place add reads, then writes, so two at once on the same
+    shared memory can lose one of the updates (Hogwild's races, not what is tested)."""
+    with lock, distgrad.no_grad():
         for t in tensors:
             t.add_(1.0)
     done.set()

@@ -130,8 +130,9 @@ def test_children_update_the_parents_buffers(method):
     loose = distgrad.ones(3)                  # not shared yet: sending it shares it, as torch
     before = [p.detach().clone() for p in model.parameters()]
     done = [ctx.Event() for _ in range(2)]
+    lock = ctx.Lock()  # both children add 1: one at a time, so no update is lost
     children = [ctx.Process(target=sharing_targets.add_one,
-                            args=(list(model.parameters()) + [loose], d)) for d in done]
+                            args=(list(model.parameters()) + [loose], d, lock)) for d in done]
     try:
         for c in children:
             c.start()
