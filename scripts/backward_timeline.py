@@ -26,6 +26,7 @@ Prints a table and one JSON line. An analysis tool, not a target: bench_chain.py
 the chain's targets.
 """
 import argparse
+import bisect
 import functools
 import json
 import os
@@ -36,6 +37,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from bench_chain import raw_round_trip_us  # noqa: E402
+from bench_world_scale import chain_step  # noqa: E402
 from rpc_timeline import _stamps, clear, install, stamps  # noqa: E402
 
 _now = time.perf_counter_ns
@@ -46,13 +49,6 @@ STAMPS = [("distgrad.rpc.wire", "unpack_header", "read", None),
 STAGES = [("receive", "the I/O thread read the message -> its gradients reach the part"),
           ("process", "the part has them -> it ships the next gradients"),
           ("wire", "shipped -> the next process's I/O thread read the message")]
-
-
-def chain_step(x, k, n):
-    """Rank ``k`` of ``n``: multiply, pass on to the next rank, return what comes back."""
-    from distgrad.distributed import rpc
-    y = x * 1.5
-    return y if k == n - 1 else rpc.rpc_sync(f"worker{k + 1}", chain_step, (y, k + 1, n))
 
 
 def install_all():
@@ -69,14 +65,10 @@ def install_all():
     Part._flush = stamped_flush
 
 
-def _latest(times, before):
-    """The latest of ``times`` (sorted) at or before ``before``."""
-    best = None
-    for t in times:
-        if t > before:
-            break
-        best = t
-    return best
+def _latest(times, after, before):
+    """The latest of ``times`` (sorted) after ``after`` and at or before ``before``."""
+    i = bisect.bisect_right(times, before)
+    return times[i - 1] if i and times[i - 1] > after else None
 
 
 def hops(marks, n, start, end):
@@ -100,8 +92,8 @@ def hops(marks, n, start, end):
         shipped = ships[sender][used[sender]]
         used[sender] += 1
         arrived = next((t for t in feeds[receiver] if t > shipped), None)
-        read = _latest([t for t in within[receiver].get("read", []) if t > shipped],
-                       arrived) if arrived is not None else None
+        read = _latest(within[receiver].get("read", []), shipped, arrived) \
+            if arrived is not None else None
         if arrived is None or read is None:
             return None
         feeds[receiver].remove(arrived)
@@ -119,13 +111,12 @@ def hops(marks, n, start, end):
 def measure(n, steps):
     import backward_timeline as me
     import distgrad
-    from bench_rpc import RawClient
     from distgrad.distributed import autograd as dist_autograd
     from distgrad.distributed import rpc
     from distgrad.testing.world import World
-    raw = RawClient()
     world = World(n - 1, transport="tcp", num_worker_threads=4,
-                  allowed_modules=["backward_timeline", "rpc_timeline"]).start()
+                  allowed_modules=["backward_timeline", "rpc_timeline",
+                                   "bench_world_scale"]).start()
     x = distgrad.ones(_FLOATS, requires_grad=True)
     workers = [f"worker{k}" for k in range(1, n)]
     try:
@@ -136,7 +127,7 @@ def measure(n, steps):
 
         def step():
             with dist_autograd.context() as cid:
-                y = rpc.rpc_sync("worker1", me.chain_step, (x, 1, n))
+                y = rpc.rpc_sync("worker1", chain_step, (x, 1, n, "worker"))
                 t0 = _now()
                 dist_autograd.backward(cid, [y.sum()])
                 spans.append((t0, _now()))
@@ -151,21 +142,12 @@ def measure(n, steps):
         marks = {0: stamps()}
         for k, w in enumerate(workers, 1):
             marks[k] = rpc.rpc_sync(w, me.stamps)
-        small = distgrad.ones(_FLOATS).numpy()
-        raw_rt = statistics.median(_timed(raw, small) for _ in range(2000))
     finally:
         world.close()
-        raw.close()
     marks = {r: {k: sorted(v) for k, v in m.items()} for r, m in marks.items()}
     per_step = [hops(marks, n, a, b) for a, b in spans]
     walls = [(b - a) / 1000 for a, b in spans]
-    return per_step, walls, raw_rt
-
-
-def _timed(fn, arg):
-    t = time.perf_counter()
-    fn(arg)
-    return (time.perf_counter() - t) * 1e6
+    return per_step, walls, raw_round_trip_us()
 
 
 def main():

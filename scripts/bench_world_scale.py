@@ -45,11 +45,13 @@ def echo(x):
     return x
 
 
-def chain_step(x, k, n):
-    """Pass ``x`` (times 1.5) on to rank ``k + 1``; the last rank returns it."""
+def chain_step(x, k, n, prefix="w"):
+    """Pass ``x`` (times 1.5) on to rank ``k + 1`` (named ``prefix`` and its rank); the last
+    rank returns it."""
     import distgrad.distributed.rpc as rpc
     y = x * 1.5
-    return y if k == n - 1 else rpc.rpc_sync(f"w{k + 1}", chain_step, (y, k + 1, n))
+    return y if k == n - 1 else rpc.rpc_sync(f"{prefix}{k + 1}", chain_step,
+                                             (y, k + 1, n, prefix))
 
 
 def torch_chain_step(x, k, n):
