@@ -5,13 +5,40 @@ installs with distgrad. Run with an interpreter that lacks them (a system pytest
 a source checkout, say), those directories are reported as skipped, with the reason,
 instead of failing to import and stopping the whole run.
 """
+import compileall
 import importlib.util
+import pathlib
+import sys
 
 import pytest
 
 _MISSING = [name for name in ("zmq", "msgpack") if importlib.util.find_spec(name) is None]
 _NEEDS_RPC = ("rpc", "distributed")
 _SKIPPED_KEY = pytest.StashKey[list]()
+
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: What the suite's processes import from the checkout.
+_COMPILED = ("distgrad", "tests", "scripts")
+
+
+def pytest_configure(config):
+    """Where this environment forbids Python to write bytecode (PYTHONDONTWRITEBYTECODE),
+    compile the checkout's modules once, before any test starts: the suite starts about
+    900 Python processes, and each would otherwise compile every distgrad module it
+    imports from source again: a worker's imports took 0.6-0.8 s of CPU from source
+    against 0.35-0.45 s from the cache, and the whole suite 695 s against 458 s on 2 cores.
+    Python still reads the cache under that setting, and checks each file against its
+    source. The files go where Python puts them (``__pycache__``, ignored by git); the
+    controller compiles, not each xdist worker.
+    """
+    if not sys.dont_write_bytecode or hasattr(config, "workerinput"):
+        return
+    for name in _COMPILED:
+        try:
+            compileall.compile_dir(_ROOT / name, quiet=2)
+        except OSError:  # a read-only checkout: every process compiles for itself, as before
+            return
 
 
 def pytest_ignore_collect(collection_path, config):
