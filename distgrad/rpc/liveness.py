@@ -34,8 +34,8 @@ handlers: ``on_peer_down(rank, why, left)`` and ``on_peer_up(rank)``.
 import time
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
+from ..utils.socket_monitor import recv_monitor_event
 from .greeting import GreetingProbe
 
 __all__ = ["PeerLiveness"]
@@ -201,7 +201,7 @@ class PeerLiveness:
         rank = self.monitors[mon]
         for _ in range(_BATCH):
             try:
-                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
+                event, _ = recv_monitor_event(mon, zmq.NOBLOCK)
             except zmq.Again:
                 return
             if rank in self._left:

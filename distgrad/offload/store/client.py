@@ -16,10 +16,10 @@ import time
 from collections import deque
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from ...utils import addresses
 from ...utils.lifetimes import join_all
+from ...utils.socket_monitor import recv_monitor_event
 from ..errors import StoreError
 from . import protocol
 from .server import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, set_heartbeats
@@ -200,10 +200,10 @@ class StoreClient:
     def _watch(self, monitor, pending):
         while True:
             try:
-                event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
+                event, _ = recv_monitor_event(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED and self._dead is None:
+            if event == zmq.EVENT_DISCONNECTED and self._dead is None:
                 self._dead = (f"activation store at {self.endpoint} is gone: the connection "
                               f"was lost (the store died, was stopped or closed; heartbeat "
                               f"timeout {self._heartbeat[1]:g} s)")

@@ -15,10 +15,10 @@ import socket
 import threading
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from ...utils import addresses
 from ...utils.lifetimes import join_all
+from ...utils.socket_monitor import recv_monitor_event
 from ..errors import StoreError
 from . import protocol
 from .blobs import BlobStore
@@ -142,17 +142,17 @@ class StoreServer:
     def _drain_monitor(self):
         while True:
             try:
-                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
+                event, fd = recv_monitor_event(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                client = self._client_of_fd.pop(event["value"], None)
+            if event == zmq.EVENT_DISCONNECTED:
+                client = self._client_of_fd.pop(fd, None)
                 if client is not None:
                     self._fd_of_client.pop(client, None)
                     freed = self.blobs.drop_client(client)
                     log.info("client %s disconnected; freed %d blobs", client.hex(), freed)
-            elif event["event"] == zmq.EVENT_ACCEPTED:
-                old = self._client_of_fd.pop(event["value"], None)
+            elif event == zmq.EVENT_ACCEPTED:
+                old = self._client_of_fd.pop(fd, None)
                 if old is not None:  # the fd's old connection ended unseen: it is gone
                     self._fd_of_client.pop(old, None)
                     self.blobs.drop_client(old)

@@ -19,9 +19,9 @@ import time
 
 import zmq
 from zmq.utils import z85
-from zmq.utils.monitor import recv_monitor_message
 
 from ....utils import addresses
+from ....utils.socket_monitor import recv_monitor_event
 from ...errors import DistNetworkError
 from ...store import TCPStore
 from .api import RendezvousConnectionError
@@ -143,8 +143,7 @@ def _attempt(ip, port, keys, timeout):
             left = deadline - time.monotonic()
             if not monitor.poll(int(min(left, 0.5) * 1000) + 1):
                 continue
-            event = recv_monitor_message(monitor)
-            kind = event["event"]
+            kind, value = recv_monitor_event(monitor)
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 return "ok"
             if kind == zmq.EVENT_CONNECTED:
@@ -152,7 +151,7 @@ def _attempt(ip, port, keys, timeout):
             elif kind & _HANDSHAKE_FAILED:
                 refusals += 1
                 first_refusal = first_refusal or time.monotonic()
-                if int(event["value"]) == _MECHANISM_MISMATCH or refusals >= _REFUSALS \
+                if value == _MECHANISM_MISMATCH or refusals >= _REFUSALS \
                         and time.monotonic() - first_refusal >= _REFUSAL_WINDOW:
                     return "refused"
         if refusals:
