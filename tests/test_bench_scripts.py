@@ -107,7 +107,7 @@ def test_bench_pipelining_runs_a_schedule_without_torch(tmp_path):
 
 def test_bench_chain_runs_a_short_chain_without_torch(tmp_path):
     out = _run_without_torch(tmp_path, "bench_chain.py", "--sizes", "3", "--steps", "2",
-                             "--reps", "1")
+                             "--warmup", "1", "--reps", "1")
     row = json.loads(out.strip().splitlines()[-1])["rows"][0]
     assert row["library"] == "distgrad" and row["n"] == 3 and row["steady_ms"] > 0
     assert "torch" not in {r["library"] for r in json.loads(out.strip().splitlines()[-1])["rows"]}
