@@ -220,10 +220,10 @@ class Caller:
                 self.stats["handoffs"] += 1  # the thread waiting for it runs on
             fut._complete(value, exc)
 
-    def wait_pending(self, deadline):
-        """Wait until no call waits for its reply (or ``deadline``, or the I/O thread is
-        gone); whether none waits."""
-        while len(self.calls):
+    def wait_pending(self, deadline, among=None):
+        """Wait until no call waits for its reply (of ``among``, message ids, when given), or
+        ``deadline``, or the I/O thread is gone; whether none waits."""
+        while self.calls.any_of(among) if among is not None else len(self.calls):
             if time.monotonic() > deadline or not self.transport.running():
                 return False
             time.sleep(0.005)

@@ -41,6 +41,16 @@ class PendingCalls:
     def __len__(self):
         return len(self._calls)
 
+    def ids(self):
+        """The message ids of the calls waiting for their reply now."""
+        with self._lock:
+            return set(self._calls)
+
+    def any_of(self, ids):
+        """Whether any of the calls ``ids`` still waits for its reply."""
+        with self._lock:
+            return any(mid in self._calls for mid in ids)
+
     def inflight(self, dst):
         return self._inflight[dst]
 

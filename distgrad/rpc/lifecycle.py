@@ -232,15 +232,20 @@ class Lifecycle:
                     raise
 
     def shutdown(self, graceful=True, timeout=None):
-        """Stop serving. Graceful: from now on this process's own code makes no new calls;
-        its outstanding ones finish; then every process meets in a barrier (as PyTorch's
-        ``rpc.shutdown``), so nobody leaves while a peer may still call it."""
+        """Stop serving. Graceful (as PyTorch's ``rpc.shutdown``): the calls this process
+        made before are answered, then every process meets in a barrier, so nobody leaves
+        while a peer may still call it. Until the world has met, this process's other
+        threads may still call, as on PyTorch (a thread reporting progress while the main
+        thread shuts down); from then on a new call is refused, and those in flight get 5 s
+        to be answered. Only the calls made before are waited for first: a thread that
+        calls without end cannot hold the shutdown."""
         if not self.running:
             return
         error = None
-        self.closing = "shutdown() was called"
         announce = "it shut down"
-        if graceful:
+        if not graceful:
+            self.closing = "shutdown() was called"
+        else:
             if self.forks.alive:
                 # RRefs held only by reference cycles release their forks now. Only then: a
                 # full collection holds the GIL for tens of ms, and 64 processes collecting
@@ -249,12 +254,13 @@ class Lifecycle:
                 gc.collect()
             deadline = time.monotonic() + (timeout if timeout else _FOREVER)
             try:
-                self.caller.wait_pending(deadline)
+                self.caller.wait_pending(deadline, among=self.calls.ids())
                 if self.rank == 0:
                     self.barrier.wait_all(deadline, self.unreachable, self.members.describe)
                     announce = MET
                 else:
                     self._arrive_at_barrier(deadline)
+                self.closing = "shutdown() was called"
                 self.quiet = True
                 self.caller.wait_pending(time.monotonic() + 5.0)
             except Exception as e:  # noqa: BLE001 - shut down anyway, then report
