@@ -105,6 +105,8 @@ class Lifecycle:
             self._make_parts(events)
             self.running = True  # before connect starts the I/O thread and peers' calls run
             t.connect([ep for _, _, ep, _ in table], [auth[1] for _, _, _, auth in table])
+            # the thread that will serve the first call (pool.py) connects to every peer
+            self.pool.submit(t.connect_own_sockets)
         except BaseException:
             self.teardown(announce=None)
             raise

@@ -12,7 +12,8 @@ the peers it sends to (``transport.py``), made on first use: a chain of calls th
 the world, served by whichever thread had waited longest, made a new connection at
 every hop until every thread of every process had one (an 8-rank chain needed ~9 passes
 to reach its steady time). The thread that served the last call has the sockets, and
-its memory is warm.
+its memory is warm; and a job submitted to a pool whose threads are all idle tells which
+thread serves the next call: that one (``lifecycle.py`` has it connect to every peer).
 """
 import collections
 import itertools

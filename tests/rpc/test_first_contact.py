@@ -1,7 +1,7 @@
 """A world's first calls between two processes pay for nothing that could be done before:
 the new connection's handshake is answered at once, distgrad's own entry points resolve
-without importing the public API, and a small world's I/O threads connect to every peer
-when they start.
+without importing the public API, and a small world's I/O threads (and the handler
+thread that serves the first call) connect to every peer when it is formed.
 
 Each test fails on the code before the change it covers, by behaviour rather than by
 time: a handshake held back for a minute, a table of the public API built, a socket made
@@ -75,6 +75,26 @@ def test_a_small_world_connects_the_io_threads_sockets_to_every_peer_at_start(rp
         rank = int(name[-1])
         assert rpc.rpc_sync(name, f.io_socket_peers) == [r for r in range(3) if r != rank]
     assert f.io_socket_peers() == [1, 2]
+
+
+def test_a_small_worlds_next_handler_thread_connects_to_every_peer_once_it_is_formed(
+        rpc_world):
+    # the thread of this process's handler pool that serves the next call (the coordinator's:
+    # no peer's call can reach it before the world is formed) has a socket of its own to
+    # every peer before it ever sent anything
+    import queue
+
+    from distgrad.rpc import current_agent
+    rpc_world(2)
+    agent = current_agent()
+    deadline = time.monotonic() + 30
+    while agent.pool.busy():  # its own job done: that thread is the next to serve
+        assert time.monotonic() < deadline, "the handler pool stays busy"
+        time.sleep(0.01)
+    seen = queue.Queue()
+    for _ in range(3):  # one after the other: the same thread each time
+        agent.pool.submit(lambda: seen.put(sorted(agent.transport.own_sockets.mine())))
+        assert seen.get(timeout=30) == [1, 2]
 
 
 def test_a_handler_connects_for_its_reply_before_it_runs_the_request(rpc_world):
