@@ -277,23 +277,9 @@ class Transport:
         return True
 
     def connect_own_sockets(self):
-        """Make the calling thread's own sockets to every peer now, in a world small enough
-        that the I/O thread connects to every peer too (``WATCH_ALL_UP_TO``). The handler
-        thread that will serve the first call does it once the world is formed: a thread's
-        first call to a peer waits for the new connection's handshake (1.3 ms against
-        0.6 ms for its second), and a chain's first step paid that at every hop. One thread
-        only: every thread of the pool doing it took 4 sockets a peer instead of 1 (154
-        more file descriptors a process in a world of 16) and slowed the world's first
-        all-to-all by a third."""
-        if self.world_size > WATCH_ALL_UP_TO:
-            return
-        for r in range(self.world_size):
-            if r != self.rank:
-                try:
-                    if self._thread_socket(r) is None:  # closing
-                        return
-                except zmq.ZMQError:  # closing meanwhile
-                    return
+        """Make the calling thread's own sockets now to the peers the I/O thread connects to
+        ahead of need (every peer, in a small world): ``OwnSockets.connect_ahead``."""
+        self.own_sockets.connect_ahead(r for r in self._first_connected if r != self.rank)
 
     def _thread_socket(self, dst):
         """The calling thread's own socket to ``dst`` (``own_sockets.py``); None when this
